@@ -1,0 +1,43 @@
+// Command envd is the daemon inside every sandbox (see internal/envd).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"agentenv/internal/envd"
+)
+
+func main() {
+	addr := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", envd.Port), "address to serve on")
+	maxUpload := flag.Int64("max-upload", 1<<30, "largest POST /files body in bytes")
+	version := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *version {
+		fmt.Println(envd.Version)
+		return
+	}
+	token := os.Getenv(envd.TokenEnv)
+	os.Unsetenv(envd.TokenEnv)
+	envs := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			envs[k] = v
+		}
+	}
+	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload})
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatalf("envd: %v", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), Protocols: new(http.Protocols)}
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	log.Printf("envd %s serving on %s", envd.Version, ln.Addr())
+	log.Fatal(hs.Serve(ln))
+}

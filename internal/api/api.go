@@ -1,0 +1,186 @@
+// Package api serves agentenv's REST API: E2B's sandbox and template routes
+// (so the official e2b SDKs work unchanged) plus agentenv's own routes under
+// /agentenv/. It maps error classes to HTTP at this edge only and must not
+// hold sandbox state of its own.
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"agentenv/internal/envd"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/template"
+)
+
+// MaxBody caps JSON request bodies.
+const MaxBody = 1 << 20
+
+// Config configures the API server.
+type Config struct {
+	APIKey    string
+	Sandboxes *sandbox.Manager
+	Templates *template.Store
+	// Domain is what clients put after "<port>-<sandboxID>." to reach a
+	// sandbox port through the proxy.
+	Domain string
+	Log    *slog.Logger
+}
+
+// Server is the REST API.
+type Server struct {
+	cfg Config
+}
+
+// New returns the API server.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Server{cfg: cfg}
+}
+
+// Handler returns the HTTP handler with every route.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.auth(h)) }
+	auth("POST /sandboxes", s.createSandbox)
+	auth("POST /v2/sandboxes", s.createSandbox)
+	auth("GET /sandboxes", s.listSandboxes)
+	auth("GET /v2/sandboxes", s.listSandboxes)
+	auth("GET /sandboxes/{id}", s.getSandbox)
+	auth("DELETE /sandboxes/{id}", s.killSandbox)
+	auth("POST /sandboxes/{id}/timeout", s.setTimeout)
+	auth("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
+	auth("POST /sandboxes/{id}/connect", s.connectSandbox)
+	auth("GET /templates", s.listTemplates)
+	auth("GET /templates/{name}", s.getTemplate)
+	auth("DELETE /templates/{name}", s.deleteTemplate)
+	auth("POST /agentenv/templates", s.buildTemplate)
+	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))
+	}))
+	return s.logRequests(mux)
+}
+
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rw := &statusWriter{ResponseWriter: w, status: 200}
+		next.ServeHTTP(rw, r)
+		s.cfg.Log.Debug("api request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "took", time.Since(start))
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// auth checks the API key (X-API-Key, as E2B; or a Bearer token).
+func (s *Server) auth(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = b
+			}
+		}
+		if key == "" {
+			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see the server's start-up log for where the key is stored): %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) != 1 {
+			writeError(w, fmt.Errorf("wrong API key: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		next(w, r)
+	})
+}
+
+// errorBody is the JSON error every route returns. code is the HTTP status
+// (what E2B's SDKs read); errorCode is a machine-readable class.
+type errorBody struct {
+	Code      int    `json:"code"`
+	ErrorCode string `json:"error_code"`
+	Message   string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := errdefs.HTTPStatus(err)
+	writeJSON(w, status, errorBody{Code: status, ErrorCode: code, Message: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// decode reads a JSON body into v; an empty body leaves v as it is.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+	dec := json.NewDecoder(r.Body)
+	err := dec.Decode(v)
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		return nil
+	case errors.As(err, &mbe):
+		return fmt.Errorf("request body is larger than %d bytes: %w", MaxBody, errdefs.ErrTooLarge)
+	default:
+		return errdefs.Invalid("malformed JSON body: %v", err)
+	}
+}
+
+// sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox shape.
+type sandboxJSON struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	Alias           string            `json:"alias,omitempty"`
+	ClientID        string            `json:"clientID"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskSizeMB      int               `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	State           string            `json:"state"`
+}
+
+func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
+	out := sandboxJSON{
+		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
+		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
+		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, Metadata: sb.Metadata, State: string(sb.State),
+	}
+	if s.cfg.Domain != "" {
+		d := s.cfg.Domain
+		out.Domain = &d
+	}
+	if withToken {
+		out.EnvdAccessToken = sb.AccessToken
+	}
+	return out
+}

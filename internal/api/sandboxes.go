@@ -1,0 +1,193 @@
+package api
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+)
+
+type createRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	CPUCount   int               `json:"cpuCount"`
+	MemoryMB   int               `json:"memoryMB"`
+}
+
+// maxTimeoutSeconds guards the seconds→Duration conversion from overflow.
+const maxTimeoutSeconds = 1 << 32
+
+func seconds(v int64, field string) (time.Duration, error) {
+	if v < 0 || v > maxTimeoutSeconds {
+		return 0, errdefs.Invalid("%s %d is out of range: give a positive number of seconds", field, v)
+	}
+	return time.Duration(v) * time.Second, nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	cr := sandbox.CreateRequest{
+		Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		CPUs: req.CPUCount, MemoryMB: req.MemoryMB,
+	}
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			writeError(w, errdefs.Invalid("timeout %d: give a positive number of seconds", *req.Timeout))
+			return
+		}
+		d, err := seconds(*req.Timeout, "timeout")
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		cr.Timeout = d
+	}
+	if cr.Template != "" {
+		if _, err := s.cfg.Templates.Get(cr.Template); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	sb, err := s.cfg.Sandboxes.Create(r.Context(), cr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := sandbox.Filter{}
+	if m := q.Get("metadata"); m != "" {
+		md, err := parseMetadata(m)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		f.Metadata = md
+	}
+	if st := q.Get("state"); st != "" {
+		for _, v := range strings.Split(st, ",") {
+			switch v {
+			case "running":
+				f.States = append(f.States, sandbox.StateRunning)
+			case "paused":
+				// No paused sandboxes yet; asking for them is valid.
+				f.States = append(f.States, sandbox.State("paused"))
+			default:
+				writeError(w, errdefs.Invalid("state %q: use running or paused", v))
+				return
+			}
+		}
+	} else {
+		f.States = []sandbox.State{sandbox.StateRunning}
+	}
+	out := []sandboxJSON{}
+	for _, sb := range s.cfg.Sandboxes.List(f) {
+		out = append(out, s.toJSON(sb, false))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// parseMetadata reads the SDK's metadata filter: a query string of
+// key=value pairs whose keys and values are escaped once more.
+func parseMetadata(raw string) (map[string]string, error) {
+	vals, err := url.ParseQuery(raw)
+	if err != nil {
+		return nil, errdefs.Invalid("metadata filter %q: want key=value pairs joined with &: %v", raw, err)
+	}
+	out := map[string]string{}
+	for k, vs := range vals {
+		key, err1 := url.QueryUnescape(k)
+		val, err2 := url.QueryUnescape(vs[0])
+		if err1 != nil || err2 != nil {
+			return nil, errdefs.Invalid("metadata filter %q is not URL-encoded correctly", raw)
+		}
+		out[key] = val
+	}
+	return out, nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Sandboxes.Get(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Sandboxes.Kill(r.Context(), r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Timeout == nil {
+		writeError(w, errdefs.Invalid("timeout is required: give seconds from now"))
+		return
+	}
+	d, err := seconds(*req.Timeout, "timeout")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, err := s.cfg.Sandboxes.SetTimeout(r.PathValue("id"), d); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connectSandbox is E2B's connect (and resume): for a running sandbox it
+// returns its details and, when a timeout is given, extends it.
+func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := s.cfg.Sandboxes.Get(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Timeout != nil {
+		d, err := seconds(*req.Timeout, "timeout")
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		// Connect never shortens a sandbox's life.
+		if time.Now().Add(d).After(sb.EndAt) {
+			if sb, err = s.cfg.Sandboxes.SetTimeout(id, d); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+}

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/template"
+)
+
+// templateJSON is E2B's Template shape plus agentenv's fields.
+type templateJSON struct {
+	TemplateID string    `json:"templateID"`
+	BuildID    string    `json:"buildID"`
+	Aliases    []string  `json:"aliases"`
+	Public     bool      `json:"public"`
+	CPUCount   int       `json:"cpuCount"`
+	MemoryMB   int       `json:"memoryMB"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+	Source     string    `json:"source"`
+	Packages   []string  `json:"packages,omitempty"`
+	ImageSize  int64     `json:"imageSizeBytes"`
+	InUse      int       `json:"sandboxesInUse"`
+}
+
+func toTemplateJSON(t template.Template) templateJSON {
+	return templateJSON{
+		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
+		ImageSize: t.ImageSize, InUse: t.InUse,
+	}
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	out := []templateJSON{}
+	for _, t := range s.cfg.Templates.List() {
+		out = append(out, toTemplateJSON(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
+	t, err := s.cfg.Templates.Get(r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toTemplateJSON(t))
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Templates.Delete(r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// BuildEvent is one line of the streamed response of a template build
+// (application/x-ndjson): progress lines, then one line with either the
+// template or an error.
+type BuildEvent struct {
+	Progress *template.Progress `json:"progress,omitempty"`
+	Template *templateJSON      `json:"template,omitempty"`
+	Error    *errorBody         `json:"error,omitempty"`
+}
+
+// buildTemplate builds a template and streams progress as NDJSON. Input
+// errors are answered with a plain 4xx before the stream starts.
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
+	var req template.BuildRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := template.Validate(req); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	flusher, _ := w.(http.Flusher)
+	var last template.Progress
+	emit := func(ev BuildEvent) {
+		enc.Encode(ev)
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	t, err := s.cfg.Templates.Build(r.Context(), req, func(p template.Progress) {
+		// Skip repeats of the same whole percent to keep the stream small.
+		if p.Phase == last.Phase && int(p.Percent) == int(last.Percent) && !strings.HasPrefix(p.Message, "Configuring") {
+			return
+		}
+		last = p
+		emit(BuildEvent{Progress: &p})
+	})
+	if err != nil {
+		status, code := errdefs.HTTPStatus(err)
+		emit(BuildEvent{Error: &errorBody{Code: status, ErrorCode: code, Message: err.Error()}})
+		return
+	}
+	tj := toTemplateJSON(t)
+	emit(BuildEvent{Template: &tj})
+}

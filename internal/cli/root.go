@@ -1,0 +1,115 @@
+// Package cli is the agentenv command line: `serve` runs the service, the
+// other commands talk to a running server through the client package.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"agentenv/internal/client"
+)
+
+// ExitError carries a specific exit code out of a command.
+type ExitError struct{ Code int }
+
+func (e ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
+type globals struct {
+	server  string
+	proxy   string
+	apiKey  string
+	dataDir string
+	json    bool
+}
+
+// Root returns the agentenv command tree.
+func Root() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "agentenv",
+		Short:         "Sandboxes for training and evaluating AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.server, "server", envOr("AGENTENV_SERVER", "http://127.0.0.1:3000"), "API server URL (env AGENTENV_SERVER)")
+	pf.StringVar(&g.proxy, "proxy", envOr("AGENTENV_PROXY", ""), "sandbox proxy URL (env AGENTENV_PROXY; default: the server's host, port 3001)")
+	pf.StringVar(&g.apiKey, "api-key", os.Getenv("AGENTENV_API_KEY"), "API key (env AGENTENV_API_KEY; default: read from --data-dir)")
+	pf.StringVar(&g.dataDir, "data-dir", envOr("AGENTENV_DATA_DIR", "/var/lib/agentenv"), "data directory (env AGENTENV_DATA_DIR)")
+	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
+	root.AddCommand(serveCmd(g), sandboxCmd(g), templateCmd(g), benchCmd(g))
+	return root
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// client builds an API client from the global flags.
+func (g *globals) client() (*client.Client, error) {
+	key := g.apiKey
+	if key == "" {
+		b, err := os.ReadFile(filepath.Join(g.dataDir, "api-key"))
+		if err != nil {
+			return nil, fmt.Errorf("no API key: set AGENTENV_API_KEY or --api-key (the server stores its key in %s/api-key)", g.dataDir)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	proxy := g.proxy
+	if proxy == "" {
+		proxy = strings.Replace(g.server, ":3000", ":3001", 1)
+	}
+	return client.New(g.server, proxy, key), nil
+}
+
+func (g *globals) printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(w io.Writer, header string, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+}
+
+// Main runs the CLI and returns the process exit code.
+func Main(ctx context.Context, args []string) int {
+	root := Root()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee ExitError
+	if errors.As(err, &ee) {
+		return ee.Code
+	}
+	fmt.Fprintln(os.Stderr, "error:", err)
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		switch {
+		case ce.Status == 404:
+			return 3
+		case ce.Status >= 400 && ce.Status < 500:
+			return 2
+		}
+	}
+	return 1
+}

@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"agentenv/internal/client"
+)
+
+func templateCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Aliases: []string{"tpl"}, Short: "Build, list and delete templates"}
+	cmd.AddCommand(templateBuild(g), templateList(g), templateDelete(g))
+	return cmd
+}
+
+func templateBuild(g *globals) *cobra.Command {
+	var req client.BuildRequest
+	var packages string
+	cmd := &cobra.Command{
+		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL)",
+		Short: "Build a template on the server, showing progress",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			req.Name = args[0]
+			if packages != "" {
+				req.Packages = strings.Split(packages, ",")
+			}
+			if req.Rootfs != "" {
+				if req.Rootfs, err = filepath.Abs(req.Rootfs); err != nil {
+					return err
+				}
+			}
+			bar := progressbar.NewOptions(100,
+				progressbar.OptionSetWriter(os.Stderr),
+				progressbar.OptionSetDescription("building "+req.Name),
+				progressbar.OptionSetWidth(30),
+				progressbar.OptionShowElapsedTimeOnFinish(),
+				progressbar.OptionClearOnFinish(),
+			)
+			if g.json {
+				bar = progressbar.NewOptions(100, progressbar.OptionSetVisibility(false))
+			}
+			t, err := c.BuildTemplate(cmd.Context(), req, func(p client.BuildProgress) {
+				msg := p.Message
+				if len(msg) > 40 {
+					msg = msg[:40]
+				}
+				bar.Describe(fmt.Sprintf("%-9s %-40s", p.Phase, msg))
+				bar.Set(int(p.Percent))
+			})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(cmd.OutOrStdout(), t)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "built template %s (%s, image %.1f MiB)\n", t.TemplateID, t.Source, float64(t.ImageSize)/(1<<20))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Debian, "debian", "", "Debian suite to debootstrap (e.g. bookworm)")
+	f.StringVar(&packages, "packages", "", "comma-separated Debian packages to include")
+	f.StringVar(&req.Mirror, "mirror", "", "Debian mirror (default: the server's apt mirror)")
+	f.StringVar(&req.Rootfs, "rootfs", "", "root filesystem directory or tarball on the server's machine")
+	return cmd
+}
+
+func templateList(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List templates",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(cmd.OutOrStdout(), ts)
+			}
+			rows := [][]string{}
+			for _, t := range ts {
+				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)),
+					fmt.Sprint(t.InUse), t.CreatedAt.Local().Format("2006-01-02 15:04")})
+			}
+			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tIN USE\tCREATED", rows)
+			return nil
+		},
+	}
+}
+
+func templateDelete(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a template no sandbox uses",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteTemplate(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "deleted", args[0])
+			return nil
+		},
+	}
+}

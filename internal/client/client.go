@@ -1,0 +1,346 @@
+// Package client is the Go client of agentenv's REST API and of envd through
+// the sandbox proxy. The CLI and the benchmarks use it.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"agentenv/internal/envd"
+	"agentenv/internal/envd/gen/processpb"
+	"agentenv/internal/envd/gen/processpb/processpbconnect"
+)
+
+// Client talks to one agentenv server.
+type Client struct {
+	API    string // e.g. http://127.0.0.1:3000
+	Proxy  string // e.g. http://127.0.0.1:3001
+	APIKey string
+	HTTP   *http.Client
+}
+
+// New returns a client with pooled connections.
+func New(api, proxy, key string) *Client {
+	return &Client{API: strings.TrimRight(api, "/"), Proxy: strings.TrimRight(proxy, "/"), APIKey: key,
+		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+}
+
+// Error is an error answered by the server.
+type Error struct {
+	Status    int    `json:"code"`
+	ErrorCode string `json:"error_code"`
+	Message   string `json:"message"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+// Sandbox is the API's view of a sandbox.
+type Sandbox struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	State           string            `json:"state"`
+}
+
+// CreateRequest is the body of POST /sandboxes.
+type CreateRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    int               `json:"timeout,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"envVars,omitempty"`
+	CPUCount   int               `json:"cpuCount,omitempty"`
+	MemoryMB   int               `json:"memoryMB,omitempty"`
+}
+
+// Template is the API's view of a template.
+type Template struct {
+	TemplateID string    `json:"templateID"`
+	CreatedAt  time.Time `json:"createdAt"`
+	Source     string    `json:"source"`
+	Packages   []string  `json:"packages,omitempty"`
+	ImageSize  int64     `json:"imageSizeBytes"`
+	InUse      int       `json:"sandboxesInUse"`
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.send(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (c *Client) send(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.API+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", c.APIKey)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the agentenv server at %s (is `agentenv serve` running? set --server or AGENTENV_SERVER): %w", c.API, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		e := &Error{Status: resp.StatusCode}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, e) != nil || e.Message == "" {
+			e.Message = strings.TrimSpace(string(b))
+		}
+		e.Status = resp.StatusCode
+		return nil, e
+	}
+	return resp, nil
+}
+
+// CreateSandbox creates a sandbox.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodPost, "/sandboxes", req, &sb)
+	return sb, err
+}
+
+// ListSandboxes lists running sandboxes, optionally filtered by metadata.
+func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string) ([]Sandbox, error) {
+	path := "/v2/sandboxes"
+	if len(metadata) > 0 {
+		q := url.Values{}
+		for k, v := range metadata {
+			q.Set(url.QueryEscape(k), url.QueryEscape(v))
+		}
+		path += "?metadata=" + url.QueryEscape(q.Encode())
+	}
+	var out []Sandbox
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// GetSandbox returns one sandbox.
+func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, &sb)
+	return sb, err
+}
+
+// KillSandbox kills a sandbox.
+func (c *Client) KillSandbox(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil)
+}
+
+// SetTimeout sets a sandbox's remaining life.
+func (c *Client) SetTimeout(ctx context.Context, id string, seconds int) error {
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", map[string]int{"timeout": seconds}, nil)
+}
+
+// ListTemplates lists templates.
+func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
+	var out []Template
+	err := c.do(ctx, http.MethodGet, "/templates", nil, &out)
+	return out, err
+}
+
+// DeleteTemplate deletes a template.
+func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(name), nil, nil)
+}
+
+// BuildRequest is the body of POST /agentenv/templates.
+type BuildRequest struct {
+	Name     string   `json:"name"`
+	Debian   string   `json:"debian,omitempty"`
+	Packages []string `json:"packages,omitempty"`
+	Mirror   string   `json:"mirror,omitempty"`
+	Rootfs   string   `json:"rootfs,omitempty"`
+}
+
+// BuildProgress is one progress step of a build.
+type BuildProgress struct {
+	Phase   string  `json:"phase"`
+	Percent float64 `json:"percent"`
+	Message string  `json:"message"`
+}
+
+// BuildTemplate builds a template, calling progress for each step.
+func (c *Client) BuildTemplate(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (Template, error) {
+	resp, err := c.send(ctx, http.MethodPost, "/agentenv/templates", req)
+	if err != nil {
+		return Template{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev struct {
+			Progress *BuildProgress `json:"progress"`
+			Template *Template      `json:"template"`
+			Error    *Error         `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return Template{}, fmt.Errorf("bad build stream line: %w", err)
+		}
+		switch {
+		case ev.Progress != nil:
+			progress(*ev.Progress)
+		case ev.Error != nil:
+			return Template{}, ev.Error
+		case ev.Template != nil:
+			return *ev.Template, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Template{}, err
+	}
+	return Template{}, fmt.Errorf("build stream ended without a result")
+}
+
+// envdTransport adds the proxy routing headers and the access token.
+type envdTransport struct {
+	base  http.RoundTripper
+	id    string
+	token string
+}
+
+func (t *envdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", t.id)
+	r.Header.Set("E2b-Sandbox-Port", fmt.Sprint(envd.Port))
+	if t.token != "" {
+		r.Header.Set("X-Access-Token", t.token)
+	}
+	return t.base.RoundTrip(r)
+}
+
+// Envd returns an HTTP client whose requests reach the sandbox's envd
+// through the proxy, and the base URL to use with it.
+func (c *Client) Envd(sb Sandbox) (*http.Client, string) {
+	base := c.HTTP.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &http.Client{Transport: &envdTransport{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}}, c.Proxy
+}
+
+// ExecResult is the outcome of a command.
+type ExecResult struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+}
+
+// Exec runs cmd with args in the sandbox through envd and waits for it.
+// stdout/stderr, when not nil, receive the output as it streams.
+func (c *Client) Exec(ctx context.Context, sb Sandbox, cmd string, args []string, stdout, stderr io.Writer) (ExecResult, error) {
+	hc, base := c.Envd(sb)
+	pc := processpbconnect.NewProcessClient(hc, base)
+	no := false
+	stream, err := pc.Start(ctx, connect.NewRequest(&processpb.StartRequest{
+		Process: &processpb.ProcessConfig{Cmd: cmd, Args: args},
+		Stdin:   &no,
+	}))
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer stream.Close()
+	var res ExecResult
+	var outBuf, errBuf bytes.Buffer
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			if b := d.GetStdout(); b != nil {
+				outBuf.Write(b)
+				if stdout != nil {
+					stdout.Write(b)
+				}
+			}
+			if b := d.GetStderr(); b != nil {
+				errBuf.Write(b)
+				if stderr != nil {
+					stderr.Write(b)
+				}
+			}
+		}
+		if end := ev.GetEnd(); end != nil {
+			res.ExitCode = int(end.GetExitCode())
+			res.Stdout, res.Stderr = outBuf.Bytes(), errBuf.Bytes()
+			if end.Error != nil && end.GetError() != "" {
+				return res, fmt.Errorf("process error: %s", end.GetError())
+			}
+			return res, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return res, err
+	}
+	return res, fmt.Errorf("process stream ended without an exit code")
+}
+
+// WriteFile writes data to path in the sandbox (POST /files).
+func (c *Client) WriteFile(ctx context.Context, sb Sandbox, path string, data io.Reader) error {
+	hc, base := c.Envd(sb)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape(path), data)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("write %s: HTTP %d", path, resp.StatusCode)
+	}
+	return nil
+}
+
+// ReadFile reads a file from the sandbox (GET /files).
+func (c *Client) ReadFile(ctx context.Context, sb Sandbox, path string) ([]byte, error) {
+	hc, base := c.Envd(sb)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/files?path="+url.QueryEscape(path), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read %s: HTTP %d: %s", path, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return b, err
+}

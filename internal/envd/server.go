@@ -1,0 +1,323 @@
+// Package envd is the daemon that runs inside every sandbox. It speaks E2B
+// envd's protocol: Connect-RPC process.Process and filesystem.Filesystem,
+// and REST /health, /files, /init. It runs as the sandbox's init process.
+//
+// It must stay small and static: no cgo, and only the standard library,
+// Connect and protobuf as dependencies (a test enforces this).
+package envd
+
+import (
+	"compress/gzip"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	"agentenv/internal/envd/gen/processpb/processpbconnect"
+)
+
+// Port is the port envd listens on inside the sandbox.
+const Port = 49983
+
+// Version is reported to clients; the E2B SDK enables features by it.
+// 0.5.7 promises: server-chosen default user, CloseStdin, octet-stream and
+// gzip uploads. (0.6.x adds file metadata xattrs and watch options that
+// agentenv does not implement yet.)
+const Version = "0.5.7"
+
+// TokenEnv names the environment variable that carries the access token to
+// envd at start. envd removes it from its own environment.
+const TokenEnv = "AGENTENV_ENVD_ACCESS_TOKEN"
+
+// Config configures the daemon.
+type Config struct {
+	AccessToken string
+	// Envs are the sandbox's environment variables, passed to every command.
+	Envs map[string]string
+	// MaxUpload caps one POST /files body in bytes (0: 1 GiB).
+	MaxUpload int64
+}
+
+// Server is the daemon.
+type Server struct {
+	mu        sync.Mutex
+	token     string
+	envs      map[string]string
+	maxUpload int64
+	procs     *processService
+}
+
+// New returns a daemon.
+func New(cfg Config) *Server {
+	if cfg.MaxUpload <= 0 {
+		cfg.MaxUpload = 1 << 30
+	}
+	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload}
+	for k, v := range cfg.Envs {
+		s.envs[k] = v
+	}
+	s.procs = newProcessService(s)
+	return s
+}
+
+// Handler returns the daemon's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	path, h := processpbconnect.NewProcessHandler(s.procs)
+	mux.Handle(path, s.auth(h))
+	fsSvc := &filesystemService{watchers: &watcherSet{m: map[string]*watch{}}}
+	path, h = filesystempbconnect.NewFilesystemHandler(fsSvc)
+	mux.Handle(path, s.auth(h))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.Handle("GET /files", s.auth(http.HandlerFunc(s.getFile)))
+	mux.Handle("POST /files", s.auth(http.HandlerFunc(s.postFiles)))
+	mux.Handle("POST /init", s.auth(http.HandlerFunc(s.init)))
+	mux.Handle("GET /envs", s.auth(http.HandlerFunc(s.getEnvs)))
+	return mux
+}
+
+// auth enforces the access token (X-Access-Token), when one is set.
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		token := s.token
+		s.mu.Unlock()
+		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) != 1 {
+			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token: use the envdAccessToken returned when the sandbox was created")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) init(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		EnvVars     map[string]string `json:"envVars"`
+		AccessToken *string           `json:"accessToken"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	for k, v := range req.EnvVars {
+		s.envs[k] = v
+	}
+	if req.AccessToken != nil {
+		s.token = *req.AccessToken
+	}
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) getEnvs(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	writeJSON(w, http.StatusOK, s.envs)
+}
+
+// fileUser resolves the user of a /files request (query "username").
+func fileUser(r *http.Request) (account, error) {
+	name := r.URL.Query().Get("username")
+	if name == "" {
+		name = userFromHeader(r.Header)
+	}
+	return lookupUser(name)
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	acct, err := fileUser(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	path := resolvePath(r.URL.Query().Get("path"), acct)
+	f, err := os.Open(path)
+	if err != nil {
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			status = http.StatusNotFound
+		case errors.Is(err, fs.ErrPermission):
+			status = http.StatusForbidden
+		}
+		writeError(w, status, fmt.Sprintf("cannot read %q: %v", path, errors.Unwrap(err)))
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.IsDir() {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("path %q is a directory, not a file", path))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
+	http.ServeContent(w, r, "", st.ModTime(), f)
+}
+
+type entry struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
+	acct, err := fileUser(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, s.maxUpload)
+	target := r.URL.Query().Get("path")
+	var written []entry
+	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if ct == "multipart/form-data" {
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				s.uploadError(w, err)
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			p := target
+			if p == "" {
+				// The SDK puts the whole destination path in the file name;
+				// Part.FileName would keep only its last element.
+				_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				p = dp["filename"]
+			}
+			if p == "" {
+				writeError(w, http.StatusBadRequest, "no path: give ?path= or a file name in the multipart part")
+				return
+			}
+			e, err := writeFileAs(resolvePath(p, acct), part, acct)
+			part.Close()
+			if err != nil {
+				s.uploadError(w, err)
+				return
+			}
+			written = append(written, e)
+		}
+	} else {
+		if target == "" {
+			writeError(w, http.StatusBadRequest, "no path: give ?path=")
+			return
+		}
+		var body io.Reader = r.Body
+		if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "body is not valid gzip: "+err.Error())
+				return
+			}
+			defer zr.Close()
+			body = zr
+		}
+		e, err := writeFileAs(resolvePath(target, acct), body, acct)
+		if err != nil {
+			s.uploadError(w, err)
+			return
+		}
+		written = append(written, e)
+	}
+	writeJSON(w, http.StatusOK, written)
+}
+
+func (s *Server) uploadError(w http.ResponseWriter, err error) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("upload larger than the limit of %d bytes: split it into smaller files", mbe.Limit))
+	case errors.Is(err, fs.ErrPermission):
+		writeError(w, http.StatusForbidden, err.Error())
+	case errors.Is(err, syscall.ENOSPC):
+		writeError(w, http.StatusInsufficientStorage, "not enough space in the sandbox: "+err.Error())
+	default:
+		writeError(w, http.StatusBadRequest, err.Error())
+	}
+}
+
+// writeFileAs writes r to path atomically (temp file + rename), creating
+// parent directories, all owned by the user.
+func writeFileAs(path string, r io.Reader, a account) (entry, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return entry{}, fmt.Errorf("path %q is a directory", path)
+	}
+	dir := filepath.Dir(path)
+	if err := mkdirAllAs(dir, a); err != nil {
+		return entry{}, fmt.Errorf("create %s: %w", dir, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".envd-upload-*")
+	if err != nil {
+		return entry{}, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := io.Copy(tmp, r); err != nil {
+		return entry{}, err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return entry{}, err
+	}
+	if err := tmp.Chown(int(a.UID), int(a.GID)); err != nil {
+		return entry{}, err
+	}
+	if err := tmp.Close(); err != nil {
+		return entry{}, err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return entry{}, err
+	}
+	ok = true
+	return entry{Name: filepath.Base(path), Type: "file", Path: path}, nil
+}
+
+// TrimToken removes the access token variable from a list of environment
+// variables.
+func TrimToken(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, TokenEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}

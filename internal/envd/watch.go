@@ -1,0 +1,257 @@
+package envd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+	"unsafe"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	pb "agentenv/internal/envd/gen/filesystempb"
+)
+
+// watch follows one directory (optionally its subdirectories) with inotify.
+type watch struct {
+	root         string
+	recursive    bool
+	includeEntry bool
+	fd           int
+	dirs         map[int]string
+	events       chan *pb.FilesystemEvent
+	stop         chan struct{}
+	once         sync.Once
+}
+
+const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_DELETE |
+	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF
+
+func newWatch(root string, recursive, includeEntry bool) (*watch, error) {
+	st, err := os.Stat(root)
+	if err != nil {
+		return nil, fsError(err, root)
+	}
+	if !st.IsDir() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("inotify: %w", err))
+	}
+	w := &watch{root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
+		dirs: map[int]string{}, events: make(chan *pb.FilesystemEvent, 1024), stop: make(chan struct{})}
+	if err := w.add(root); err != nil {
+		unix.Close(fd)
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	go w.loop()
+	return w, nil
+}
+
+func (w *watch) add(dir string) error {
+	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	w.dirs[wd] = dir
+	if !w.recursive {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			w.add(filepath.Join(dir, e.Name()))
+		}
+	}
+	return nil
+}
+
+func (w *watch) close() {
+	w.once.Do(func() { close(w.stop) })
+}
+
+func (w *watch) loop() {
+	defer unix.Close(w.fd)
+	defer close(w.events)
+	buf := make([]byte, 64<<10)
+	for {
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(fds, 200); n <= 0 {
+			continue
+		}
+		n, err := unix.Read(w.fd, buf)
+		if err != nil || n <= 0 {
+			continue
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := ""
+			if raw.Len > 0 {
+				b := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
+				for i, c := range b {
+					if c == 0 {
+						b = b[:i]
+						break
+					}
+				}
+				name = string(b)
+			}
+			off += unix.SizeofInotifyEvent + int(raw.Len)
+			w.handle(int(raw.Wd), raw.Mask, name)
+		}
+	}
+}
+
+func (w *watch) handle(wd int, mask uint32, name string) {
+	dir, ok := w.dirs[wd]
+	if !ok || name == "" {
+		return
+	}
+	full := filepath.Join(dir, name)
+	if w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
+		w.add(full)
+	}
+	var t pb.EventType
+	switch {
+	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+		t = pb.EventType_EVENT_TYPE_CREATE
+		if mask&unix.IN_MOVED_TO != 0 {
+			t = pb.EventType_EVENT_TYPE_RENAME
+		}
+	case mask&(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0:
+		t = pb.EventType_EVENT_TYPE_WRITE
+	case mask&unix.IN_DELETE != 0:
+		t = pb.EventType_EVENT_TYPE_REMOVE
+	case mask&unix.IN_MOVED_FROM != 0:
+		t = pb.EventType_EVENT_TYPE_RENAME
+	case mask&unix.IN_ATTRIB != 0:
+		t = pb.EventType_EVENT_TYPE_CHMOD
+	default:
+		return
+	}
+	rel, _ := filepath.Rel(w.root, full)
+	ev := &pb.FilesystemEvent{Name: rel, Type: t}
+	if w.includeEntry {
+		if e, err := entryInfo(full); err == nil {
+			ev.Entry = e
+		}
+	}
+	select {
+	case w.events <- ev:
+	case <-w.stop:
+	}
+}
+
+func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], stream *connect.ServerStream[pb.WatchDirResponse]) error {
+	acct, err := connectUser(req.Header())
+	if err != nil {
+		return err
+	}
+	w, err := newWatch(resolvePath(req.Msg.GetPath(), acct), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	tick := time.NewTicker(keepalive(req.Header()))
+	defer tick.Stop()
+	for {
+		select {
+		case ev, ok := <-w.events:
+			if !ok {
+				return nil
+			}
+			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// watcherSet holds the polling watchers (CreateWatcher/GetWatcherEvents).
+type watcherSet struct {
+	mu sync.Mutex
+	m  map[string]*watch
+}
+
+func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[pb.CreateWatcherRequest]) (*connect.Response[pb.CreateWatcherResponse], error) {
+	acct, err := connectUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	w, err := newWatch(resolvePath(req.Msg.GetPath(), acct), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	f.watchers.mu.Lock()
+	f.watchers.m[id] = w
+	f.watchers.mu.Unlock()
+	return connect.NewResponse(&pb.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+func (f *filesystemService) watcher(id string) (*watch, error) {
+	f.watchers.mu.Lock()
+	defer f.watchers.mu.Unlock()
+	w, ok := f.watchers.m[id]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", id))
+	}
+	return w, nil
+}
+
+func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.GetWatcherEventsRequest]) (*connect.Response[pb.GetWatcherEventsResponse], error) {
+	w, err := f.watcher(req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.GetWatcherEventsResponse{}
+	for {
+		select {
+		case ev, ok := <-w.events:
+			if !ok {
+				return connect.NewResponse(out), nil
+			}
+			out.Events = append(out.Events, ev)
+			continue
+		default:
+		}
+		return connect.NewResponse(out), nil
+	}
+}
+
+func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
+	w, err := f.watcher(req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, err
+	}
+	w.close()
+	f.watchers.mu.Lock()
+	delete(f.watchers.m, req.Msg.GetWatcherId())
+	f.watchers.mu.Unlock()
+	return connect.NewResponse(&pb.RemoveWatcherResponse{}), nil
+}

@@ -1,0 +1,64 @@
+// Package errdefs defines the small set of error classes agentenv uses and
+// maps them to HTTP status codes at the API edge. Packages wrap these classes
+// with %w and a message that says what was wrong and what to do; only the API
+// layer turns them into transport codes.
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// The error classes. Wrap them: fmt.Errorf("template %q: %w", name, ErrNotFound).
+var (
+	ErrNotFound          = errors.New("not found")
+	ErrInvalid           = errors.New("invalid argument")
+	ErrConflict          = errors.New("conflict")
+	ErrUnavailable       = errors.New("unavailable")
+	ErrResourceExhausted = errors.New("resource exhausted")
+	ErrUnauthenticated   = errors.New("unauthenticated")
+	ErrTooLarge          = errors.New("request too large")
+)
+
+// Invalid returns an ErrInvalid error with a formatted message.
+func Invalid(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalid)
+}
+
+// NotFound returns an ErrNotFound error with a formatted message.
+func NotFound(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrNotFound)
+}
+
+// Conflict returns an ErrConflict error with a formatted message.
+func Conflict(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrConflict)
+}
+
+// classes lists each class with its HTTP status and machine-readable code,
+// most specific first.
+var classes = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{ErrNotFound, http.StatusNotFound, "not_found"},
+	{ErrInvalid, http.StatusBadRequest, "invalid_argument"},
+	{ErrConflict, http.StatusConflict, "conflict"},
+	{ErrUnauthenticated, http.StatusUnauthorized, "unauthenticated"},
+	{ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
+	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+}
+
+// HTTPStatus maps an error to its HTTP status and machine-readable code.
+// Errors of no known class are internal errors (500).
+func HTTPStatus(err error) (int, string) {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c.status, c.code
+		}
+	}
+	return http.StatusInternalServerError, "internal"
+}

@@ -1,0 +1,249 @@
+// Package netns manages per-sandbox network slots: a named network namespace
+// holding one end of a veth pair (owned by the sandbox's own network stack),
+// the other end on the host with a unique /30 address, and the host firewall
+// rules that fence sandboxes off from the host and from each other.
+//
+// It must not know about sandboxes or runtimes; callers own slot indexes.
+package netns
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+)
+
+const (
+	nsPrefix   = "agentenv-"
+	linkPrefix = "ae"
+	nsDir      = "/var/run/netns"
+	// SandboxIf is the interface name inside the namespace.
+	SandboxIf = "eth0"
+)
+
+// Slot is one sandbox's network: a namespace and a veth pair.
+type Slot struct {
+	Index     int    `json:"index"`
+	Namespace string `json:"namespace"`
+	HostIf    string `json:"hostIf"`
+	HostIP    net.IP `json:"hostIP"`
+	SandboxIP net.IP `json:"sandboxIP"`
+}
+
+// Path is the namespace's bind-mount path, for a runtime spec.
+func (s Slot) Path() string { return filepath.Join(nsDir, s.Namespace) }
+
+// Manager creates and removes slots inside one IPv4 range.
+type Manager struct {
+	base net.IP // first address of the range
+	max  int    // number of /30 blocks in the range
+}
+
+// NewManager returns a manager that carves /30 blocks out of cidr
+// (for example 10.88.0.0/16: 16384 slots).
+func NewManager(cidr string) (*Manager, error) {
+	_, n, err := net.ParseCIDR(cidr)
+	if err != nil || n.IP.To4() == nil {
+		return nil, fmt.Errorf("network range %q: want an IPv4 CIDR such as 10.88.0.0/16", cidr)
+	}
+	ones, _ := n.Mask.Size()
+	if ones > 28 {
+		return nil, fmt.Errorf("network range %q is too small: want /28 or larger", cidr)
+	}
+	return &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4}, nil
+}
+
+// Capacity is the number of slots the range holds.
+func (m *Manager) Capacity() int { return m.max }
+
+// CIDR returns the managed range.
+func (m *Manager) CIDR() *net.IPNet {
+	bits := 32
+	size := m.max * 4
+	for size > 1 {
+		size >>= 1
+		bits--
+	}
+	return &net.IPNet{IP: m.base, Mask: net.CIDRMask(bits, 32)}
+}
+
+func (m *Manager) addr(index, offset int) net.IP {
+	v := binary.BigEndian.Uint32(m.base) + uint32(index*4+offset)
+	ip := make(net.IP, 4)
+	binary.BigEndian.PutUint32(ip, v)
+	return ip
+}
+
+// SlotFor describes slot index without creating anything.
+func (m *Manager) SlotFor(index int) Slot {
+	return Slot{
+		Index:     index,
+		Namespace: nsPrefix + strconv.Itoa(index),
+		HostIf:    linkPrefix + strconv.Itoa(index),
+		HostIP:    m.addr(index, 1),
+		SandboxIP: m.addr(index, 2),
+	}
+}
+
+// Create makes slot index: namespace, veth pair, addresses and routes. On
+// error it removes whatever it made.
+func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) {
+	if index < 0 || index >= m.max {
+		return Slot{}, fmt.Errorf("slot %d outside the range (capacity %d)", index, m.max)
+	}
+	slot = m.SlotFor(index)
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.Delete(context.WithoutCancel(ctx), slot))
+		}
+	}()
+	ns, err := newNamed(slot.Namespace)
+	if err != nil {
+		return slot, fmt.Errorf("create network namespace %s: %w", slot.Namespace, err)
+	}
+	defer ns.Close()
+
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: slot.HostIf, MTU: 1500},
+		PeerName:      SandboxIf,
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return slot, fmt.Errorf("create veth %s: %w", slot.HostIf, err)
+	}
+	host, err := netlink.LinkByName(slot.HostIf)
+	if err != nil {
+		return slot, err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: slot.HostIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
+		return slot, fmt.Errorf("address host side %s: %w", slot.HostIf, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return slot, err
+	}
+
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return slot, err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return slot, err
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return slot, err
+	}
+	inner, err := h.LinkByName(SandboxIf)
+	if err != nil {
+		return slot, err
+	}
+	if err := h.AddrAdd(inner, &netlink.Addr{IPNet: &net.IPNet{IP: slot.SandboxIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
+		return slot, fmt.Errorf("address sandbox side: %w", err)
+	}
+	if err := h.LinkSetUp(inner); err != nil {
+		return slot, err
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: inner.Attrs().Index, Gw: slot.HostIP}); err != nil {
+		return slot, fmt.Errorf("default route: %w", err)
+	}
+	return slot, nil
+}
+
+// Delete removes a slot's veth pair and namespace. Missing parts are not an
+// error, so Delete is safe to call on a half-made slot.
+func (m *Manager) Delete(_ context.Context, slot Slot) error {
+	var errs []error
+	if l, err := netlink.LinkByName(slot.HostIf); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete veth %s: %w", slot.HostIf, err))
+		}
+	}
+	if err := deleteNamed(slot.Namespace); err != nil {
+		errs = append(errs, fmt.Errorf("delete namespace %s: %w", slot.Namespace, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Leftovers lists the slot indexes that exist on the host (namespaces or
+// host-side veths), for cleanup after a crash.
+func (m *Manager) Leftovers() ([]int, error) {
+	seen := map[int]bool{}
+	entries, err := os.ReadDir(nsDir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, e := range entries {
+		if i, ok := parseIndex(e.Name(), nsPrefix); ok {
+			seen[i] = true
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range links {
+		if i, ok := parseIndex(l.Attrs().Name, linkPrefix); ok {
+			seen[i] = true
+		}
+	}
+	out := make([]int, 0, len(seen))
+	for i := range seen {
+		out = append(out, i)
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+func parseIndex(name, prefix string) (int, bool) {
+	if !strings.HasPrefix(name, prefix) {
+		return 0, false
+	}
+	i, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+	return i, err == nil && i >= 0
+}
+
+// newNamed creates a named network namespace without leaving the calling
+// goroutine's thread inside it.
+func newNamed(name string) (vnetns.NsHandle, error) {
+	if err := os.MkdirAll(nsDir, 0o755); err != nil {
+		return 0, err
+	}
+	runtime.LockOSThread()
+	orig, err := vnetns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return 0, err
+	}
+	defer orig.Close()
+	ns, err := vnetns.NewNamed(name)
+	if serr := vnetns.Set(orig); serr != nil {
+		// The thread is stuck in the wrong namespace: keep it locked so the
+		// Go runtime discards it when this goroutine ends.
+		return 0, errors.Join(err, serr)
+	}
+	runtime.UnlockOSThread()
+	return ns, err
+}
+
+func deleteNamed(name string) error {
+	err := vnetns.DeleteNamed(name)
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	// A bind mount that is already gone leaves a plain file behind.
+	if rmErr := os.Remove(filepath.Join(nsDir, name)); rmErr == nil || os.IsNotExist(rmErr) {
+		return nil
+	}
+	return err
+}

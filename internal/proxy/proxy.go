@@ -1,0 +1,123 @@
+// Package proxy routes HTTP traffic to ports inside sandboxes: by the
+// E2b-Sandbox-Id / E2b-Sandbox-Port headers (what the E2B SDK sends when
+// E2B_SANDBOX_URL is set) or by a Host of the form <port>-<sandboxID>.<domain>.
+// It must not authenticate envd traffic itself: envd checks its own token.
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Resolver finds the host-reachable address of a running sandbox's port.
+type Resolver interface {
+	// Addr returns host:port for the sandbox's port, or an error that says
+	// why the sandbox cannot be reached.
+	Addr(sandboxID string, port int) (string, error)
+}
+
+// Proxy is the sandbox traffic proxy.
+type Proxy struct {
+	resolve Resolver
+	log     *slog.Logger
+	rp      *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+// New returns a proxy.
+func New(r Resolver, log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{resolve: r, log: log}
+	transport := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			target := pr.In.Context().Value(targetKey{}).(string)
+			pr.SetURL(&url.URL{Scheme: "http", Host: target})
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		Transport:     transport,
+		FlushInterval: -1, // stream every write (Connect server streams)
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox port is not reachable: %v", err))
+		},
+	}
+	return p
+}
+
+// ParseHost splits "<port>-<sandboxID>.<domain>" into its parts.
+func ParseHost(host string) (id string, port int, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, _, _ := strings.Cut(host, ".")
+	ps, id, found := strings.Cut(label, "-")
+	if !found || id == "" {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil {
+		return "", 0, false
+	}
+	return id, port, true
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("E2b-Sandbox-Id")
+	portStr := r.Header.Get("E2b-Sandbox-Port")
+	var port int
+	if id != "" {
+		var err error
+		port, err = strconv.Atoi(portStr)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("E2b-Sandbox-Port %q is not a port number", portStr))
+			return
+		}
+	} else {
+		var ok bool
+		id, port, ok = ParseHost(r.Host)
+		if !ok {
+			writeError(w, http.StatusBadRequest, "cannot tell which sandbox this is for: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, or use Host <port>-<sandboxID>.<domain>")
+			return
+		}
+	}
+	if port < 1 || port > 65535 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("port %d out of range 1..65535", port))
+		return
+	}
+	addr, err := p.resolve.Addr(id, port)
+	if err != nil {
+		// 502 tells the E2B SDK the sandbox is not running.
+		writeError(w, http.StatusBadGateway, err.Error())
+		return
+	}
+	r.Header.Del("E2b-Sandbox-Id")
+	r.Header.Del("E2b-Sandbox-Port")
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, addr)))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}

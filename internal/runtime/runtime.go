@@ -1,0 +1,81 @@
+// Package runtime defines the seam between agentenv and an isolation runtime
+// (gVisor today, Firecracker later). It owns the contract only; it must not
+// know about templates, networking policy or the API.
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// Spec describes one sandbox to a runtime. Paths are on the host.
+type Spec struct {
+	// ID is the runtime's container ID. Runtimes may match IDs by prefix,
+	// so callers use fixed-width IDs.
+	ID string
+	// Dir is a private, empty-at-first directory the runtime may use for
+	// its bundle, logs and sockets. The caller removes it after Destroy.
+	Dir string
+	// Image is the read-only root filesystem image (EROFS) shared by every
+	// sandbox of a template. Writes go to a per-sandbox memory layer.
+	Image string
+	// Args, Env and Cwd describe the init process (envd).
+	Args []string
+	Env  []string
+	Cwd  string
+	// NetNS is the path of the network namespace the sandbox joins; empty
+	// means no network at all.
+	NetNS string
+	// Resource limits. Zero means the runtime's default.
+	CPUs     float64
+	MemoryMB int64
+	Pids     int64
+	Hostname string
+}
+
+// Status is what a runtime reports about one sandbox.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped"
+	// StatusUnknown means the runtime has no such sandbox.
+	StatusUnknown Status = "unknown"
+)
+
+// Runtime creates and destroys isolated sandboxes.
+//
+// Contract:
+//   - Create starts the sandbox's init process and returns once it runs. On
+//     error nothing of the sandbox is left behind (processes, mounts,
+//     cgroups, state files).
+//   - State reports StatusUnknown, not an error, for an ID it does not know.
+//   - Destroy stops and removes the sandbox; destroying an unknown or
+//     already destroyed sandbox succeeds (idempotent).
+//   - List returns the IDs of every sandbox the runtime holds, including
+//     ones left by an earlier process that crashed, so callers can adopt
+//     or remove them.
+type Runtime interface {
+	Create(ctx context.Context, spec Spec) error
+	State(ctx context.Context, id string) (Status, error)
+	Destroy(ctx context.Context, id string) error
+	List(ctx context.Context) ([]string, error)
+	// Version names the runtime build (recorded in snapshots).
+	Version() string
+}
+
+// Pauser is implemented by runtimes that can freeze a sandbox in place.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// Execer runs a process inside a sandbox without going through envd. It is
+// used by benchmarks and diagnostics, not by the API path.
+type Execer interface {
+	Exec(ctx context.Context, id string, args []string) (exitCode int, out []byte, err error)
+}
+
+// Timings collects how long a runtime step took, for benchmarks.
+type Timings map[string]time.Duration

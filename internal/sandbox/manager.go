@@ -1,0 +1,474 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"agentenv/internal/envd"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/netns"
+	"agentenv/internal/runtime"
+	"agentenv/internal/template"
+)
+
+// Deps are the parts the manager drives.
+type Deps struct {
+	Runtime   runtime.Runtime
+	Templates *template.Store
+	Net       *netns.Manager
+	// Dir holds one directory per sandbox (record, bundle, logs).
+	Dir    string
+	Limits Limits
+	Log    *slog.Logger
+}
+
+// Manager creates, tracks and kills sandboxes.
+type Manager struct {
+	d      Deps
+	client *http.Client
+
+	mu       sync.Mutex
+	boxes    map[string]*entry
+	slots    map[int]bool
+	lost     map[string]Sandbox
+	closed   bool
+	inflight sync.WaitGroup
+}
+
+// entry is a live sandbox with its runtime-only parts.
+type entry struct {
+	mu      sync.Mutex // serialises lifecycle operations on this sandbox
+	sb      Sandbox
+	timer   *time.Timer
+	release func()
+}
+
+// New returns a manager. Call Recover before serving requests.
+func New(d Deps) (*Manager, error) {
+	if err := os.MkdirAll(d.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	return &Manager{
+		d:      d,
+		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		boxes:  map[string]*entry{},
+		slots:  map[int]bool{},
+		lost:   map[string]Sandbox{},
+	}, nil
+}
+
+func (m *Manager) dir(id string) string { return filepath.Join(m.d.Dir, id) }
+
+// persist writes a sandbox record atomically.
+func (m *Manager) persist(sb Sandbox) error {
+	b, err := json.MarshalIndent(sb, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(m.dir(sb.ID), "sandbox.json")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// move applies a state transition and persists it.
+func (m *Manager) move(e *entry, to State) error {
+	if !canMove(e.sb.State, to) {
+		return errdefs.Conflict("sandbox %s is %s and cannot become %s", e.sb.ID, e.sb.State, to)
+	}
+	e.sb.State = to
+	return m.persist(e.sb)
+}
+
+func (m *Manager) allocSlot() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := 0; i < m.d.Net.Capacity(); i++ {
+		if !m.slots[i] {
+			m.slots[i] = true
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d network slots are in use: kill sandboxes or widen --network-cidr: %w", m.d.Net.Capacity(), errdefs.ErrResourceExhausted)
+}
+
+func (m *Manager) freeSlot(i int) {
+	m.mu.Lock()
+	delete(m.slots, i)
+	m.mu.Unlock()
+}
+
+// Create starts a sandbox and returns once envd inside it answers.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if err := m.d.Limits.check(&req); err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return Sandbox{}, fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	if len(m.boxes) >= m.d.Limits.MaxSandboxes {
+		m.mu.Unlock()
+		return Sandbox{}, fmt.Errorf("limit of %d sandboxes reached: kill some first: %w", m.d.Limits.MaxSandboxes, errdefs.ErrResourceExhausted)
+	}
+	m.inflight.Add(1)
+	m.mu.Unlock()
+	defer m.inflight.Done()
+
+	var cl cleanup
+	image, release, err := m.d.Templates.Acquire(req.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	cl.add(func(context.Context) error { release(); return nil })
+
+	now := time.Now().UTC()
+	sb := Sandbox{
+		ID: newID(), Template: req.Template, State: StateCreating,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
+		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(),
+	}
+	log := m.d.Log.With("sandbox", sb.ID, "template", sb.Template)
+	fail := func(err error) (Sandbox, error) {
+		if cerr := cl.run(ctx); cerr != nil {
+			log.Error("cleanup after failed create", "err", cerr)
+			err = errors.Join(err, cerr)
+		}
+		log.Warn("create failed", "err", err)
+		return Sandbox{}, err
+	}
+
+	slotIndex, err := m.allocSlot()
+	if err != nil {
+		return fail(err)
+	}
+	cl.add(func(context.Context) error { m.freeSlot(slotIndex); return nil })
+	sb.Slot = m.d.Net.SlotFor(slotIndex)
+
+	// Persist before acquiring host resources, so that a crash from here
+	// on leaves a record that recovery cleans up.
+	if err := os.MkdirAll(m.dir(sb.ID), 0o700); err != nil {
+		return fail(err)
+	}
+	cl.add(func(context.Context) error { return os.RemoveAll(m.dir(sb.ID)) })
+	e := &entry{sb: sb, release: release}
+	if err := m.persist(e.sb); err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	m.boxes[sb.ID] = e
+	m.mu.Unlock()
+	cl.add(func(context.Context) error {
+		m.mu.Lock()
+		delete(m.boxes, sb.ID)
+		m.mu.Unlock()
+		return nil
+	})
+
+	slot, err := m.d.Net.Create(ctx, slotIndex)
+	if err != nil {
+		return fail(err)
+	}
+	cl.add(func(ctx context.Context) error { return m.d.Net.Delete(ctx, slot) })
+
+	spec := m.spec(sb, image)
+	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
+	if err := m.d.Runtime.Create(ctx, spec); err != nil {
+		return fail(fmt.Errorf("start sandbox: %w", err))
+	}
+	if err := m.waitEnvd(ctx, sb); err != nil {
+		return fail(err)
+	}
+
+	e.mu.Lock()
+	err = m.move(e, StateRunning)
+	if err == nil {
+		m.armTimer(e)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	cl.keep()
+	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "took", time.Since(now).Round(time.Millisecond))
+	return e.sb, nil
+}
+
+func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"E2B_SANDBOX=true",
+		"E2B_SANDBOX_ID=" + sb.ID,
+		"E2B_TEMPLATE_ID=" + sb.Template,
+		envd.TokenEnv + "=" + sb.AccessToken,
+	}
+	keys := make([]string, 0, len(sb.EnvVars))
+	for k := range sb.EnvVars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+sb.EnvVars[k])
+	}
+	return runtime.Spec{
+		ID:       sb.ID,
+		Dir:      m.dir(sb.ID),
+		Image:    image,
+		Args:     []string{template.EnvdPath},
+		Env:      env,
+		NetNS:    sb.Slot.Path(),
+		CPUs:     float64(sb.CPUs),
+		MemoryMB: int64(sb.MemoryMB),
+		Pids:     int64(m.d.Limits.Nproc),
+		Hostname: "e2b",
+	}
+}
+
+// EnvdAddr is the host-reachable address of a sandbox's port.
+func (sb Sandbox) Addr(port int) string {
+	return net.JoinHostPort(sb.Slot.SandboxIP.String(), strconv.Itoa(port))
+}
+
+// waitEnvd polls envd's /health until it answers.
+func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	url := "http://" + sb.Addr(envd.Port) + "/health"
+	delay := time.Millisecond
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := m.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("envd in sandbox %s did not answer within 30s (last error: %v): %w", sb.ID, last, errdefs.ErrUnavailable)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// armTimer (re)schedules the sandbox's automatic kill. Callers hold e.mu.
+func (m *Manager) armTimer(e *entry) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	id := e.sb.ID
+	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() {
+		m.d.Log.Info("sandbox timed out", "sandbox", id)
+		if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
+		}
+	})
+}
+
+func (m *Manager) entry(id string) (*entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.boxes[id]; ok {
+		return e, nil
+	}
+	if sb, ok := m.lost[id]; ok {
+		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
+	}
+	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
+}
+
+// Get returns a sandbox.
+func (m *Manager) Get(id string) (Sandbox, error) {
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sb, nil
+}
+
+// Running returns a sandbox only if it is running (for the proxy).
+func (m *Manager) Running(id string) (Sandbox, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if sb.State != StateRunning {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
+	}
+	return sb, nil
+}
+
+// Filter selects sandboxes in List.
+type Filter struct {
+	Metadata map[string]string
+	States   []State
+}
+
+func (f Filter) match(sb Sandbox) bool {
+	for k, v := range f.Metadata {
+		if sb.Metadata[k] != v {
+			return false
+		}
+	}
+	if len(f.States) == 0 {
+		return true
+	}
+	for _, s := range f.States {
+		if sb.State == s {
+			return true
+		}
+	}
+	return false
+}
+
+// List returns the sandboxes that match, oldest first.
+func (m *Manager) List(f Filter) []Sandbox {
+	m.mu.Lock()
+	entries := make([]*entry, 0, len(m.boxes))
+	for _, e := range m.boxes {
+		entries = append(entries, e)
+	}
+	m.mu.Unlock()
+	out := make([]Sandbox, 0, len(entries))
+	for _, e := range entries {
+		e.mu.Lock()
+		sb := e.sb
+		e.mu.Unlock()
+		if f.match(sb) {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].StartedAt.Before(out[j].StartedAt)
+	})
+	return out
+}
+
+// SetTimeout makes the sandbox end d from now.
+func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
+	if err := m.d.Limits.checkTimeout(d); err != nil {
+		return Sandbox{}, err
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State != StateRunning {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
+	}
+	e.sb.EndAt = time.Now().UTC().Add(d)
+	if err := m.persist(e.sb); err != nil {
+		return Sandbox{}, err
+	}
+	m.armTimer(e)
+	return e.sb, nil
+}
+
+// Kill stops a sandbox and removes everything it held.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	e, err := m.entry(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State == StateCreating {
+		return errdefs.Conflict("sandbox %q is still being created: retry in a moment", id)
+	}
+	if e.sb.State != StateKilling {
+		if err := m.move(e, StateKilling); err != nil {
+			return err
+		}
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	if err := m.teardown(ctx, e.sb); err != nil {
+		// Keep the record (state killing) so a retry or the next start
+		// finishes the job.
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	if e.release != nil {
+		e.release()
+	}
+	m.mu.Lock()
+	delete(m.boxes, id)
+	delete(m.slots, e.sb.Slot.Index)
+	m.mu.Unlock()
+	m.d.Log.Info("sandbox killed", "sandbox", id)
+	return nil
+}
+
+// teardown removes a sandbox's runtime container, network slot and files.
+func (m *Manager) teardown(ctx context.Context, sb Sandbox) error {
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	if err := m.d.Runtime.Destroy(ctx, sb.ID); err != nil {
+		errs = append(errs, err)
+	}
+	if sb.Slot.Namespace != "" {
+		if err := m.d.Net.Delete(ctx, sb.Slot); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(m.dir(sb.ID)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Shutdown stops accepting creates and waits for those in flight. Running
+// sandboxes are left running; the next start adopts them.
+func (m *Manager) Shutdown() {
+	m.mu.Lock()
+	m.closed = true
+	for _, e := range m.boxes {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	m.inflight.Wait()
+}
+
+// Addr implements proxy.Resolver.
+func (m *Manager) Addr(id string, port int) (string, error) {
+	sb, err := m.Running(id)
+	if err != nil {
+		return "", err
+	}
+	return sb.Addr(port), nil
+}

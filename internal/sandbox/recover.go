@@ -1,0 +1,182 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"agentenv/internal/runtime"
+)
+
+// Recover reconciles the records on disk with what exists on the host after
+// a restart (clean or not): running sandboxes whose container and envd are
+// alive are adopted; every other record is cleaned up and kept as a "lost"
+// tombstone with its reason; containers and network slots that no record
+// owns are removed. It returns the adopted and lost sandboxes.
+func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err error) {
+	entries, err := os.ReadDir(m.d.Dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	known := map[string]bool{}
+	for _, de := range entries {
+		if !de.IsDir() {
+			continue
+		}
+		id := de.Name()
+		if id == "lost" {
+			continue
+		}
+		known[id] = true
+		sb, rerr := m.readRecord(id)
+		if rerr != nil {
+			// No usable record: nothing is known of it but its files and a
+			// container of the same ID, which teardown removes.
+			sb = Sandbox{ID: id}
+			m.markLost(ctx, sb, fmt.Sprintf("its record was unreadable after a restart (%v)", rerr))
+			lost = append(lost, sb)
+			continue
+		}
+		if reason := m.alive(ctx, sb); reason != "" {
+			sb.Reason = reason
+			m.markLost(ctx, sb, reason)
+			lost = append(lost, sb)
+			continue
+		}
+		release := func() {}
+		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
+			release = rel
+		}
+		e := &entry{sb: sb, release: release}
+		m.mu.Lock()
+		m.boxes[sb.ID] = e
+		m.slots[sb.Slot.Index] = true
+		m.mu.Unlock()
+		e.mu.Lock()
+		m.armTimer(e)
+		e.mu.Unlock()
+		adopted = append(adopted, sb)
+		m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
+	}
+
+	// Containers and slots that no record owns: a crash between their
+	// creation and the first record write, or a record deleted by hand.
+	ids, err := m.d.Runtime.List(ctx)
+	if err != nil {
+		return adopted, lost, fmt.Errorf("list runtime containers: %w", err)
+	}
+	for _, id := range ids {
+		if _, ok := m.boxes[id]; !ok {
+			m.d.Log.Warn("removing container without a sandbox", "container", id)
+			if err := m.d.Runtime.Destroy(ctx, id); err != nil {
+				m.d.Log.Error("remove stray container", "container", id, "err", err)
+			}
+		}
+	}
+	left, err := m.d.Net.Leftovers()
+	if err != nil {
+		return adopted, lost, fmt.Errorf("list network slots: %w", err)
+	}
+	for _, i := range left {
+		m.mu.Lock()
+		used := m.slots[i]
+		m.mu.Unlock()
+		if !used {
+			m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
+			if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
+				m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
+			}
+		}
+	}
+	m.loadTombstones()
+	return adopted, lost, nil
+}
+
+func (m *Manager) readRecord(id string) (Sandbox, error) {
+	b, err := os.ReadFile(filepath.Join(m.dir(id), "sandbox.json"))
+	if err != nil {
+		return Sandbox{}, err
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(b, &sb); err != nil {
+		return Sandbox{}, err
+	}
+	if sb.ID != id {
+		return Sandbox{}, fmt.Errorf("record names sandbox %q", sb.ID)
+	}
+	return sb, nil
+}
+
+// alive says why a recorded sandbox cannot be adopted, or "" if it can.
+func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
+	if sb.State != StateRunning {
+		return fmt.Sprintf("the server stopped while it was %s", sb.State)
+	}
+	if !time.Now().Before(sb.EndAt) {
+		return "its timeout passed while the server was down"
+	}
+	st, err := m.d.Runtime.State(ctx, sb.ID)
+	if err != nil {
+		return fmt.Sprintf("its runtime state could not be read: %v", err)
+	}
+	if st != runtime.StatusRunning {
+		return fmt.Sprintf("its container was %s after the restart", st)
+	}
+	if _, err := os.Stat(sb.Slot.Path()); err != nil {
+		return "its network namespace was gone after the restart"
+	}
+	if err := m.waitEnvdQuick(ctx, sb); err != nil {
+		return fmt.Sprintf("envd did not answer after the restart: %v", err)
+	}
+	return ""
+}
+
+func (m *Manager) waitEnvdQuick(ctx context.Context, sb Sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return m.waitEnvd(ctx, sb)
+}
+
+// markLost tears a sandbox down and keeps a tombstone explaining why.
+func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
+	m.d.Log.Warn("sandbox lost after restart; cleaning up", "sandbox", sb.ID, "reason", reason)
+	if err := m.teardown(ctx, sb); err != nil {
+		m.d.Log.Error("clean up lost sandbox", "sandbox", sb.ID, "err", err)
+	}
+	sb.State = StateLost
+	sb.Reason = reason
+	sb.AccessToken = ""
+	dir := filepath.Join(m.d.Dir, "lost")
+	os.MkdirAll(dir, 0o700)
+	if b, err := json.Marshal(sb); err == nil {
+		os.WriteFile(filepath.Join(dir, sb.ID+".json"), b, 0o600)
+	}
+}
+
+// loadTombstones reads the lost sandboxes of the last day; older ones are
+// deleted.
+func (m *Manager) loadTombstones() {
+	dir := filepath.Join(m.d.Dir, "lost")
+	entries, _ := os.ReadDir(dir)
+	for _, de := range entries {
+		p := filepath.Join(dir, de.Name())
+		info, err := de.Info()
+		if err != nil || time.Since(info.ModTime()) > 24*time.Hour {
+			os.Remove(p)
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var sb Sandbox
+		if json.Unmarshal(b, &sb) == nil {
+			m.mu.Lock()
+			m.lost[sb.ID] = sb
+			m.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,162 @@
+// Package sandbox owns the sandbox lifecycle: create from a template on a
+// runtime with a network slot, timeouts, kill, persistence of every state
+// transition and recovery after a crash. It must not speak HTTP; the api
+// and proxy packages sit on top of it.
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/netns"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// The lifecycle: creating → running → killing → (gone). A sandbox that
+// cannot be brought back after a restart becomes lost (a tombstone kept
+// so that clients get an explanation rather than a bare 404).
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StateKilling  State = "killing"
+	StateLost     State = "lost"
+)
+
+// transitions lists the allowed moves of the state machine.
+var transitions = map[State][]State{
+	StateCreating: {StateRunning, StateKilling},
+	StateRunning:  {StateKilling},
+	StateKilling:  {},
+}
+
+func canMove(from, to State) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Sandbox is the persisted record of one sandbox.
+type Sandbox struct {
+	ID          string            `json:"sandboxID"`
+	Template    string            `json:"templateID"`
+	State       State             `json:"state"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+	CPUs        int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	AccessToken string            `json:"envdAccessToken"`
+	Slot        netns.Slot        `json:"slot"`
+	// Reason says why a sandbox was lost.
+	Reason string `json:"reason,omitempty"`
+}
+
+// CreateRequest describes a new sandbox.
+type CreateRequest struct {
+	Template string
+	Timeout  time.Duration
+	Metadata map[string]string
+	EnvVars  map[string]string
+	CPUs     int
+	MemoryMB int
+}
+
+// Limits bound what a create request may ask for.
+type Limits struct {
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+	DefaultCPUs    int
+	MaxCPUs        int
+	DefaultMemMB   int
+	MaxMemMB       int
+	MaxSandboxes   int
+	// Nproc caps processes per user inside a sandbox (contains fork bombs).
+	Nproc int
+}
+
+// DefaultLimits are E2B's defaults where E2B has one.
+func DefaultLimits() Limits {
+	return Limits{
+		DefaultTimeout: 300 * time.Second,
+		MaxTimeout:     24 * time.Hour,
+		DefaultCPUs:    2,
+		MaxCPUs:        8,
+		DefaultMemMB:   512,
+		MaxMemMB:       8192,
+		MaxSandboxes:   2000,
+		Nproc:          1024,
+	}
+}
+
+func (l Limits) check(req *CreateRequest) error {
+	if req.Template == "" {
+		return errdefs.Invalid("templateID is required: name a template (see GET /templates)")
+	}
+	if req.Timeout < 0 {
+		return errdefs.Invalid("timeout %v is negative: give seconds between 1 and %d", req.Timeout, int(l.MaxTimeout.Seconds()))
+	}
+	if req.Timeout == 0 {
+		req.Timeout = l.DefaultTimeout
+	}
+	if req.Timeout > l.MaxTimeout {
+		return errdefs.Invalid("timeout %v is longer than the maximum %v", req.Timeout, l.MaxTimeout)
+	}
+	if req.CPUs == 0 {
+		req.CPUs = l.DefaultCPUs
+	}
+	if req.CPUs < 0 || req.CPUs > l.MaxCPUs {
+		return errdefs.Invalid("cpuCount %d out of range: give 1..%d", req.CPUs, l.MaxCPUs)
+	}
+	if req.MemoryMB == 0 {
+		req.MemoryMB = l.DefaultMemMB
+	}
+	if req.MemoryMB < 64 || req.MemoryMB > l.MaxMemMB {
+		return errdefs.Invalid("memoryMB %d out of range: give 64..%d", req.MemoryMB, l.MaxMemMB)
+	}
+	for k := range req.EnvVars {
+		if k == "" || len(k) > 256 {
+			return errdefs.Invalid("environment variable name %q is empty or too long", k)
+		}
+		for _, c := range k {
+			if c == '=' || c == 0 {
+				return errdefs.Invalid("environment variable name %q contains '=' or NUL", k)
+			}
+		}
+	}
+	return nil
+}
+
+// checkTimeout validates a new timeout for a running sandbox.
+func (l Limits) checkTimeout(d time.Duration) error {
+	if d <= 0 || d > l.MaxTimeout {
+		return errdefs.Invalid("timeout %v out of range: give seconds between 1 and %d", d, int(l.MaxTimeout.Seconds()))
+	}
+	return nil
+}
+
+// newID returns a fixed-width sandbox ID (runsc matches IDs by prefix, so
+// every ID has the same length).
+func newID() string {
+	b := make([]byte, 10)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return "i" + hex.EncodeToString(b)
+}
+
+func newToken() string {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
+}

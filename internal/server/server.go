@@ -1,0 +1,177 @@
+// Package server wires agentenv's parts into the one-process service that
+// `agentenv serve` runs: runtime, templates, network slots, sandbox manager,
+// REST API and sandbox proxy. It holds no logic of its own beyond start-up
+// and shutdown order.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"agentenv/internal/api"
+	"agentenv/internal/netns"
+	"agentenv/internal/proxy"
+	"agentenv/internal/runtime/gvisor"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/template"
+)
+
+// Config is everything `agentenv serve` can be told.
+type Config struct {
+	Listen      string
+	ProxyListen string
+	DataDir     string
+	Runsc       string
+	Envd        string
+	NetworkCIDR string
+	Domain      string
+	APIKey      string
+	Limits      sandbox.Limits
+	// NoCgroups runs sandboxes without cgroup limits (for hosts where
+	// cgroups cannot be managed).
+	NoCgroups bool
+	Log       *slog.Logger
+}
+
+// Run serves until ctx ends. ready, if not nil, is called with the bound
+// addresses once both listeners accept connections.
+func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string)) error {
+	log := cfg.Log
+	if os.Geteuid() != 0 {
+		return errors.New("agentenv serve needs root (network namespaces, cgroups, gVisor): run it with sudo")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	key, err := apiKey(cfg, log)
+	if err != nil {
+		return err
+	}
+	envdPath, err := findEnvd(cfg.Envd)
+	if err != nil {
+		return err
+	}
+	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Cgroups: !cfg.NoCgroups})
+	if err != nil {
+		return err
+	}
+	log.Info("runtime", "runsc", rt.Version())
+	templates, err := template.Open(filepath.Join(cfg.DataDir, "templates"), envdPath, log)
+	if err != nil {
+		return err
+	}
+	nets, err := netns.NewManager(cfg.NetworkCIDR)
+	if err != nil {
+		return err
+	}
+	if err := nets.InstallFirewall(ctx); err != nil {
+		return err
+	}
+	mgr, err := sandbox.New(sandbox.Deps{
+		Runtime: rt, Templates: templates, Net: nets,
+		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	adopted, lost, err := mgr.Recover(ctx)
+	if err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	if len(adopted)+len(lost) > 0 {
+		log.Info("recovered after restart", "adopted", len(adopted), "lost", len(lost))
+	}
+	if err := templates.RefreshEnvd(ctx); err != nil {
+		return err
+	}
+	if err := templates.EnsureBusybox(ctx); err != nil {
+		return fmt.Errorf("build busybox template: %w", err)
+	}
+
+	apiLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	proxyLn, err := net.Listen("tcp", cfg.ProxyListen)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("listen %s: %w", cfg.ProxyListen, err)
+	}
+	domain := cfg.Domain
+	if domain == "" {
+		domain = proxyLn.Addr().String()
+	}
+	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Sandboxes: mgr, Templates: templates, Domain: domain, Log: log}).Handler(),
+		ReadHeaderTimeout: 10 * time.Second}
+	proxySrv := &http.Server{Handler: proxy.New(mgr, log), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- apiSrv.Serve(apiLn) }()
+	go func() { errc <- proxySrv.Serve(proxyLn) }()
+	log.Info("agentenv serving", "api", apiLn.Addr().String(), "proxy", proxyLn.Addr().String(), "data", cfg.DataDir)
+	if ready != nil {
+		ready(apiLn.Addr().String(), proxyLn.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	log.Info("shutting down; running sandboxes stay up and are adopted at the next start")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	apiSrv.Shutdown(sctx)
+	proxySrv.Shutdown(sctx)
+	mgr.Shutdown()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// apiKey returns the configured key, or the one stored in the data dir,
+// generating and storing one on first start.
+func apiKey(cfg Config, log *slog.Logger) (string, error) {
+	if cfg.APIKey != "" {
+		return cfg.APIKey, nil
+	}
+	path := filepath.Join(cfg.DataDir, "api-key")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		log.Info("using the API key stored in the data dir", "path", path)
+		return strings.TrimSpace(string(b)), nil
+	}
+	b := make([]byte, 20)
+	rand.Read(b)
+	key := "e2b_" + hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	log.Info("generated an API key (set AGENTENV_API_KEY to choose one)", "path", path)
+	return key, nil
+}
+
+// findEnvd locates the envd binary: the flag, next to this executable, or
+// on PATH.
+func findEnvd(flag string) (string, error) {
+	if flag != "" {
+		if _, err := os.Stat(flag); err != nil {
+			return "", fmt.Errorf("envd binary %s: %w (run make build)", flag, err)
+		}
+		return flag, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("envd binary not found next to agentenv: run `make build` or pass --envd")
+}

@@ -1,0 +1,231 @@
+// Package template builds and stores templates: a read-only EROFS root image
+// shared by every sandbox started from it, with envd baked in. It must not
+// start sandboxes; it only hands out images and counts who uses them.
+package template
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"agentenv/internal/errdefs"
+)
+
+// EnvdPath is where envd lives inside every template.
+const EnvdPath = "/.agentenv/envd"
+
+// Template is a stored, built template.
+type Template struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	Packages  []string  `json:"packages,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	ImageSize int64     `json:"imageSize"`
+	EnvdHash  string    `json:"envdHash"`
+	// InUse is the number of sandboxes using the template (not persisted).
+	InUse int `json:"inUse"`
+}
+
+// Progress is one step of a template build.
+type Progress struct {
+	Phase   string  `json:"phase"`
+	Percent float64 `json:"percent"`
+	Message string  `json:"message,omitempty"`
+}
+
+// BuildRequest says what to build. Exactly one source is set.
+type BuildRequest struct {
+	Name string `json:"name"`
+	// Debian suite (e.g. bookworm), built with debootstrap.
+	Debian   string   `json:"debian,omitempty"`
+	Packages []string `json:"packages,omitempty"`
+	Mirror   string   `json:"mirror,omitempty"`
+	// Rootfs is a directory or a tarball on the server's machine.
+	Rootfs string `json:"rootfs,omitempty"`
+	// Busybox builds the tiny busybox template from the host's busybox-static.
+	Busybox bool `json:"busybox,omitempty"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidName reports whether name can name a template.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return errdefs.Invalid("template name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// Store holds the templates under one directory.
+type Store struct {
+	dir      string
+	envd     string
+	envdHash string
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	templates map[string]*Template
+	refs      map[string]int
+	building  map[string]bool
+}
+
+// Open loads the templates stored under dir. envd is the path of the envd
+// binary baked into every image.
+func Open(dir, envd string, log *slog.Logger) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	hash, err := fileHash(envd)
+	if err != nil {
+		return nil, fmt.Errorf("envd binary %s: %w (run `make build`)", envd, err)
+	}
+	s := &Store{dir: dir, envd: envd, envdHash: hash, log: log,
+		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if !nameRE.MatchString(e.Name()) {
+			// A build that died half-way: remove it.
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "template.json"))
+		if err != nil {
+			log.Warn("removing incomplete template", "template", e.Name(), "err", err)
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+			continue
+		}
+		var t Template
+		if err := json.Unmarshal(b, &t); err != nil {
+			return nil, fmt.Errorf("template %s metadata: %w", e.Name(), err)
+		}
+		s.templates[t.Name] = &t
+	}
+	return s, nil
+}
+
+// ImagePath is the EROFS image of a template.
+func (s *Store) ImagePath(name string) string { return filepath.Join(s.dir, name, "image.erofs") }
+
+func (s *Store) rootfsPath(name string) string { return filepath.Join(s.dir, name, "rootfs") }
+
+// List returns every template, sorted by name.
+func (s *Store) List() []Template {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Template, 0, len(s.templates))
+	for _, t := range s.templates {
+		c := *t
+		c.InUse = s.refs[t.Name]
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Get returns one template.
+func (s *Store) Get(name string) (Template, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.templates[name]
+	if !ok {
+		return Template{}, errdefs.NotFound("template %q does not exist (list them with `agentenv template list`)", name)
+	}
+	c := *t
+	c.InUse = s.refs[name]
+	return c, nil
+}
+
+// Acquire marks the template as used by one more sandbox and returns its
+// image path and a release function (safe to call more than once).
+func (s *Store) Acquire(name string) (string, func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.templates[name]; !ok {
+		return "", nil, errdefs.NotFound("template %q does not exist (list them with `agentenv template list`)", name)
+	}
+	s.refs[name]++
+	var once sync.Once
+	return s.ImagePath(name), func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.refs[name]--
+			s.mu.Unlock()
+		})
+	}, nil
+}
+
+// Delete removes a template that no sandbox uses.
+func (s *Store) Delete(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.templates[name]; !ok {
+		return errdefs.NotFound("template %q does not exist", name)
+	}
+	if n := s.refs[name]; n > 0 {
+		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them first", name, n)
+	}
+	if s.building[name] {
+		return errdefs.Conflict("template %q is being built", name)
+	}
+	delete(s.templates, name)
+	return os.RemoveAll(filepath.Join(s.dir, name))
+}
+
+// EnsureBusybox builds the busybox template if it is missing or carries an
+// older envd.
+func (s *Store) EnsureBusybox(ctx context.Context) error {
+	t, err := s.Get("busybox")
+	if err == nil && t.EnvdHash == s.envdHash {
+		return nil
+	}
+	if err == nil && t.InUse > 0 {
+		return nil
+	}
+	s.log.Info("building busybox template")
+	_, err = s.Build(ctx, BuildRequest{Name: "busybox", Busybox: true}, func(Progress) {})
+	return err
+}
+
+// RefreshEnvd rebuilds the image of every template whose envd is older than
+// the current binary, so all sandboxes speak the same protocol.
+func (s *Store) RefreshEnvd(ctx context.Context) error {
+	for _, t := range s.List() {
+		if t.EnvdHash == s.envdHash || t.InUse > 0 {
+			continue
+		}
+		s.log.Info("updating envd in template", "template", t.Name)
+		if err := s.finish(ctx, t.Name, filepath.Join(s.dir, t.Name), &t, func(Progress) {}); err != nil {
+			return fmt.Errorf("update envd in template %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+func fileHash(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
