@@ -36,6 +36,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Runsc, "runsc", "runsc", "path of the pinned runsc binary")
 	f.StringVar(&cfg.Envd, "envd", "", "path of the envd binary (default: next to agentenv)")
 	f.StringVar(&cfg.NetworkCIDR, "network-cidr", "10.88.0.0/16", "host-side address range for sandbox network slots (/30 each)")
+	f.StringVar(&cfg.NetworkTag, "network-tag", "", "up to 3 characters that keep this server's namespace and interface names apart from another server's on the same host")
 	f.StringVar(&cfg.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
 	f.BoolVar(&cfg.NoCgroups, "no-cgroups", false, "run sandboxes without cgroup limits")
 	f.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", cfg.Limits.MaxSandboxes, "most sandboxes at once")

@@ -45,13 +45,20 @@ func (s Slot) Path() string { return filepath.Join(nsDir, s.Namespace) }
 
 // Manager creates and removes slots inside one IPv4 range.
 type Manager struct {
-	base net.IP // first address of the range
-	max  int    // number of /30 blocks in the range
+	base   net.IP // first address of the range
+	max    int    // number of /30 blocks in the range
+	nsName string // namespace name prefix
+	ifName string // host interface name prefix
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr
-// (for example 10.88.0.0/16: 16384 slots).
-func NewManager(cidr string) (*Manager, error) {
+// (for example 10.88.0.0/16: 16384 slots). tag (up to 3 lower-case letters
+// or digits) keeps the names of several servers on one host apart; each
+// server cleans up only its own.
+func NewManager(cidr, tag string) (*Manager, error) {
+	if len(tag) > 3 || strings.Trim(tag, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		return nil, fmt.Errorf("network tag %q: use up to 3 lower-case letters or digits", tag)
+	}
 	_, n, err := net.ParseCIDR(cidr)
 	if err != nil || n.IP.To4() == nil {
 		return nil, fmt.Errorf("network range %q: want an IPv4 CIDR such as 10.88.0.0/16", cidr)
@@ -60,7 +67,12 @@ func NewManager(cidr string) (*Manager, error) {
 	if ones > 28 {
 		return nil, fmt.Errorf("network range %q is too small: want /28 or larger", cidr)
 	}
-	return &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4}, nil
+	m := &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4, nsName: nsPrefix, ifName: linkPrefix}
+	if tag != "" {
+		m.nsName = nsPrefix + tag + "-"
+		m.ifName = linkPrefix + tag + "x"
+	}
+	return m, nil
 }
 
 // Capacity is the number of slots the range holds.
@@ -88,8 +100,8 @@ func (m *Manager) addr(index, offset int) net.IP {
 func (m *Manager) SlotFor(index int) Slot {
 	return Slot{
 		Index:     index,
-		Namespace: nsPrefix + strconv.Itoa(index),
-		HostIf:    linkPrefix + strconv.Itoa(index),
+		Namespace: m.nsName + strconv.Itoa(index),
+		HostIf:    m.ifName + strconv.Itoa(index),
 		HostIP:    m.addr(index, 1),
 		SandboxIP: m.addr(index, 2),
 	}
@@ -184,7 +196,7 @@ func (m *Manager) Leftovers() ([]int, error) {
 		return nil, err
 	}
 	for _, e := range entries {
-		if i, ok := parseIndex(e.Name(), nsPrefix); ok {
+		if i, ok := parseIndex(e.Name(), m.nsName); ok {
 			seen[i] = true
 		}
 	}
@@ -193,7 +205,7 @@ func (m *Manager) Leftovers() ([]int, error) {
 		return nil, err
 	}
 	for _, l := range links {
-		if i, ok := parseIndex(l.Attrs().Name, linkPrefix); ok {
+		if i, ok := parseIndex(l.Attrs().Name, m.ifName); ok {
 			seen[i] = true
 		}
 	}
@@ -206,10 +218,12 @@ func (m *Manager) Leftovers() ([]int, error) {
 }
 
 func parseIndex(name, prefix string) (int, bool) {
-	if !strings.HasPrefix(name, prefix) {
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok {
 		return 0, false
 	}
-	i, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+	// Digits only, so that prefix "ae" does not claim "aeabx1".
+	i, err := strconv.Atoi(rest)
 	return i, err == nil && i >= 0
 }
 

@@ -34,6 +34,8 @@ type Config struct {
 	Runsc       string
 	Envd        string
 	NetworkCIDR string
+	// NetworkTag keeps the network names of several servers on one host apart.
+	NetworkTag string
 	Domain      string
 	APIKey      string
 	Limits      sandbox.Limits
@@ -70,7 +72,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
-	nets, err := netns.NewManager(cfg.NetworkCIDR)
+	nets, err := netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,33 @@
+# agentenv — see README.md. Everything here runs as root on Debian 12.
+SHELL := /bin/bash
+GO ?= go
+DATA_DIR ?= /var/lib/agentenv
+
+.PHONY: setup build demo test test-short bench clean
+
+setup:
+	@scripts/setup.sh
+
+build:
+	CGO_ENABLED=0 $(GO) build -o bin/envd ./cmd/envd
+	$(GO) build -o bin/agentenv ./cmd/agentenv
+
+# Set up, start the server, build the Debian demo template if absent,
+# create a sandbox, run Python in it, print the result.
+demo: setup build
+	@scripts/demo.sh
+
+# The whole test suite, including the tests that start real gVisor
+# sandboxes and the official e2b SDK test (needs root and `make setup`).
+test: setup build
+	AGENTENV_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 30m ./...
+
+# Unit tests only (no root, no runsc).
+test-short:
+	$(GO) test -short ./...
+
+bench: build
+	bin/agentenv bench
+
+clean:
+	rm -rf bin
