@@ -33,7 +33,11 @@ type Proxy struct {
 	rp      *httputil.ReverseProxy
 }
 
-type targetKey struct{}
+// poolSuffix marks the pseudo host names the transport pools connections
+// by: "<sandboxID>.sandbox:<port>". Pooling by sandbox, not by address,
+// means a connection to a killed sandbox is never reused for a new sandbox
+// that got the same address.
+const poolSuffix = ".sandbox"
 
 // New returns a proxy.
 func New(r Resolver, log *slog.Logger) *Proxy {
@@ -41,15 +45,30 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		log = slog.Default()
 	}
 	p := &Proxy{resolve: r, log: log}
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, portStr, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			port, err := strconv.Atoi(portStr)
+			if err != nil {
+				return nil, err
+			}
+			target, err := r.Addr(strings.TrimSuffix(host, poolSuffix), port)
+			if err != nil {
+				return nil, err
+			}
+			return dialer.DialContext(ctx, network, target)
+		},
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     30 * time.Second,
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			target := pr.In.Context().Value(targetKey{}).(string)
-			pr.SetURL(&url.URL{Scheme: "http", Host: target})
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(t.id+poolSuffix, strconv.Itoa(t.port))})
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
@@ -63,6 +82,13 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		},
 	}
 	return p
+}
+
+type targetKey struct{}
+
+type target struct {
+	id   string
+	port int
 }
 
 // ParseHost splits "<port>-<sandboxID>.<domain>" into its parts.
@@ -105,15 +131,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("port %d out of range 1..65535", port))
 		return
 	}
-	addr, err := p.resolve.Addr(id, port)
-	if err != nil {
+	if _, err := p.resolve.Addr(id, port); err != nil {
 		// 502 tells the E2B SDK the sandbox is not running.
 		writeError(w, http.StatusBadGateway, err.Error())
 		return
 	}
 	r.Header.Del("E2b-Sandbox-Id")
 	r.Header.Del("E2b-Sandbox-Port")
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, addr)))
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port})))
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -1,0 +1,194 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentenv/internal/client"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/server"
+	"agentenv/internal/testenv"
+)
+
+// env is one agentenv server shared by the tests of this package.
+type env struct {
+	cfg     server.Config
+	api     string
+	proxy   string
+	key     string
+	client  *client.Client
+	cancel  context.CancelFunc
+	done    chan error
+	dataDir string
+}
+
+var (
+	shared     *env
+	sharedErr  error
+	sharedOnce sync.Once
+)
+
+const testKey = "test-api-key"
+
+// startServer starts an in-process server on free ports with its own data
+// dir, network range and network tag.
+func startServer(t testing.TB, dataDir, cidr, tag string) *env {
+	envdDir := filepath.Join(dataDir, "bin")
+	os.MkdirAll(envdDir, 0o755)
+	cfg := server.Config{
+		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
+		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
+		APIKey: testKey, Limits: sandbox.DefaultLimits(),
+		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &env{cfg: cfg, key: testKey, cancel: cancel, done: make(chan error, 1), dataDir: dataDir}
+	ready := make(chan struct{})
+	go func() {
+		e.done <- server.Run(ctx, cfg, func(api, proxy string) {
+			e.api, e.proxy = "http://"+api, "http://"+proxy
+			close(ready)
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-e.done:
+		cancel()
+		t.Fatalf("server did not start: %v", err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		t.Fatal("server did not start within 2 minutes")
+	}
+	e.client = client.New(e.api, e.proxy, testKey)
+	return e
+}
+
+func logWriter(dir string) io.Writer {
+	f, err := os.OpenFile(filepath.Join(dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return io.Discard
+	}
+	return f
+}
+
+// sharedServer returns the package's shared server, starting it on first use.
+func sharedServer(t testing.TB) *env {
+	t.Helper()
+	testenv.NeedRunsc(t)
+	sharedOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentenv-test-")
+		if err != nil {
+			sharedErr = err
+			return
+		}
+		shared = startServer(t, dir, "10.120.0.0/20", "tst")
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	if shared == nil {
+		t.Fatal("shared server failed to start earlier")
+	}
+	return shared
+}
+
+func (e *env) stop() error {
+	e.cancel()
+	select {
+	case err := <-e.done:
+		return err
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("server did not stop within 30s")
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		ctx := context.Background()
+		if sbs, err := shared.client.ListSandboxes(ctx, nil); err == nil {
+			for _, sb := range sbs {
+				shared.client.KillSandbox(ctx, sb.SandboxID)
+			}
+		}
+		shared.stop()
+		if code == 0 {
+			os.RemoveAll(shared.dataDir)
+		} else {
+			fmt.Fprintf(os.Stderr, "server log kept in %s/server.log\n", shared.dataDir)
+		}
+	}
+	os.Exit(code)
+}
+
+// create makes a sandbox and kills it when the test ends.
+func (e *env) create(t testing.TB, req client.CreateRequest) client.Sandbox {
+	t.Helper()
+	if req.TemplateID == "" {
+		req.TemplateID = "busybox"
+	}
+	sb, err := e.client.CreateSandbox(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	t.Cleanup(func() { e.client.KillSandbox(context.Background(), sb.SandboxID) })
+	return sb
+}
+
+func (e *env) sh(t testing.TB, sb client.Sandbox, script string) client.ExecResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := e.client.Exec(ctx, sb, "/bin/sh", []string{"-c", script}, nil, nil)
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return res
+}
+
+// leftovers lists what of a sandbox is still on the host: runsc state,
+// processes, cgroups, its directory, its network namespace.
+func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
+	var out []string
+	if b, err := exec.Command("runsc", "--root", filepath.Join(e.dataDir, "runsc"), "list", "--quiet").Output(); err == nil {
+		if strings.Contains(string(b), sb.SandboxID) {
+			out = append(out, "runsc container")
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), sb.SandboxID) {
+			out = append(out, "process "+p)
+		}
+	}
+	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/agentenv/" + sb.SandboxID)
+	cgs2, _ := filepath.Glob("/sys/fs/cgroup/*/*/*/agentenv/" + sb.SandboxID)
+	for _, c := range append(cgs, cgs2...) {
+		out = append(out, "cgroup "+c)
+	}
+	if _, err := os.Stat(filepath.Join(e.dataDir, "sandboxes", sb.SandboxID)); err == nil {
+		out = append(out, "sandbox directory")
+	}
+	if slotNS != "" {
+		if _, err := os.Stat("/var/run/netns/" + slotNS); err == nil {
+			out = append(out, "network namespace "+slotNS)
+		}
+	}
+	return out
+}
+
+// namespaces lists the network namespaces with a server's tag.
+func namespaces(tag string) []string {
+	m, _ := filepath.Glob("/var/run/netns/agentenv-" + tag + "-*")
+	return m
+}
