@@ -36,9 +36,9 @@ type Config struct {
 	NetworkCIDR string
 	// NetworkTag keeps the network names of several servers on one host apart.
 	NetworkTag string
-	Domain      string
-	APIKey      string
-	Limits      sandbox.Limits
+	Domain     string
+	APIKey     string
+	Limits     sandbox.Limits
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
 	// cgroups cannot be managed).
 	NoCgroups bool

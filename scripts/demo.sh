@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The README's demo: start agentenv (unless one is already serving), build
+# the Debian template "base" if it is missing, create a sandbox, run Python
+# in it, fork-free for now, print the result, kill the sandbox.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DATA_DIR=${AGENTENV_DATA_DIR:-/var/lib/agentenv}
+SERVER=${AGENTENV_SERVER:-http://127.0.0.1:3000}
+export AGENTENV_DATA_DIR=$DATA_DIR AGENTENV_SERVER=$SERVER
+AE=bin/agentenv
+
+if ! curl -fsS "$SERVER/health" >/dev/null 2>&1; then
+	mkdir -p "$DATA_DIR"
+	echo "demo: starting agentenv serve (log: $DATA_DIR/serve.log)"
+	nohup $AE serve --data-dir "$DATA_DIR" >>"$DATA_DIR/serve.log" 2>&1 &
+	for _ in $(seq 1 300); do
+		curl -fsS "$SERVER/health" >/dev/null 2>&1 && break
+		sleep 0.2
+	done
+	curl -fsS "$SERVER/health" >/dev/null || { echo "demo: server did not start; see $DATA_DIR/serve.log" >&2; tail -20 "$DATA_DIR/serve.log" >&2; exit 1; }
+fi
+
+if ! $AE template list --json | grep -q '"templateID": "base"'; then
+	echo "demo: building the Debian template 'base' (debootstrap; a few minutes the first time)"
+	$AE template build base --debian bookworm --packages python3,git,curl,ca-certificates,procps
+fi
+
+echo "demo: creating a sandbox from 'base'"
+start=$(date +%s%N)
+ID=$($AE sandbox create base --metadata demo=1)
+echo "demo: sandbox $ID ready in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+trap '$AE sandbox kill "$ID" >/dev/null 2>&1 || true' EXIT
+
+echo "demo: running Python in it"
+$AE sandbox exec "$ID" -- python3 -c 'import platform, sys; print("hello from", platform.python_implementation(), sys.version.split()[0], "in", platform.node()); print(sum(i*i for i in range(10**6)))'
+$AE sandbox list
+echo "demo: done (the server keeps running; stop it with: pkill -f 'agentenv serve')"
