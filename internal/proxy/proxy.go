@@ -21,9 +21,10 @@ import (
 
 // Resolver finds the host-reachable address of a running sandbox's port.
 type Resolver interface {
-	// Addr returns host:port for the sandbox's port, or an error that says
-	// why the sandbox cannot be reached.
-	Addr(sandboxID string, port int) (string, error)
+	// Addr returns host:port for the sandbox's port and a channel closed
+	// when the sandbox goes away, or an error that says why the sandbox
+	// cannot be reached.
+	Addr(sandboxID string, port int) (addr string, gone <-chan struct{}, err error)
 }
 
 // Proxy is the sandbox traffic proxy.
@@ -56,7 +57,7 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			target, err := r.Addr(strings.TrimSuffix(host, poolSuffix), port)
+			target, _, err := r.Addr(strings.TrimSuffix(host, poolSuffix), port)
 			if err != nil {
 				return nil, err
 			}
@@ -131,14 +132,26 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("port %d out of range 1..65535", port))
 		return
 	}
-	if _, err := p.resolve.Addr(id, port); err != nil {
+	_, gone, err := p.resolve.Addr(id, port)
+	if err != nil {
 		// 502 tells the E2B SDK the sandbox is not running.
 		writeError(w, http.StatusBadGateway, err.Error())
 		return
 	}
 	r.Header.Del("E2b-Sandbox-Id")
 	r.Header.Del("E2b-Sandbox-Port")
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port})))
+	// End the request when the sandbox goes away: its TCP peer vanishes
+	// without a reset, so the connection would otherwise hang.
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port}))
+	defer cancel()
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

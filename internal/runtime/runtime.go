@@ -71,6 +71,14 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// Watcher is implemented by runtimes that can report a sandbox's exit
+// (crash, out of memory, init process gone) without polling.
+type Watcher interface {
+	// Exited returns a channel closed when the sandbox's processes have
+	// exited. It fails if the sandbox is not running.
+	Exited(ctx context.Context, id string) (<-chan struct{}, error)
+}
+
 // Execer runs a process inside a sandbox without going through envd. It is
 // used by benchmarks and diagnostics, not by the API path.
 type Execer interface {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,7 +53,17 @@ type entry struct {
 	sb      Sandbox
 	timer   *time.Timer
 	release func()
+	// gone is closed when the sandbox stops being reachable (killed or
+	// died), so that proxied requests to it end at once.
+	gone     chan struct{}
+	goneOnce sync.Once
 }
+
+func newEntry(sb Sandbox, release func()) *entry {
+	return &entry{sb: sb, release: release, gone: make(chan struct{})}
+}
+
+func (e *entry) markGone() { e.goneOnce.Do(func() { close(e.gone) }) }
 
 // New returns a manager. Call Recover before serving requests.
 func New(d Deps) (*Manager, error) {
@@ -168,7 +179,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return fail(err)
 	}
 	cl.add(func(context.Context) error { return os.RemoveAll(m.dir(sb.ID)) })
-	e := &entry{sb: sb, release: release}
+	e := newEntry(sb, release)
 	if err := m.persist(e.sb); err != nil {
 		return fail(err)
 	}
@@ -207,6 +218,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return fail(err)
 	}
 	cl.keep()
+	m.watch(e)
 	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "took", time.Since(now).Round(time.Millisecond))
 	return e.sb, nil
 }
@@ -414,6 +426,7 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
+	e.markGone()
 	if err := m.teardown(ctx, e.sb); err != nil {
 		// Keep the record (state killing) so a retry or the next start
 		// finishes the job.
@@ -464,11 +477,79 @@ func (m *Manager) Shutdown() {
 	m.inflight.Wait()
 }
 
-// Addr implements proxy.Resolver.
-func (m *Manager) Addr(id string, port int) (string, error) {
-	sb, err := m.Running(id)
+// Addr implements proxy.Resolver: the address of a running sandbox's port
+// and a channel closed when the sandbox goes away.
+func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
+	e, err := m.entry(id)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return sb.Addr(port), nil
+	e.mu.Lock()
+	sb := e.sb
+	e.mu.Unlock()
+	if sb.State != StateRunning {
+		return "", nil, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
+	}
+	return sb.Addr(port), e.gone, nil
+}
+
+// watch tears a sandbox down when it dies on its own (out of memory, a
+// crash of its kernel, its init process gone) and keeps a tombstone saying
+// so, instead of listing a dead sandbox as running.
+func (m *Manager) watch(e *entry) {
+	w, ok := m.d.Runtime.(runtime.Watcher)
+	if !ok {
+		return
+	}
+	id := e.sb.ID
+	exited, err := w.Exited(context.Background(), id)
+	if err != nil {
+		m.d.Log.Warn("cannot watch sandbox for unexpected exits", "sandbox", id, "err", err)
+		return
+	}
+	go func() {
+		select {
+		case <-exited:
+		case <-e.gone:
+			return
+		}
+		e.mu.Lock()
+		state := e.sb.State
+		e.mu.Unlock()
+		if state != StateRunning {
+			return // being killed on purpose
+		}
+		reason := "it stopped unexpectedly (out of its memory limit, or its init process exited)"
+		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
+			reason += "; last output: " + tail
+		}
+		m.d.Log.Warn("sandbox died", "sandbox", id, "reason", reason)
+		if err := m.Kill(context.Background(), id); err != nil {
+			m.d.Log.Error("clean up dead sandbox", "sandbox", id, "err", err)
+			return
+		}
+		sb := e.sb
+		sb.Reason = reason
+		m.tombstone(sb)
+	}()
+}
+
+// logTail returns the last n bytes of a log file on one line.
+func logTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	b := make([]byte, st.Size()-off)
+	f.ReadAt(b, off)
+	return strings.Join(strings.Fields(string(b)), " ")
 }

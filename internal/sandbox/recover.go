@@ -50,7 +50,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 			release = rel
 		}
-		e := &entry{sb: sb, release: release}
+		e := newEntry(sb, release)
 		m.mu.Lock()
 		m.boxes[sb.ID] = e
 		m.slots[sb.Slot.Index] = true
@@ -58,6 +58,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		e.mu.Lock()
 		m.armTimer(e)
 		e.mu.Unlock()
+		m.watch(e)
 		adopted = append(adopted, sb)
 		m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
 	}
@@ -146,9 +147,17 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	if err := m.teardown(ctx, sb); err != nil {
 		m.d.Log.Error("clean up lost sandbox", "sandbox", sb.ID, "err", err)
 	}
-	sb.State = StateLost
 	sb.Reason = reason
+	m.tombstone(sb)
+}
+
+// tombstone remembers (on disk too) why a sandbox is gone.
+func (m *Manager) tombstone(sb Sandbox) {
+	sb.State = StateLost
 	sb.AccessToken = ""
+	m.mu.Lock()
+	m.lost[sb.ID] = sb
+	m.mu.Unlock()
 	dir := filepath.Join(m.d.Dir, "lost")
 	os.MkdirAll(dir, 0o700)
 	if b, err := json.Marshal(sb); err == nil {

@@ -15,6 +15,8 @@ import {
   CommandExitError,
   FileNotFoundError,
   Sandbox,
+  SandboxNotFoundError,
+  TimeoutError,
 } from 'e2b'
 
 const REQUIRED_ENV = ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']
@@ -40,6 +42,11 @@ const T = { timeout: 60_000 }
 const sha256 = (buf) => createHash('sha256').update(buf).digest('hex')
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const suite = `sdk-${randomBytes(6).toString('hex')}`
+// A second metadata pair with characters the SDK's (triple) query encoding
+// must carry through: space, &, =, %, +, non-ASCII.
+const oddKey = 'odd key&='
+const oddVal = `a b&c=d%20+é ${suite}`
+const metadata = { suite, [oddKey]: oddVal }
 
 // Every sandbox this file creates, so `after` can kill them all.
 const created = new Set()
@@ -84,7 +91,7 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
   test('Sandbox.create(busybox) with envs and metadata', T, async () => {
     sbx = await createSandbox(TEMPLATE, {
       envs: { FOO: 'bar' },
-      metadata: { suite },
+      metadata,
       timeoutMs: 120_000,
     })
     assert.equal(typeof sbx.sandboxId, 'string')
@@ -101,9 +108,38 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
     assert.equal(r.exitCode, 0)
   })
 
-  test('commands.run: default user, home and cwd', T, async () => {
-    const r = await need().commands.run('id -un; echo "$HOME"; pwd')
-    assert.equal(r.stdout, 'user\n/home/user\n/home/user\n')
+  test('commands.run: default user and working directory', T, async () => {
+    const r = await need().commands.run('id -un; pwd')
+    assert.equal(r.stdout, 'user\n/home/user\n')
+  })
+
+  test('commands.run: HOME, USER of the default user', T, async () => {
+    const r = await need().commands.run('echo "$USER $HOME"')
+    assert.equal(r.stdout, 'user /home/user\n')
+  })
+
+  test('commands.run: as root', T, async () => {
+    const r = await need().commands.run('id -un; pwd; echo "$HOME"', { user: 'root' })
+    assert.equal(r.stdout, 'root\n/root\n/root\n')
+  })
+
+  test('commands.run: stdin is closed unless asked for', T, async () => {
+    // `cat` would hang forever if stdin were left open.
+    const r = await need().commands.run('cat; echo done', { timeoutMs: 10_000 })
+    assert.equal(r.stdout, 'done\n')
+  })
+
+  test('commands.run: timeoutMs ends a long command with TimeoutError', T, async () => {
+    const s = need()
+    const t0 = Date.now()
+    await assert.rejects(s.commands.run('sleep 30', { timeoutMs: 1_000 }), (err) => {
+      assert.ok(err instanceof TimeoutError, `expected TimeoutError, got ${err?.name}: ${err?.message}`)
+      return true
+    })
+    assert.ok(Date.now() - t0 < 10_000, 'timeout took far longer than 1 s')
+    // The command must be gone, not just abandoned.
+    const left = await eventually(async () => !(await s.commands.list()).some((p) => p.args.includes('sleep 30')))
+    assert.ok(left, 'the timed-out command is still running')
   })
 
   test('commands.run: streams stdout and stderr to callbacks', T, async () => {
@@ -170,7 +206,11 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
       const gone = await eventually(async () => !(await s.commands.list()).some((x) => x.pid === pid))
       assert.ok(gone, `pid ${pid} still listed 5 s after kill`)
 
-      const w = await Promise.race([waited, sleep(10_000).then(() => 'timeout')])
+      let timer
+      const w = await Promise.race([
+        waited,
+        new Promise((r) => (timer = setTimeout(() => r('timeout'), 10_000))),
+      ]).finally(() => clearTimeout(timer))
       assert.notEqual(w, 'timeout', 'handle.wait() did not settle after kill')
       assert.equal(w.ok, false, 'a killed command should not report success')
       assert.ok(w.err instanceof CommandExitError, `expected CommandExitError, got ${w.err}`)
@@ -285,7 +325,7 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
     assert.ok(mine, `Sandbox.list() does not include ${s.sandboxId}`)
     assert.equal(mine.templateId, TEMPLATE)
     assert.equal(mine.state, 'running')
-    assert.deepEqual(mine.metadata, { suite })
+    assert.deepEqual(mine.metadata, metadata)
 
     const filtered = await Sandbox.list({ query: { metadata: { suite } } }).nextItems()
     assert.deepEqual(
@@ -293,6 +333,14 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
       [s.sandboxId],
       'metadata filter should return exactly this sandbox',
     )
+    const odd = await Sandbox.list({ query: { metadata: { [oddKey]: oddVal } } }).nextItems()
+    assert.deepEqual(
+      odd.map((x) => x.sandboxId),
+      [s.sandboxId],
+      'metadata filter with special characters should return exactly this sandbox',
+    )
+    const both = await Sandbox.list({ query: { metadata } }).nextItems()
+    assert.deepEqual(both.map((x) => x.sandboxId), [s.sandboxId], 'filter on two metadata pairs')
     const none = await Sandbox.list({ query: { metadata: { suite: `${suite}-other` } } }).nextItems()
     assert.deepEqual(none, [], 'metadata filter with another value should return nothing')
   })
@@ -305,7 +353,7 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
     assert.equal(info.sandboxId, s.sandboxId)
     assert.equal(info.templateId, TEMPLATE)
     assert.equal(info.state, 'running')
-    assert.deepEqual(info.metadata, { suite })
+    assert.deepEqual(info.metadata, metadata)
     assert.ok(info.startedAt instanceof Date && !isNaN(info.startedAt), `bad startedAt ${info.startedAt}`)
     assert.ok(info.endAt instanceof Date && !isNaN(info.endAt), `bad endAt ${info.endAt}`)
     const left = info.endAt.getTime() - before
@@ -326,7 +374,10 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
 
   test('envd rejects a wrong access token', T, async () => {
     const s = need()
-    const url = `${SANDBOX_URL}/files?path=/etc/hostname`
+    // A file of our own: the busybox template has no /etc/hostname.
+    const path = `/home/user/token-${suite}.txt`
+    await s.files.write(path, 'secret')
+    const url = `${SANDBOX_URL}/files?path=${encodeURIComponent(path)}`
     const headers = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': ENVD_PORT }
 
     const wrong = await fetch(url, { headers: { ...headers, 'X-Access-Token': 'wrong-token' } })
@@ -341,6 +392,7 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
     const ok = await fetch(url, { headers: { ...headers, 'X-Access-Token': s.envdAccessToken } })
     const body = await ok.text()
     assert.equal(ok.status, 200, `right X-Access-Token: ${body}`)
+    assert.equal(body, 'secret')
 
     // The Connect RPC side is protected too.
     const rpc = await fetch(`${SANDBOX_URL}/process.Process/List`, {
@@ -365,11 +417,31 @@ describe('e2b SDK against agentenv', { concurrency: false }, () => {
 
     const running = await s.isRunning().catch(() => false)
     assert.equal(running, false, 'isRunning() after kill')
-    await assert.rejects(Sandbox.getInfo(id), 'Sandbox.getInfo of a killed sandbox should reject')
+    await assert.rejects(Sandbox.getInfo(id), SandboxNotFoundError, 'Sandbox.getInfo of a killed sandbox')
     const listed = await Sandbox.list({ query: { metadata: { suite } } }).nextItems()
     assert.deepEqual(listed, [], 'killed sandbox still listed')
     await assert.rejects(s.commands.run('echo hi', { timeoutMs: 10_000 }), 'commands.run on a killed sandbox')
     assert.equal(await Sandbox.kill(id), false, 'second kill should return false')
+  })
+})
+
+describe('sandbox lifecycle', { concurrency: false }, () => {
+  // Sandboxes come and go; a new one must be usable at once even when it
+  // reuses resources (network slot, address) of one just killed.
+  test('a new sandbox works right after an earlier one was killed', T, async () => {
+    const a = await createSandbox(TEMPLATE, { timeoutMs: 60_000 })
+    assert.equal((await a.commands.run('echo a')).stdout, 'a\n')
+    assert.equal(await a.files.exists('/home/user'), true)
+    assert.equal(await a.kill(), true)
+    created.delete(a.sandboxId)
+
+    const b = await createSandbox(TEMPLATE, { timeoutMs: 60_000 })
+    assert.notEqual(b.sandboxId, a.sandboxId)
+    assert.equal((await b.commands.run('echo b')).stdout, 'b\n', 'first command in the new sandbox')
+    assert.equal(await b.files.exists('/home/user'), true, 'first file call in the new sandbox')
+    assert.equal(await b.isRunning(), true)
+    assert.equal(await b.kill(), true)
+    created.delete(b.sandboxId)
   })
 })
 
@@ -379,7 +451,7 @@ describe('errors', { concurrency: false }, () => {
   })
 
   test('Sandbox.getInfo of an unknown id rejects', T, async () => {
-    await assert.rejects(Sandbox.getInfo(`nosuchsandbox${randomBytes(4).toString('hex')}`))
+    await assert.rejects(Sandbox.getInfo(`nosuchsandbox${randomBytes(4).toString('hex')}`), SandboxNotFoundError)
   })
 
   test('wrong API key: AuthenticationError', T, async () => {
