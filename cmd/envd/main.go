@@ -26,7 +26,10 @@ func main() {
 	os.Unsetenv(envd.TokenEnv)
 	envs := map[string]string{}
 	for _, kv := range os.Environ() {
-		if k, v, ok := strings.Cut(kv, "="); ok {
+		k, v, ok := strings.Cut(kv, "=")
+		// The runtime sets HOME (and may set PWD) for envd itself; each
+		// command gets its own user's instead.
+		if ok && k != "HOME" && k != "PWD" {
 			envs[k] = v
 		}
 	}

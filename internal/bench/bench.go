@@ -46,16 +46,29 @@ type Config struct {
 	Progress io.Writer
 }
 
-// Operation names one measured step.
+// Operation names one measured step (a stable key for JSON output).
 type Operation string
 
-// The measured steps, in table order.
+// The measured steps.
 const (
-	OpCreate Operation = "create until a command runs"
-	OpExec   Operation = "exec /bin/true"
-	OpFile   Operation = "write + read 1 MiB"
+	OpCreate Operation = "create"
+	OpExec   Operation = "exec"
+	OpFile   Operation = "write_read_1mib"
 	OpKill   Operation = "kill"
 )
+
+// Label is how the table names the step.
+func (o Operation) Label() string {
+	switch o {
+	case OpCreate:
+		return "create until a command runs"
+	case OpExec:
+		return "exec /bin/true"
+	case OpFile:
+		return "write + read 1 MiB"
+	}
+	return string(o)
+}
 
 // Operations lists the steps in table order.
 var Operations = []Operation{OpCreate, OpExec, OpFile, OpKill}
@@ -102,8 +115,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	if cfg.Client == nil {
 		return Report{}, errors.New("bench: no client")
 	}
-	if cfg.Iterations < 1 {
-		return Report{}, fmt.Errorf("iterations must be at least 1, got %d", cfg.Iterations)
+	if cfg.Iterations < 1 || cfg.Warmup < 0 {
+		return Report{}, fmt.Errorf("need at least 1 iteration and no negative warm-up, got -n %d --warmup %d", cfg.Iterations, cfg.Warmup)
 	}
 	if cfg.Template == "" {
 		cfg.Template = "busybox"
@@ -112,8 +125,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	if progress == nil {
 		progress = io.Discard
 	}
-	rep = Report{Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup,
-		Stats: map[string]map[Operation]Stats{}}
+	rep = Report{Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup}
 
 	// Everything set up pushes its teardown here; it runs even on error or
 	// cancellation, under a context that is not cancelled but is bounded.
@@ -136,9 +148,20 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 		rep.Targets = append(rep.Targets, t.name())
 	}
 
+	if rep.Stats, err = measure(ctx, cfg, targets, payload, progress); err != nil {
+		return rep, err
+	}
+	return rep, WriteTable(out, rep)
+}
+
+// measure runs the warm-up and measured cycles on every target and
+// summarises the samples per target and operation.
+func measure(ctx context.Context, cfg Config, targets []target, payload []byte, progress io.Writer) (map[string]map[Operation]Stats, error) {
 	samples := map[string]map[Operation][]time.Duration{}
+	var names []string
 	for _, t := range targets {
 		samples[t.name()] = map[Operation][]time.Duration{}
+		names = append(names, t.name())
 	}
 	if cfg.Warmup > 0 {
 		fmt.Fprintf(progress, "warming up: %d cycle(s) per target\n", cfg.Warmup)
@@ -147,12 +170,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	// (another job, page-cache pressure) hits every column alike.
 	for i := -cfg.Warmup; i < cfg.Iterations; i++ {
 		if i == 0 {
-			fmt.Fprintf(progress, "measuring: %d cycles per target (%s)\n", cfg.Iterations, strings.Join(rep.Targets, ", "))
+			fmt.Fprintf(progress, "measuring: %d cycles per target (%s)\n", cfg.Iterations, strings.Join(names, ", "))
 		}
 		for _, t := range targets {
 			d, err := cycle(ctx, t, payload)
 			if err != nil {
-				return rep, fmt.Errorf("%s, cycle %d: %w", t.name(), i+cfg.Warmup+1, err)
+				if ctx.Err() != nil {
+					// The step's own error ("signal: killed") would only
+					// confuse: say what happened.
+					return nil, fmt.Errorf("bench interrupted in %s, cycle %d: %w", t.name(), i+cfg.Warmup+1, context.Cause(ctx))
+				}
+				return nil, fmt.Errorf("%s, cycle %d: %w", t.name(), i+cfg.Warmup+1, err)
 			}
 			if i < 0 {
 				continue
@@ -162,13 +190,14 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 			}
 		}
 	}
+	stats := map[string]map[Operation]Stats{}
 	for name, byOp := range samples {
-		rep.Stats[name] = map[Operation]Stats{}
+		stats[name] = map[Operation]Stats{}
 		for op, s := range byOp {
-			rep.Stats[name][op] = Summarize(s)
+			stats[name][op] = Summarize(s)
 		}
 	}
-	return rep, WriteTable(out, rep)
+	return stats, nil
 }
 
 // setUp builds the targets to measure and pushes their teardown onto cl.

@@ -27,7 +27,7 @@ func WriteTable(w io.Writer, rep Report) error {
 	}
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, op := range Operations {
-		row := []string{string(op)}
+		row := []string{op.Label()}
 		for _, t := range rep.Targets {
 			row = append(row, cell(rep.Stats[t][op]))
 		}

@@ -44,7 +44,7 @@ func TestWriteTable(t *testing.T) {
 	}
 	// exec has no crun samples: its cell and ratio are "-".
 	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, string(OpExec)) {
+		if strings.HasPrefix(line, OpExec.Label()) {
 			if got := strings.Count(line, " - "); got < 1 || !strings.HasSuffix(strings.TrimSpace(line), "-") {
 				t.Errorf("exec row without crun samples: got %q, want '-' for crun and its ratio", line)
 			}

@@ -21,12 +21,16 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 const (
 	nsPrefix   = "agentenv-"
 	linkPrefix = "ae"
-	nsDir      = "/var/run/netns"
+	// nsDir holds the namespaces' bind mounts. It is not iproute2's
+	// /run/netns: `ip netns add` may bind-mount that directory over itself,
+	// which hides (and leaks) mounts made there before.
+	nsDir = "/run/agentenv/netns"
 	// SandboxIf is the interface name inside the namespace.
 	SandboxIf = "eth0"
 )
@@ -172,6 +176,34 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 	return slot, nil
 }
 
+// CheckRange fails if a route outside this manager's own interfaces covers
+// part of its range: another agentenv server or another network would then
+// receive sandbox traffic.
+func (m *Manager) CheckRange() error {
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	mine := m.CIDR()
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			continue
+		}
+		if !mine.Contains(r.Dst.IP) && !r.Dst.Contains(mine.IP) {
+			continue
+		}
+		name := "?"
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+			name = l.Attrs().Name
+		}
+		if _, ok := parseIndex(name, m.ifName); ok {
+			continue
+		}
+		return fmt.Errorf("network range %s overlaps the host route %s dev %s (another agentenv server, or a network of this host): choose another --network-cidr (and --network-tag)", mine, r.Dst, name)
+	}
+	return nil
+}
+
 // Delete removes a slot's veth pair and namespace. Missing parts are not an
 // error, so Delete is safe to call on a half-made slot.
 func (m *Manager) Delete(_ context.Context, slot Slot) error {
@@ -227,37 +259,52 @@ func parseIndex(name, prefix string) (int, bool) {
 	return i, err == nil && i >= 0
 }
 
-// newNamed creates a named network namespace without leaving the calling
-// goroutine's thread inside it.
+// newNamed creates a network namespace kept alive by a bind mount at
+// nsDir/name, without leaving the calling goroutine's thread inside it.
 func newNamed(name string) (vnetns.NsHandle, error) {
 	if err := os.MkdirAll(nsDir, 0o755); err != nil {
 		return 0, err
 	}
+	path := filepath.Join(nsDir, name)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return 0, err
+	}
+	f.Close()
+
 	runtime.LockOSThread()
 	orig, err := vnetns.Get()
 	if err != nil {
 		runtime.UnlockOSThread()
+		os.Remove(path)
 		return 0, err
 	}
 	defer orig.Close()
-	ns, err := vnetns.NewNamed(name)
+	err = unix.Unshare(unix.CLONE_NEWNET)
+	if err == nil {
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
+	}
 	if serr := vnetns.Set(orig); serr != nil {
 		// The thread is stuck in the wrong namespace: keep it locked so the
 		// Go runtime discards it when this goroutine ends.
 		return 0, errors.Join(err, serr)
 	}
 	runtime.UnlockOSThread()
-	return ns, err
+	if err != nil {
+		os.Remove(path)
+		return 0, err
+	}
+	return vnetns.GetFromPath(path)
 }
 
 func deleteNamed(name string) error {
-	err := vnetns.DeleteNamed(name)
-	if err == nil || errors.Is(err, os.ErrNotExist) {
-		return nil
+	path := filepath.Join(nsDir, name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return err
 	}
-	// A bind mount that is already gone leaves a plain file behind.
-	if rmErr := os.Remove(filepath.Join(nsDir, name)); rmErr == nil || os.IsNotExist(rmErr) {
-		return nil
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
-	return err
+	return nil
 }

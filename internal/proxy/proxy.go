@@ -151,6 +151,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
+	// Without full duplex, net/http closes the request body once response
+	// headers are out, and the transport's last read of it then aborts a
+	// streaming response half-way (golang/go#40747).
+	http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 

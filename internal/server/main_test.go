@@ -180,7 +180,7 @@ func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
 		out = append(out, "sandbox directory")
 	}
 	if slotNS != "" {
-		if _, err := os.Stat("/var/run/netns/" + slotNS); err == nil {
+		if _, err := os.Stat("/run/agentenv/netns/" + slotNS); err == nil {
 			out = append(out, "network namespace "+slotNS)
 		}
 	}
@@ -189,6 +189,6 @@ func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
 
 // namespaces lists the network namespaces with a server's tag.
 func namespaces(tag string) []string {
-	m, _ := filepath.Glob("/var/run/netns/agentenv-" + tag + "-*")
+	m, _ := filepath.Glob("/run/agentenv/netns/agentenv-" + tag + "-*")
 	return m
 }

@@ -76,6 +76,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
+	if err := nets.CheckRange(); err != nil {
+		return err
+	}
 	if err := nets.InstallFirewall(ctx); err != nil {
 		return err
 	}

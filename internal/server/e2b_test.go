@@ -1,0 +1,34 @@
+package server_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"agentenv/internal/testenv"
+)
+
+// TestE2BSDK runs the official e2b npm SDK (pinned in tests/e2b) against the
+// server, the way a user points it at agentenv: E2B_API_URL,
+// E2B_SANDBOX_URL and E2B_API_KEY.
+func TestE2BSDK(t *testing.T) {
+	e := sharedServer(t)
+	node := testenv.NeedCommand(t, "node", "the e2b SDK test needs Node.js")
+	dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		if testenv.Required() {
+			t.Fatalf("tests/e2b/node_modules/e2b missing: make setup installs it (npm ci)")
+		}
+		t.Skip("skipping: run `make setup` to install the e2b SDK (npm ci in tests/e2b)")
+	}
+	cmd := exec.Command(node, "--test", "--test-reporter=spec")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test output:\n%s", out)
+	if err != nil {
+		t.Fatalf("e2b SDK tests failed: %v", err)
+	}
+}

@@ -1,0 +1,216 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"agentenv/internal/client"
+	"agentenv/internal/testenv"
+)
+
+// process is `agentenv serve` run as a separate process, so that it can be
+// killed with SIGKILL.
+type process struct {
+	bin, dataDir, api, proxy string
+	cmd                      *exec.Cmd
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func (p *process) start(t *testing.T) *client.Client {
+	t.Helper()
+	log, err := os.OpenFile(filepath.Join(p.dataDir, "serve.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	p.cmd = exec.Command(p.bin, "serve", "--data-dir", p.dataDir, "--listen", p.api, "--proxy-listen", p.proxy,
+		"--network-cidr", "10.121.0.0/20", "--network-tag", "rst")
+	p.cmd.Env = append(os.Environ(), "AGENTENV_API_KEY="+testKey)
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	// If the test binary dies (timeout), the server goes with it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := client.New("http://"+p.api, "http://"+p.proxy, testKey)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := c.ListTemplates(context.Background()); err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(p.dataDir, "serve.log"))
+			t.Fatalf("server did not come up within 60s; log:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *process) kill9(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.kill9(t)
+		t.Error("server did not stop within 30s of SIGTERM")
+	}
+}
+
+func (p *process) containers(t *testing.T) []string {
+	out, err := exec.Command("runsc", "--root", filepath.Join(p.dataDir, "runsc"), "list", "--quiet").Output()
+	if err != nil {
+		t.Fatalf("runsc list: %v", err)
+	}
+	ids := strings.Fields(string(out))
+	sort.Strings(ids)
+	return ids
+}
+
+const netnsDir = "/run/agentenv/netns"
+
+func TestRestartAfterSIGKILL(t *testing.T) {
+	testenv.NeedRunsc(t)
+	dir := t.TempDir()
+	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir, api: freePort(t), proxy: freePort(t)}
+	c := p.start(t)
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			if sbs, err := c.ListSandboxes(ctx, nil); err == nil {
+				for _, sb := range sbs {
+					c.KillSandbox(ctx, sb.SandboxID)
+				}
+			}
+			p.stop(t)
+		}
+	})
+
+	keep, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Exec(ctx, keep, "/bin/sh", []string{"-c", "echo state > /tmp/state; sleep 1000 >/dev/null 2>&1 &"}, nil, nil); err != nil || res.ExitCode != 0 {
+		t.Fatalf("prepare: %v %v", res, err)
+	}
+	doomed, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Creates in flight when the server dies.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		}()
+	}
+	time.Sleep(150 * time.Millisecond)
+	p.kill9(t)
+	wg.Wait()
+
+	// While the server is down, one sandbox dies, and a namespace appears
+	// that no sandbox owns.
+	if out, err := exec.Command("runsc", "--root", filepath.Join(dir, "runsc"), "delete", "--force", doomed.SandboxID).CombinedOutput(); err != nil {
+		t.Fatalf("delete doomed container: %v: %s", err, out)
+	}
+	strayNS := filepath.Join(netnsDir, "agentenv-rst-77")
+	if err := os.WriteFile(strayNS, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("unshare", "--net="+strayNS, "true").CombinedOutput(); err != nil {
+		t.Fatalf("make a stray namespace: %v: %s", err, out)
+	}
+
+	c = p.start(t)
+	got, err := c.GetSandbox(ctx, keep.SandboxID)
+	if err != nil {
+		t.Fatalf("sandbox running before SIGKILL is not listed after restart: %v", err)
+	}
+	if got.State != "running" {
+		t.Errorf("state after restart = %q, want running", got.State)
+	}
+	res, err := c.Exec(ctx, got, "/bin/sh", []string{"-c", "cat /tmp/state; ps | grep -q \"[s]leep 1000\" && echo sleeping"}, nil, nil)
+	if err != nil {
+		t.Fatalf("exec after restart: %v", err)
+	}
+	if string(res.Stdout) != "state\nsleeping\n" {
+		t.Errorf("after restart: stdout %q, want the file and the background process of before", res.Stdout)
+	}
+	if _, err := c.GetSandbox(ctx, doomed.SandboxID); !isStatus(err, 404) || !strings.Contains(err.Error(), "lost") {
+		t.Errorf("sandbox whose container died while the server was down: %v; want 404 saying it was lost", err)
+	}
+	if _, err := os.Stat(strayNS); err == nil {
+		t.Error("a network namespace that no sandbox owns survived the restart")
+	}
+
+	// Whatever the interrupted creates left is either a listed, working
+	// sandbox or gone entirely.
+	listed, err := c.ListSandboxes(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range listed {
+		ids = append(ids, sb.SandboxID)
+		if sb, err = c.GetSandbox(ctx, sb.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.Exec(ctx, sb, "/bin/true", nil, nil, nil); err != nil || r.ExitCode != 0 {
+			t.Errorf("listed sandbox %s does not work after restart: %v", sb.SandboxID, err)
+		}
+	}
+	sort.Strings(ids)
+	if got := p.containers(t); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Errorf("runsc containers %v, want exactly the listed sandboxes %v", got, ids)
+	}
+	if ns := namespaces("rst"); len(ns) != len(ids) {
+		t.Errorf("%d network namespaces for %d sandboxes: %v", len(ns), len(ids), ns)
+	}
+
+	for _, id := range ids {
+		if err := c.KillSandbox(ctx, id); err != nil {
+			t.Errorf("kill %s: %v", id, err)
+		}
+	}
+	p.stop(t)
+	if got := p.containers(t); len(got) > 0 {
+		t.Errorf("containers left after killing everything: %v", got)
+	}
+	if ns := namespaces("rst"); len(ns) > 0 {
+		t.Errorf("namespaces left after killing everything: %v", ns)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes"))
+	for _, e := range entries {
+		if e.Name() != "lost" {
+			t.Errorf("sandbox directory left: %s", e.Name())
+		}
+	}
+}
