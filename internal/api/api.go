@@ -18,6 +18,7 @@ import (
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
 	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
 )
 
@@ -29,6 +30,7 @@ type Config struct {
 	APIKey    string
 	Sandboxes *sandbox.Manager
 	Templates *template.Store
+	Snapshots *snapshot.Store
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
@@ -64,6 +66,13 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/timeout", s.setTimeout)
 	auth("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
 	auth("POST /sandboxes/{id}/connect", s.connectSandbox)
+	auth("POST /sandboxes/{id}/pause", s.pauseSandbox)
+	auth("POST /sandboxes/{id}/resume", s.resumeSandbox)
+	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	auth("POST /sandboxes/{id}/fork", s.forkSandbox)
+	auth("GET /snapshots", s.listSnapshots)
+	auth("GET /snapshots/{id}", s.getSnapshot)
+	auth("DELETE /snapshots/{id}", s.deleteSnapshot)
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{name}", s.getTemplate)
 	auth("DELETE /templates/{name}", s.deleteTemplate)

@@ -51,7 +51,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		cr.Timeout = d
 	}
-	if cr.Template != "" {
+	if cr.Template != "" && (s.cfg.Snapshots == nil || !s.cfg.Snapshots.Has(cr.Template)) {
 		if _, err := s.cfg.Templates.Get(cr.Template); err != nil {
 			writeError(w, err)
 			return
@@ -82,15 +82,14 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			case "running":
 				f.States = append(f.States, sandbox.StateRunning)
 			case "paused":
-				// No paused sandboxes yet; asking for them is valid.
-				f.States = append(f.States, sandbox.State("paused"))
+				f.States = append(f.States, sandbox.StatePaused)
 			default:
 				writeError(w, errdefs.Invalid("state %q: use running or paused", v))
 				return
 			}
 		}
 	} else {
-		f.States = []sandbox.State{sandbox.StateRunning}
+		f.States = []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}
 	}
 	out := []sandboxJSON{}
 	for _, sb := range s.cfg.Sandboxes.List(f) {
@@ -173,6 +172,22 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.cfg.Sandboxes.Get(id)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if sb.State == sandbox.StatePaused {
+		// Connecting to a paused sandbox resumes it (201, as E2B).
+		var d time.Duration
+		if req.Timeout != nil {
+			if d, err = seconds(*req.Timeout, "timeout"); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		if sb, err = s.cfg.Sandboxes.Resume(r.Context(), id, d); err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
 		return
 	}
 	if req.Timeout != nil {

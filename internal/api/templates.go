@@ -52,6 +52,15 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	// The E2B SDK deletes snapshots through this route.
+	if s.cfg.Snapshots != nil && s.cfg.Snapshots.Has(r.PathValue("name")) {
+		if err := s.cfg.Sandboxes.DeleteSnapshot(r.PathValue("name")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	if err := s.cfg.Templates.Delete(r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return

@@ -71,6 +71,23 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// Checkpointer is implemented by runtimes that can save a running sandbox
+// and start new sandboxes from the saved state.
+//
+// Contract:
+//   - Checkpoint writes the sandbox's memory, processes and writable
+//     filesystem layer into dir (created if missing) and leaves the sandbox
+//     running as it was.
+//   - Restore starts a new sandbox, described by spec (same image as the
+//     checkpointed one; its own ID, directory and network), from dir. Its
+//     processes continue where the checkpointed ones were. On error nothing
+//     of the new sandbox is left behind. dir is not modified and may be
+//     restored any number of times.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, id, dir string) error
+	Restore(ctx context.Context, spec Spec, dir string) error
+}
+
 // Watcher is implemented by runtimes that can report a sandbox's exit
 // (crash, out of memory, init process gone) without polling.
 type Watcher interface {

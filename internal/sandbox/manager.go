@@ -20,6 +20,7 @@ import (
 	"agentenv/internal/errdefs"
 	"agentenv/internal/netns"
 	"agentenv/internal/runtime"
+	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
 )
 
@@ -28,6 +29,8 @@ type Deps struct {
 	Runtime   runtime.Runtime
 	Templates *template.Store
 	Net       *netns.Manager
+	// Snapshots stores snapshots; nil disables snapshots and fork.
+	Snapshots *snapshot.Store
 	// Dir holds one directory per sandbox (record, bundle, logs).
 	Dir    string
 	Limits Limits
@@ -123,104 +126,6 @@ func (m *Manager) freeSlot(i int) {
 	m.mu.Lock()
 	delete(m.slots, i)
 	m.mu.Unlock()
-}
-
-// Create starts a sandbox and returns once envd inside it answers.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	if err := m.d.Limits.check(&req); err != nil {
-		return Sandbox{}, err
-	}
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return Sandbox{}, fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
-	}
-	if len(m.boxes) >= m.d.Limits.MaxSandboxes {
-		m.mu.Unlock()
-		return Sandbox{}, fmt.Errorf("limit of %d sandboxes reached: kill some first: %w", m.d.Limits.MaxSandboxes, errdefs.ErrResourceExhausted)
-	}
-	m.inflight.Add(1)
-	m.mu.Unlock()
-	defer m.inflight.Done()
-
-	var cl cleanup
-	image, release, err := m.d.Templates.Acquire(req.Template)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	cl.add(func(context.Context) error { release(); return nil })
-
-	now := time.Now().UTC()
-	sb := Sandbox{
-		ID: newID(), Template: req.Template, State: StateCreating,
-		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
-		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(),
-	}
-	log := m.d.Log.With("sandbox", sb.ID, "template", sb.Template)
-	fail := func(err error) (Sandbox, error) {
-		if cerr := cl.run(ctx); cerr != nil {
-			log.Error("cleanup after failed create", "err", cerr)
-			err = errors.Join(err, cerr)
-		}
-		log.Warn("create failed", "err", err)
-		return Sandbox{}, err
-	}
-
-	slotIndex, err := m.allocSlot()
-	if err != nil {
-		return fail(err)
-	}
-	cl.add(func(context.Context) error { m.freeSlot(slotIndex); return nil })
-	sb.Slot = m.d.Net.SlotFor(slotIndex)
-
-	// Persist before acquiring host resources, so that a crash from here
-	// on leaves a record that recovery cleans up.
-	if err := os.MkdirAll(m.dir(sb.ID), 0o700); err != nil {
-		return fail(err)
-	}
-	cl.add(func(context.Context) error { return os.RemoveAll(m.dir(sb.ID)) })
-	e := newEntry(sb, release)
-	if err := m.persist(e.sb); err != nil {
-		return fail(err)
-	}
-	m.mu.Lock()
-	m.boxes[sb.ID] = e
-	m.mu.Unlock()
-	cl.add(func(context.Context) error {
-		m.mu.Lock()
-		delete(m.boxes, sb.ID)
-		m.mu.Unlock()
-		return nil
-	})
-
-	slot, err := m.d.Net.Create(ctx, slotIndex)
-	if err != nil {
-		return fail(err)
-	}
-	cl.add(func(ctx context.Context) error { return m.d.Net.Delete(ctx, slot) })
-
-	spec := m.spec(sb, image)
-	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
-	if err := m.d.Runtime.Create(ctx, spec); err != nil {
-		return fail(fmt.Errorf("start sandbox: %w", err))
-	}
-	if err := m.waitEnvd(ctx, sb); err != nil {
-		return fail(err)
-	}
-
-	e.mu.Lock()
-	err = m.move(e, StateRunning)
-	if err == nil {
-		m.armTimer(e)
-	}
-	e.mu.Unlock()
-	if err != nil {
-		return fail(err)
-	}
-	cl.keep()
-	m.watch(e)
-	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "took", time.Since(now).Round(time.Millisecond))
-	return e.sb, nil
 }
 
 func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
@@ -396,7 +301,13 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State != StateRunning {
+	switch e.sb.State {
+	case StatePaused:
+		// Counts from the resume.
+		e.sb.Remaining = d
+		return e.sb, m.persist(e.sb)
+	case StateRunning:
+	default:
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
 	e.sb.EndAt = time.Now().UTC().Add(d)

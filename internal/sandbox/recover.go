@@ -46,18 +46,24 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			lost = append(lost, sb)
 			continue
 		}
-		release := func() {}
+		releaseTemplate := func() {}
 		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
-			release = rel
+			releaseTemplate = rel
 		}
-		e := newEntry(sb, release)
+		releaseSnap := func() {}
+		if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
+			releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
+		}
+		e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
 		m.mu.Lock()
 		m.boxes[sb.ID] = e
 		m.slots[sb.Slot.Index] = true
 		m.mu.Unlock()
-		e.mu.Lock()
-		m.armTimer(e)
-		e.mu.Unlock()
+		if sb.State == StateRunning {
+			e.mu.Lock()
+			m.armTimer(e)
+			e.mu.Unlock()
+		}
 		m.watch(e)
 		adopted = append(adopted, sb)
 		m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
@@ -113,21 +119,28 @@ func (m *Manager) readRecord(id string) (Sandbox, error) {
 
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
-	if sb.State != StateRunning {
+	if sb.State != StateRunning && sb.State != StatePaused {
 		return fmt.Sprintf("the server stopped while it was %s", sb.State)
 	}
-	if !time.Now().Before(sb.EndAt) {
+	if sb.State == StateRunning && !time.Now().Before(sb.EndAt) {
 		return "its timeout passed while the server was down"
 	}
 	st, err := m.d.Runtime.State(ctx, sb.ID)
 	if err != nil {
 		return fmt.Sprintf("its runtime state could not be read: %v", err)
 	}
-	if st != runtime.StatusRunning {
-		return fmt.Sprintf("its container was %s after the restart", st)
+	want := runtime.StatusRunning
+	if sb.State == StatePaused {
+		want = runtime.StatusPaused
+	}
+	if st != want {
+		return fmt.Sprintf("its container was %s after the restart, not %s", st, want)
 	}
 	if _, err := os.Stat(sb.Slot.Path()); err != nil {
 		return "its network namespace was gone after the restart"
+	}
+	if sb.State == StatePaused {
+		return ""
 	}
 	if err := m.waitEnvdQuick(ctx, sb); err != nil {
 		return fmt.Sprintf("envd did not answer after the restart: %v", err)

@@ -17,12 +17,13 @@ import (
 // State is a sandbox's lifecycle state.
 type State string
 
-// The lifecycle: creating → running → killing → (gone). A sandbox that
+// The lifecycle: creating → running ⇄ paused → killing → (gone). A sandbox that
 // cannot be brought back after a restart becomes lost (a tombstone kept
 // so that clients get an explanation rather than a bare 404).
 const (
 	StateCreating State = "creating"
 	StateRunning  State = "running"
+	StatePaused   State = "paused"
 	StateKilling  State = "killing"
 	StateLost     State = "lost"
 )
@@ -30,7 +31,8 @@ const (
 // transitions lists the allowed moves of the state machine.
 var transitions = map[State][]State{
 	StateCreating: {StateRunning, StateKilling},
-	StateRunning:  {StateKilling},
+	StateRunning:  {StatePaused, StateKilling},
+	StatePaused:   {StateRunning, StateKilling},
 	StateKilling:  {},
 }
 
@@ -56,6 +58,10 @@ type Sandbox struct {
 	EndAt       time.Time         `json:"endAt"`
 	AccessToken string            `json:"envdAccessToken"`
 	Slot        netns.Slot        `json:"slot"`
+	// Snapshot is the snapshot the sandbox was restored from, if any.
+	Snapshot string `json:"snapshotID,omitempty"`
+	// Remaining is the time left when the sandbox was paused.
+	Remaining time.Duration `json:"remaining,omitempty"`
 	// Reason says why a sandbox was lost.
 	Reason string `json:"reason,omitempty"`
 }
@@ -81,6 +87,10 @@ type Limits struct {
 	MaxSandboxes   int
 	// Nproc caps processes per user inside a sandbox (contains fork bombs).
 	Nproc int
+	// MaxFork caps the children of one fork; ForkParallel is how many
+	// restores run at once.
+	MaxFork      int
+	ForkParallel int
 }
 
 // DefaultLimits are E2B's defaults where E2B has one.
@@ -94,6 +104,8 @@ func DefaultLimits() Limits {
 		MaxMemMB:       8192,
 		MaxSandboxes:   2000,
 		Nproc:          1024,
+		MaxFork:        16,
+		ForkParallel:   4,
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"agentenv/internal/proxy"
 	"agentenv/internal/runtime/gvisor"
 	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
 )
 
@@ -82,8 +83,12 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err := nets.InstallFirewall(ctx); err != nil {
 		return err
 	}
+	snaps, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"))
+	if err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
 	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets,
+		Runtime: rt, Templates: templates, Net: nets, Snapshots: snaps,
 		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
 	})
 	if err != nil {
@@ -116,7 +121,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if domain == "" {
 		domain = proxyLn.Addr().String()
 	}
-	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Sandboxes: mgr, Templates: templates, Domain: domain, Log: log}).Handler(),
+	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Sandboxes: mgr, Templates: templates, Snapshots: snaps, Domain: domain, Log: log}).Handler(),
 		ReadHeaderTimeout: 10 * time.Second}
 	proxySrv := &http.Server{Handler: proxy.New(mgr, log), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)

@@ -1,0 +1,164 @@
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+)
+
+// snapshotJSON is a snapshot as the API shows it (E2B's snapshotID and
+// names, plus agentenv's metadata).
+type snapshotJSON struct {
+	SnapshotID string            `json:"snapshotID"`
+	Names      []string          `json:"names"`
+	Name       string            `json:"name,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	TemplateID string            `json:"templateID"`
+	Parent     string            `json:"parentSnapshotID,omitempty"`
+	SandboxID  string            `json:"sandboxID"`
+	Runtime    string            `json:"runtimeVersion"`
+	SizeBytes  int64             `json:"sizeBytes"`
+	CreatedAt  time.Time         `json:"createdAt"`
+	InUse      int               `json:"sandboxesInUse"`
+}
+
+func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
+	names := []string{}
+	if sn.Name != "" {
+		names = append(names, sn.Name)
+	}
+	return snapshotJSON{SnapshotID: sn.ID, Names: names, Name: sn.Name, Metadata: sn.Metadata, TemplateID: sn.Template,
+		Parent: sn.Parent, SandboxID: sn.Sandbox, Runtime: sn.Runtime, SizeBytes: sn.Size, CreatedAt: sn.CreatedAt, InUse: sn.InUse}
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.cfg.Sandboxes.Pause(r.Context(), r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	var d time.Duration
+	if req.Timeout != nil {
+		var err error
+		if d, err = seconds(*req.Timeout, "timeout"); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	sb, err := s.cfg.Sandboxes.Resume(r.Context(), r.PathValue("id"), d)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name     string            `json:"name"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sn, err := s.cfg.Sandboxes.Snapshot(r.Context(), r.PathValue("id"), sandbox.SnapshotRequest{Name: req.Name, Metadata: req.Metadata})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, toSnapshotJSON(sn))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	out := []snapshotJSON{}
+	name := r.URL.Query().Get("name")
+	for _, sn := range s.cfg.Snapshots.List(r.URL.Query().Get("sandboxID")) {
+		if name != "" && sn.Name != name {
+			continue
+		}
+		out = append(out, toSnapshotJSON(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.cfg.Snapshots.Get(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toSnapshotJSON(sn))
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Sandboxes.DeleteSnapshot(r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type forkEntry struct {
+	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
+	Error   *errorBody   `json:"error,omitempty"`
+}
+
+// forkSandbox answers 201 with one entry per child, as E2B's SDK reads it:
+// {sandbox} for a child that runs, {error} for one that failed.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Count    *int              `json:"count"`
+		Timeout  *int64            `json:"timeout"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	var d time.Duration
+	if req.Timeout != nil {
+		var err error
+		if d, err = seconds(*req.Timeout, "timeout"); err != nil {
+			writeError(w, err)
+			return
+		}
+		if d == 0 {
+			writeError(w, errdefs.Invalid("timeout 0: give a positive number of seconds"))
+			return
+		}
+	}
+	results, err := s.cfg.Sandboxes.Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
+	if err != nil && results == nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]forkEntry, 0, len(results))
+	for _, res := range results {
+		if res.Err != nil {
+			status, code := errdefs.HTTPStatus(res.Err)
+			out = append(out, forkEntry{Error: &errorBody{Code: status, ErrorCode: code, Message: res.Err.Error()}})
+			continue
+		}
+		sj := s.toJSON(res.Sandbox, true)
+		out = append(out, forkEntry{Sandbox: &sj})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}

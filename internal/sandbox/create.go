@@ -1,0 +1,207 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"agentenv/internal/envd"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+	"agentenv/internal/snapshot"
+)
+
+// source is where a new sandbox comes from when it is not booted fresh: a
+// snapshot to restore.
+type source struct {
+	snap snapshot.Snapshot
+	// hold keeps the snapshot in use for the sandbox's life (not for the
+	// internal snapshot of a fork, which is deleted after the restores).
+	hold bool
+}
+
+// Create starts a sandbox and returns once envd inside it answers. When
+// req.Template names a snapshot, the sandbox is restored from it (as E2B
+// does with a snapshot ID in place of a template).
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if m.d.Snapshots != nil && m.d.Snapshots.Has(req.Template) {
+		sn, err := m.d.Snapshots.Get(req.Template)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		return m.create(ctx, req, &source{snap: sn, hold: true})
+	}
+	return m.create(ctx, req, nil)
+}
+
+func (m *Manager) admit() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	if len(m.boxes) >= m.d.Limits.MaxSandboxes {
+		return fmt.Errorf("limit of %d sandboxes reached: kill some first: %w", m.d.Limits.MaxSandboxes, errdefs.ErrResourceExhausted)
+	}
+	m.inflight.Add(1)
+	return nil
+}
+
+// create runs the create path as a list of steps, each pushing its undo on
+// a cleanup stack; boot and restore share every step but the start.
+func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (Sandbox, error) {
+	if src != nil {
+		// A restored sandbox keeps the snapshotted one's template, limits
+		// and environment: they are part of its memory.
+		req.Template, req.CPUs, req.MemoryMB, req.EnvVars = src.snap.Template, src.snap.CPUs, src.snap.MemoryMB, src.snap.EnvVars
+	}
+	if err := m.d.Limits.check(&req); err != nil {
+		return Sandbox{}, err
+	}
+	if err := m.admit(); err != nil {
+		return Sandbox{}, err
+	}
+	defer m.inflight.Done()
+
+	var cl cleanup
+	image, releaseTemplate, err := m.d.Templates.Acquire(req.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	release := releaseTemplate
+	cl.add(func(context.Context) error { releaseTemplate(); return nil })
+
+	now := time.Now().UTC()
+	sb := Sandbox{
+		ID: newID(), Template: req.Template, State: StateCreating,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
+		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(),
+	}
+	var restoreDir string
+	if src != nil {
+		dir, done, releaseSnap, err := m.d.Snapshots.Acquire(src.snap.ID)
+		if err != nil {
+			releaseTemplate()
+			return Sandbox{}, err
+		}
+		defer done()
+		restoreDir = dir
+		if src.hold {
+			sb.Snapshot = src.snap.ID
+			release = func() { releaseTemplate(); releaseSnap() }
+		} else {
+			// Held only until the restore is done (a fork deletes its
+			// internal snapshot after the last child starts).
+			defer releaseSnap()
+			sb.Snapshot = src.snap.Parent
+		}
+		cl.add(func(context.Context) error { releaseSnap(); return nil })
+	}
+	log := m.d.Log.With("sandbox", sb.ID, "template", sb.Template)
+	fail := func(err error) (Sandbox, error) {
+		if cerr := cl.run(ctx); cerr != nil {
+			log.Error("cleanup after failed create", "err", cerr)
+			err = errors.Join(err, cerr)
+		}
+		log.Warn("create failed", "err", err)
+		return Sandbox{}, err
+	}
+
+	slotIndex, err := m.allocSlot()
+	if err != nil {
+		return fail(err)
+	}
+	cl.add(func(context.Context) error { m.freeSlot(slotIndex); return nil })
+	sb.Slot = m.d.Net.SlotFor(slotIndex)
+
+	// Persist before acquiring host resources, so that a crash from here
+	// on leaves a record that recovery cleans up.
+	if err := os.MkdirAll(m.dir(sb.ID), 0o700); err != nil {
+		return fail(err)
+	}
+	cl.add(func(context.Context) error { return os.RemoveAll(m.dir(sb.ID)) })
+	e := newEntry(sb, release)
+	if err := m.persist(e.sb); err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	m.boxes[sb.ID] = e
+	m.mu.Unlock()
+	cl.add(func(context.Context) error {
+		m.mu.Lock()
+		delete(m.boxes, sb.ID)
+		m.mu.Unlock()
+		return nil
+	})
+
+	slot, err := m.d.Net.Create(ctx, slotIndex)
+	if err != nil {
+		return fail(err)
+	}
+	cl.add(func(ctx context.Context) error { return m.d.Net.Delete(ctx, slot) })
+
+	spec := m.spec(sb, image)
+	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
+	if src == nil {
+		if err := m.d.Runtime.Create(ctx, spec); err != nil {
+			return fail(fmt.Errorf("start sandbox: %w", err))
+		}
+	} else {
+		cp, ok := m.d.Runtime.(runtime.Checkpointer)
+		if !ok {
+			return fail(fmt.Errorf("this runtime cannot restore snapshots: %w", errdefs.ErrInvalid))
+		}
+		if err := cp.Restore(ctx, spec, restoreDir); err != nil {
+			return fail(fmt.Errorf("restore snapshot %s: %w", src.snap.ID, err))
+		}
+	}
+	if err := m.waitEnvd(ctx, sb); err != nil {
+		return fail(err)
+	}
+	if src != nil {
+		// The restored envd still holds the snapshotted sandbox's token:
+		// give this sandbox its own.
+		if err := m.rekey(ctx, sb, src.snap.AccessToken); err != nil {
+			return fail(err)
+		}
+	}
+
+	e.mu.Lock()
+	err = m.move(e, StateRunning)
+	if err == nil {
+		m.armTimer(e)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	cl.keep()
+	m.watch(e)
+	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "took", time.Since(now).Round(time.Millisecond))
+	return e.sb, nil
+}
+
+// rekey sets a new access token in a restored sandbox's envd.
+func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string) error {
+	body, _ := json.Marshal(map[string]string{"accessToken": sb.AccessToken})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+"/init", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Access-Token", oldToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("set the access token of restored envd: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("set the access token of restored envd: HTTP %d", resp.StatusCode)
+	}
+	return nil
+}

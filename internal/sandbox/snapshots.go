@@ -1,0 +1,191 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+	"agentenv/internal/snapshot"
+)
+
+// Pause freezes a running sandbox in place: its processes stop, it uses no
+// CPU, and the time it spends paused does not count against its timeout.
+func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
+	p, ok := m.d.Runtime.(runtime.Pauser)
+	if !ok {
+		return Sandbox{}, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrInvalid)
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State == StatePaused {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is already paused", id)
+	}
+	if e.sb.State != StateRunning {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is %s and cannot be paused", id, e.sb.State)
+	}
+	if err := p.Pause(ctx, id); err != nil {
+		return Sandbox{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.sb.Remaining = time.Until(e.sb.EndAt)
+	if err := m.move(e, StatePaused); err != nil {
+		return Sandbox{}, err
+	}
+	return e.sb, nil
+}
+
+// Resume continues a paused sandbox. Its timeout restarts with the time it
+// had left, or with timeout when that is not zero.
+func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (Sandbox, error) {
+	p, ok := m.d.Runtime.(runtime.Pauser)
+	if !ok {
+		return Sandbox{}, fmt.Errorf("this runtime cannot resume sandboxes: %w", errdefs.ErrInvalid)
+	}
+	if timeout != 0 {
+		if err := m.d.Limits.checkTimeout(timeout); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State != StatePaused {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is %s, not paused", id, e.sb.State)
+	}
+	if err := p.Resume(ctx, id); err != nil {
+		return Sandbox{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	left := e.sb.Remaining
+	if timeout != 0 {
+		left = timeout
+	}
+	e.sb.EndAt = time.Now().UTC().Add(left)
+	e.sb.Remaining = 0
+	if err := m.move(e, StateRunning); err != nil {
+		return Sandbox{}, err
+	}
+	m.armTimer(e)
+	return e.sb, nil
+}
+
+// SnapshotRequest names and describes a new snapshot.
+type SnapshotRequest struct {
+	Name     string
+	Metadata map[string]string
+	internal bool
+}
+
+// Snapshot saves a running sandbox (memory, processes, filesystem changes)
+// as a snapshot; the sandbox keeps running.
+func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) (snapshot.Snapshot, error) {
+	cp, ok := m.d.Runtime.(runtime.Checkpointer)
+	if !ok || m.d.Snapshots == nil {
+		return snapshot.Snapshot{}, fmt.Errorf("snapshots are not available with this runtime: %w", errdefs.ErrInvalid)
+	}
+	if len(req.Name) > 128 {
+		return snapshot.Snapshot{}, errdefs.Invalid("snapshot name is longer than 128 characters")
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State != StateRunning {
+		return snapshot.Snapshot{}, errdefs.Conflict("sandbox %q is %s: only a running sandbox can be snapshotted (resume it first)", id, e.sb.State)
+	}
+	dir, err := m.d.Snapshots.TempDir()
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	start := time.Now()
+	if err := cp.Checkpoint(ctx, id, dir); err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
+		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, Parent: e.sb.Snapshot,
+		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal,
+		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
+	})
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	m.d.Log.Info("snapshot taken", "sandbox", id, "snapshot", sn.ID, "bytes", sn.Size, "took", time.Since(start).Round(time.Millisecond))
+	return sn, nil
+}
+
+// ForkResult is one child of a fork: a sandbox or why it failed.
+type ForkResult struct {
+	Sandbox Sandbox
+	Err     error
+}
+
+// Fork snapshots a running sandbox and restores it count times. Children
+// continue from the parent's state at that moment and are isolated from it
+// and from each other; the parent keeps running.
+func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.Duration, metadata map[string]string) ([]ForkResult, error) {
+	if count < 1 || count > m.d.Limits.MaxFork {
+		return nil, errdefs.Invalid("fork count %d out of range: give 1..%d", count, m.d.Limits.MaxFork)
+	}
+	parent, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := m.Snapshot(ctx, id, SnapshotRequest{internal: true})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := m.d.Snapshots.Delete(sn.ID); err != nil {
+			m.d.Log.Error("delete fork snapshot", "snapshot", sn.ID, "err", err)
+		}
+	}()
+	if metadata == nil {
+		metadata = parent.Metadata
+	}
+	results := make([]ForkResult, count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, m.d.Limits.ForkParallel)
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			sb, err := m.create(ctx, CreateRequest{Timeout: timeout, Metadata: metadata}, &source{snap: sn})
+			results[i] = ForkResult{Sandbox: sb, Err: err}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, r := range results {
+		if r.Err != nil {
+			errs = append(errs, r.Err)
+		}
+	}
+	if len(errs) == count {
+		return results, fmt.Errorf("every fork child failed: %w", errors.Join(errs...))
+	}
+	return results, nil
+}
+
+// DeleteSnapshot deletes a snapshot that nothing needs.
+func (m *Manager) DeleteSnapshot(id string) error {
+	if m.d.Snapshots == nil {
+		return errdefs.NotFound("snapshot %q does not exist", id)
+	}
+	return m.d.Snapshots.Delete(id)
+}
