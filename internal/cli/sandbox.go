@@ -14,6 +14,7 @@ import (
 func sandboxCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, inspect, use and kill sandboxes"}
 	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxGet(g), sandboxExec(g), sandboxKill(g))
+	cmd.AddCommand(sandboxStateCmds(g)...)
 	return cmd
 }
 
@@ -51,8 +52,8 @@ func sandboxCreate(g *globals) *cobra.Command {
 	var req client.CreateRequest
 	var env, meta []string
 	cmd := &cobra.Command{
-		Use:   "create TEMPLATE",
-		Short: "Create a sandbox from a template and print its ID",
+		Use:   "create TEMPLATE|SNAPSHOT_ID",
+		Short: "Create a sandbox from a template (or restore a snapshot) and print its ID",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -27,6 +28,9 @@ func serveCmd(g *globals) *cobra.Command {
 			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("AGENTENV_API_KEY")
 			cfg.Limits.MaxTimeout = maxTimeout
+			if cfg.Limits.MaxFork < 1 || cfg.Limits.MaxFork > 100 {
+				return fmt.Errorf("--max-fork %d: give 1..100", cfg.Limits.MaxFork)
+			}
 			return server.Run(cmd.Context(), cfg, nil)
 		},
 	}
@@ -43,6 +47,10 @@ func serveCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Limits.DefaultMemMB, "default-memory-mb", cfg.Limits.DefaultMemMB, "memory limit of a sandbox that asks for none")
 	f.IntVar(&cfg.Limits.DefaultCPUs, "default-cpus", cfg.Limits.DefaultCPUs, "CPU limit of a sandbox that asks for none")
 	f.DurationVar(&maxTimeout, "max-timeout", cfg.Limits.MaxTimeout, "longest sandbox timeout a client may ask for")
+	f.DurationVar(&cfg.SnapshotPolicy.MaxAge, "snapshot-max-age", 7*24*time.Hour, "delete snapshots nothing uses after this long (0: never)")
+	f.IntVar(&cfg.SnapshotPolicy.MaxCount, "snapshot-max-count", 1000, "keep at most this many snapshots, deleting the oldest unused (0: no limit)")
+	f.Int64Var(&cfg.SnapshotPolicy.MaxBytes, "snapshot-max-bytes", 50<<30, "keep snapshots within this many bytes, deleting the oldest unused (0: no limit)")
+	f.IntVar(&cfg.Limits.MaxFork, "max-fork", cfg.Limits.MaxFork, "most children of one fork (up to 100)")
 	f.BoolVar(&debug, "debug", false, "log every request")
 	return cmd
 }

@@ -344,3 +344,75 @@ func (c *Client) ReadFile(ctx context.Context, sb Sandbox, path string) ([]byte,
 	}
 	return b, err
 }
+
+// Snapshot is the API's view of a snapshot.
+type Snapshot struct {
+	SnapshotID string            `json:"snapshotID"`
+	Name       string            `json:"name,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	TemplateID string            `json:"templateID"`
+	Parent     string            `json:"parentSnapshotID,omitempty"`
+	SandboxID  string            `json:"sandboxID"`
+	SizeBytes  int64             `json:"sizeBytes"`
+	CreatedAt  time.Time         `json:"createdAt"`
+	InUse      int               `json:"sandboxesInUse"`
+}
+
+// PauseSandbox freezes a sandbox.
+func (c *Client) PauseSandbox(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", struct{}{}, nil)
+}
+
+// ResumeSandbox continues a paused sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/resume", struct{}{}, &sb)
+	return sb, err
+}
+
+// SnapshotSandbox snapshots a running sandbox.
+func (c *Client) SnapshotSandbox(ctx context.Context, id, name string, metadata map[string]string) (Snapshot, error) {
+	var sn Snapshot
+	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/snapshots",
+		map[string]any{"name": name, "metadata": metadata}, &sn)
+	return sn, err
+}
+
+// ForkSandbox forks a sandbox into count children. Children that failed
+// come back as errors in the same positions.
+func (c *Client) ForkSandbox(ctx context.Context, id string, count int) ([]Sandbox, []error, error) {
+	var out []struct {
+		Sandbox *Sandbox `json:"sandbox"`
+		Error   *Error   `json:"error"`
+	}
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", map[string]int{"count": count}, &out); err != nil {
+		return nil, nil, err
+	}
+	sbs := make([]Sandbox, len(out))
+	errs := make([]error, len(out))
+	for i, o := range out {
+		if o.Sandbox != nil {
+			sbs[i] = *o.Sandbox
+		}
+		if o.Error != nil {
+			errs[i] = o.Error
+		}
+	}
+	return sbs, errs, nil
+}
+
+// ListSnapshots lists snapshots, optionally of one sandbox.
+func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapshot, error) {
+	var out []Snapshot
+	path := "/snapshots"
+	if sandboxID != "" {
+		path += "?sandboxID=" + url.QueryEscape(sandboxID)
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// DeleteSnapshot deletes a snapshot.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(id), nil, nil)
+}

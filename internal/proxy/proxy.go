@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"agentenv/internal/errdefs"
 )
 
 // Resolver finds the host-reachable address of a running sandbox's port.
@@ -134,8 +137,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	_, gone, err := p.resolve.Addr(id, port)
 	if err != nil {
-		// 502 tells the E2B SDK the sandbox is not running.
-		writeError(w, http.StatusBadGateway, err.Error())
+		// 502 tells the E2B SDK the sandbox is not running; a paused one
+		// gets 409 and a message saying to resume it.
+		status := http.StatusBadGateway
+		if errors.Is(err, errdefs.ErrConflict) {
+			status = http.StatusConflict
+			if writeConnectError(w, r, "failed_precondition", err.Error()) {
+				return
+			}
+		}
+		writeError(w, status, err.Error())
 		return
 	}
 	r.Header.Del("E2b-Sandbox-Id")
@@ -162,4 +173,23 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
+
+// writeConnectError answers a Connect streaming request with a Connect
+// error (HTTP 200 and an end-of-stream message), because Connect clients
+// drop the body of a non-200 stream response and the user would never see
+// why. It reports whether the request was a Connect stream.
+func writeConnectError(w http.ResponseWriter, r *http.Request, code, msg string) bool {
+	ct := r.Header.Get("Content-Type")
+	if !strings.HasPrefix(ct, "application/connect+") {
+		return false
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+	frame := make([]byte, 5, 5+len(body))
+	frame[0] = 0x02 // end of stream
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(body)))
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(http.StatusOK)
+	w.Write(append(frame, body...))
+	return true
 }

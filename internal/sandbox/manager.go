@@ -398,6 +398,9 @@ func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
 	e.mu.Lock()
 	sb := e.sb
 	e.mu.Unlock()
+	if sb.State == StatePaused {
+		return "", nil, errdefs.Conflict("sandbox %q is paused: resume it first (POST /sandboxes/%s/resume, or the SDK's connect)", id, id)
+	}
 	if sb.State != StateRunning {
 		return "", nil, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
 	}

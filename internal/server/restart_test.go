@@ -119,6 +119,10 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	if res, err := c.Exec(ctx, keep, "/bin/sh", []string{"-c", "echo state > /tmp/state; sleep 1000 >/dev/null 2>&1 &"}, nil, nil); err != nil || res.ExitCode != 0 {
 		t.Fatalf("prepare: %v %v", res, err)
 	}
+	snap, err := c.SnapshotSandbox(ctx, keep.SandboxID, "before-crash", nil)
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
 	doomed, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +173,15 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	}
 	if _, err := os.Stat(strayNS); err == nil {
 		t.Error("a network namespace that no sandbox owns survived the restart")
+	}
+
+	// Snapshots survive the crash and still restore.
+	fromSnap, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: snap.SnapshotID})
+	if err != nil {
+		t.Fatalf("restore a snapshot taken before the crash: %v", err)
+	}
+	if res, err := c.Exec(ctx, fromSnap, "/bin/sh", []string{"-c", "cat /tmp/state"}, nil, nil); err != nil || string(res.Stdout) != "state\n" {
+		t.Errorf("sandbox restored after the crash: %q, %v", res.Stdout, err)
 	}
 
 	// Whatever the interrupted creates left is either a listed, working

@@ -40,6 +40,8 @@ type Config struct {
 	Domain     string
 	APIKey     string
 	Limits     sandbox.Limits
+	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
+	SnapshotPolicy snapshot.Policy
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
 	// cgroups cannot be managed).
 	NoCgroups bool
@@ -107,6 +109,8 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err := templates.EnsureBusybox(ctx); err != nil {
 		return fmt.Errorf("build busybox template: %w", err)
 	}
+
+	go collectSnapshots(ctx, snaps, cfg.SnapshotPolicy, log)
 
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -184,4 +188,20 @@ func findEnvd(flag string) (string, error) {
 		}
 	}
 	return "", errors.New("envd binary not found next to agentenv: run `make build` or pass --envd")
+}
+
+// collectSnapshots applies the snapshot retention policy every minute.
+func collectSnapshots(ctx context.Context, s *snapshot.Store, p snapshot.Policy, log *slog.Logger) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		if ids := s.GC(p); len(ids) > 0 {
+			log.Info("garbage-collected snapshots", "snapshots", ids)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -1,0 +1,313 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentenv/internal/proxy"
+)
+
+func TestParseHost(t *testing.T) {
+	tests := []struct {
+		host   string
+		id     string
+		port   int
+		wantOK bool
+	}{
+		{"49983-iabc123.example.com", "iabc123", 49983, true},
+		{"49983-iabc123.example.com:443", "iabc123", 49983, true},
+		{"8080-iabc123.localhost:3001", "iabc123", 8080, true},
+		{"3000-iabc123", "iabc123", 3000, true},
+		{"8080-id-with-dash.example.com", "id-with-dash", 8080, true},
+		{"iabc123.example.com", "", 0, false},
+		{"example.com", "", 0, false},
+		{"localhost:8080", "", 0, false},
+		{"", "", 0, false},
+		{"http-iabc123.example.com", "", 0, false},
+		{"49983-.example.com", "", 0, false},
+		{"-iabc123.example.com", "", 0, false},
+		{"example.com.49983-iabc123", "", 0, false}, // only the first label counts
+	}
+	for _, tt := range tests {
+		t.Run(tt.host, func(t *testing.T) {
+			id, port, ok := proxy.ParseHost(tt.host)
+			if id != tt.id || port != tt.port || ok != tt.wantOK {
+				t.Errorf("ParseHost(%q) = %q, %d, %v; want %q, %d, %v", tt.host, id, port, ok, tt.id, tt.port, tt.wantOK)
+			}
+		})
+	}
+}
+
+// fakeResolver is a Resolver over a fixed table of sandboxes.
+type fakeResolver struct {
+	mu    sync.Mutex
+	boxes map[string]fakeBox
+}
+
+type fakeBox struct {
+	addr string // backend host:port
+	gone chan struct{}
+}
+
+func (f *fakeResolver) Addr(id string, port int) (string, <-chan struct{}, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.boxes[id]
+	if !ok {
+		return "", nil, fmt.Errorf("sandbox %q not found", id)
+	}
+	return b.addr, b.gone, nil
+}
+
+// setup starts a backend and a proxy that resolves sandbox "sb1" (any port)
+// to it.
+func setup(t *testing.T, backend http.Handler) (proxyURL string, gone chan struct{}) {
+	t.Helper()
+	be := httptest.NewServer(backend)
+	t.Cleanup(be.Close)
+	gone = make(chan struct{})
+	// "dead" resolves to a loopback port nobody listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	r := &fakeResolver{boxes: map[string]fakeBox{
+		"sb1":  {addr: be.Listener.Addr().String(), gone: gone},
+		"dead": {addr: dead, gone: make(chan struct{})},
+	}}
+	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t.Cleanup(ps.Close)
+	return ps.URL, gone
+}
+
+// echo reports what the backend saw.
+type echo struct {
+	Host       string `json:"host"`
+	Path       string `json:"path"`
+	SandboxHdr string `json:"sandboxHdr"`
+	PortHdr    string `json:"portHdr"`
+	Forwarded  string `json:"forwarded"`
+	Token      string `json:"token"`
+}
+
+func echoHandler(w http.ResponseWriter, r *http.Request) {
+	json.NewEncoder(w).Encode(echo{
+		Host: r.Host, Path: r.URL.RequestURI(),
+		SandboxHdr: r.Header.Get("E2b-Sandbox-Id"), PortHdr: r.Header.Get("E2b-Sandbox-Port"),
+		Forwarded: r.Header.Get("X-Forwarded-For"), Token: r.Header.Get("X-Access-Token"),
+	})
+}
+
+func TestRouting(t *testing.T) {
+	url, _ := setup(t, http.HandlerFunc(echoHandler))
+	tests := []struct {
+		name   string
+		host   string
+		hdr    map[string]string
+		status int
+	}{
+		{"headers", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "49983"}, http.StatusOK},
+		{"host", "49983-sb1.example.com", nil, http.StatusOK},
+		{"headers win over host", "49983-other.example.com", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "49983"}, http.StatusOK},
+		{"port not a number", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "http"}, http.StatusBadRequest},
+		{"port missing", "", map[string]string{"E2b-Sandbox-Id": "sb1"}, http.StatusBadRequest},
+		{"port zero", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "0"}, http.StatusBadRequest},
+		{"port too big", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "65536"}, http.StatusBadRequest},
+		{"port too big in host", "70000-sb1.example.com", nil, http.StatusBadRequest},
+		{"no routing at all", "example.com", nil, http.StatusBadRequest},
+		{"unknown sandbox by header", "", map[string]string{"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}, http.StatusBadGateway},
+		{"unknown sandbox by host", "49983-nope.example.com", nil, http.StatusBadGateway},
+		{"nothing listening on the port", "49983-dead.example.com", nil, http.StatusBadGateway},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest("GET", url+"/files?path=%2Ftmp%2Fx", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.host != "" {
+				req.Host = tt.host
+			}
+			req.Header.Set("X-Access-Token", "tok")
+			for k, v := range tt.hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("got status %d (%s), want %d", resp.StatusCode, b, tt.status)
+			}
+			if tt.status != http.StatusOK {
+				var e struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				}
+				if err := json.Unmarshal(b, &e); err != nil || e.Code != tt.status || e.Message == "" {
+					t.Errorf("got error body %q, want JSON {code: %d, message}", b, tt.status)
+				}
+				if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+					t.Errorf("got Content-Type %q, want application/json", ct)
+				}
+				return
+			}
+			var got echo
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatalf("backend answer %q: %v", b, err)
+			}
+			if got.Path != "/files?path=%2Ftmp%2Fx" {
+				t.Errorf("backend got path %q, want /files?path=%%2Ftmp%%2Fx", got.Path)
+			}
+			if got.SandboxHdr != "" || got.PortHdr != "" {
+				t.Errorf("backend got routing headers %q/%q, want them removed", got.SandboxHdr, got.PortHdr)
+			}
+			if got.Token != "tok" {
+				t.Errorf("backend got X-Access-Token %q, want it passed through (envd checks it)", got.Token)
+			}
+			if got.Forwarded == "" {
+				t.Errorf("backend got no X-Forwarded-For")
+			}
+			if want := req.Host; want != "" && got.Host != want {
+				t.Errorf("backend got Host %q, want the client's %q", got.Host, want)
+			}
+		})
+	}
+}
+
+func TestStreaming(t *testing.T) {
+	release := make(chan struct{})
+	finished := make(chan struct{})
+	url, _ := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(finished)
+		fmt.Fprintln(w, "first")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprintln(w, "second")
+	}))
+	req, _ := http.NewRequest("POST", url+"/process.Process/Start", strings.NewReader("{}"))
+	req.Header.Set("E2b-Sandbox-Id", "sb1")
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Fatalf("got first chunk %q (%v), want %q", line, err, "first\n")
+	}
+	// The backend is still blocked: the first chunk came through on its own.
+	select {
+	case <-finished:
+		t.Fatal("backend finished before the first chunk was read")
+	default:
+	}
+	close(release)
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "second\n" {
+		t.Errorf("got rest %q (%v), want %q", rest, err, "second\n")
+	}
+}
+
+func TestGoneEndsStream(t *testing.T) {
+	backendDone := make(chan error, 1)
+	url, gone := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "first")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			backendDone <- r.Context().Err()
+		case <-time.After(30 * time.Second):
+			backendDone <- errors.New("the proxy kept the backend request open")
+		}
+	}))
+	req, _ := http.NewRequest("GET", url+"/", nil)
+	req.Host = "49983-sb1.example.com"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "first\n" {
+		t.Fatalf("got first chunk %q (%v), want %q", line, err, "first\n")
+	}
+	readDone := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(br)
+		readDone <- err
+	}()
+	close(gone) // the sandbox went away
+	select {
+	case <-readDone:
+		// Any end (EOF or error) will do: the request must not hang.
+	case <-time.After(5 * time.Second):
+		t.Fatal("in-flight request still open 5 s after the sandbox went away")
+	}
+	select {
+	case err := <-backendDone:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("backend request ended with %v, want it cancelled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("backend request still open 5 s after the sandbox went away")
+	}
+}
+
+// A connection to a sandbox must not be reused for another sandbox that
+// resolves to the same address (a new sandbox in a recycled slot).
+func TestConnectionsPooledPerSandbox(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(be.Close)
+	addr := be.Listener.Addr().String()
+	r := &fakeResolver{boxes: map[string]fakeBox{
+		"sb1": {addr: addr, gone: make(chan struct{})},
+		"sb2": {addr: addr, gone: make(chan struct{})},
+	}}
+	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t.Cleanup(ps.Close)
+	for _, id := range []string{"sb1", "sb1", "sb2", "sb2"} {
+		req, _ := http.NewRequest("GET", ps.URL+"/", nil)
+		req.Host = "8080-" + id + ".example.com"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := len(conns); got != 2 {
+		t.Errorf("got %d backend connections for 2 requests to each of 2 sandboxes, want 2 (one per sandbox, reused)", got)
+	}
+}
