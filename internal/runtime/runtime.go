@@ -78,8 +78,9 @@ type Pauser interface {
 //   - Checkpoint writes the sandbox's memory, processes and writable
 //     filesystem layer into dir (created if missing) and leaves the sandbox
 //     running as it was.
-//   - Restore starts a new sandbox, described by spec (same image as the
-//     checkpointed one; its own ID, directory and network), from dir. Its
+//   - Restore starts a new sandbox, described by spec (same image and init
+//     process as the checkpointed one; its own ID, directory and network),
+//     from dir. Its
 //     processes continue where the checkpointed ones were. On error nothing
 //     of the new sandbox is left behind. dir is not modified and may be
 //     restored any number of times.
