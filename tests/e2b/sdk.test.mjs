@@ -470,3 +470,48 @@ describe('errors', { concurrency: false }, () => {
     await assert.rejects(createSandbox(`no-such-template-${randomBytes(4).toString('hex')}`))
   })
 })
+
+// Pause/resume, snapshots and fork through the SDK's own calls (agentenv
+// implements E2B's routes for them: /pause, /v2/sandboxes/{id}/connect,
+// /snapshots, /fork).
+describe('pause, snapshot and fork', { concurrency: false }, () => {
+  test('pause → connect (resumes) → commands.run', T, async () => {
+    const sbx = await createSandbox(TEMPLATE, { timeoutMs: 120_000 })
+    await sbx.commands.run('echo kept > /tmp/kept')
+    assert.equal(await sbx.pause(), true)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    assert.equal(await sbx.pause(), false, 'pausing a paused sandbox reports false')
+    await sbx.connect()
+    assert.equal((await sbx.getInfo()).state, 'running')
+    const r = await sbx.commands.run('cat /tmp/kept')
+    assert.equal(r.stdout, 'kept\n')
+  })
+
+  test('fork gives working, isolated children', T, async () => {
+    const parent = await createSandbox(TEMPLATE)
+    await parent.commands.run('echo parent > /tmp/p')
+    const kids = await parent.fork({ count: 2 })
+    assert.equal(kids.length, 2)
+    for (const k of kids) {
+      assert.ok(!(k instanceof Error), `fork child failed: ${k}`)
+      created.add(k.sandboxId)
+      assert.notEqual(k.sandboxId, parent.sandboxId)
+      assert.equal((await k.commands.run('cat /tmp/p')).stdout, 'parent\n')
+    }
+    await kids[0].commands.run('echo x > /tmp/only0')
+    assert.ok(!(await kids[1].commands.run('ls /tmp')).stdout.includes('only0'))
+    assert.ok(!(await parent.commands.run('ls /tmp')).stdout.includes('only0'))
+  })
+
+  test('createSnapshot → Sandbox.create(snapshotId) → deleteSnapshot', T, async () => {
+    const src = await createSandbox(TEMPLATE)
+    await src.commands.run('echo snap > /tmp/s')
+    const snap = await src.createSnapshot({ name: `sdk-${suite}` })
+    assert.ok(snap.snapshotId, 'snapshot id')
+    const restored = await createSandbox(snap.snapshotId)
+    assert.equal((await restored.commands.run('cat /tmp/s')).stdout, 'snap\n')
+    await restored.kill()
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+  })
+})
