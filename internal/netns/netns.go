@@ -118,15 +118,17 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 		return Slot{}, fmt.Errorf("slot %d outside the range (capacity %d)", index, m.max)
 	}
 	slot = m.SlotFor(index)
+	ns, err := newNamed(slot.Namespace)
+	if err != nil {
+		// Nothing was made; an existing slot of that index is not ours to
+		// remove.
+		return slot, fmt.Errorf("create network namespace %s: %w", slot.Namespace, err)
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, m.Delete(context.WithoutCancel(ctx), slot))
 		}
 	}()
-	ns, err := newNamed(slot.Namespace)
-	if err != nil {
-		return slot, fmt.Errorf("create network namespace %s: %w", slot.Namespace, err)
-	}
 	defer ns.Close()
 
 	veth := &netlink.Veth{

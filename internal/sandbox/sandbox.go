@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"agentenv/internal/errdefs"
@@ -134,7 +135,10 @@ func (l Limits) check(req *CreateRequest) error {
 	if req.MemoryMB < 64 || req.MemoryMB > l.MaxMemMB {
 		return errdefs.Invalid("memoryMB %d out of range: give 64..%d", req.MemoryMB, l.MaxMemMB)
 	}
-	for k := range req.EnvVars {
+	for k, v := range req.EnvVars {
+		if strings.ContainsRune(v, 0) {
+			return errdefs.Invalid("environment variable %q contains a NUL byte, which no process can receive", k)
+		}
 		if k == "" || len(k) > 256 {
 			return errdefs.Invalid("environment variable name %q is empty or too long", k)
 		}

@@ -1,0 +1,75 @@
+package envd_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"agentenv/internal/testenv"
+)
+
+// allowedDeps are the only non-standard packages the in-sandbox daemon may
+// link: it must stay a small static binary.
+var allowedDeps = []string{
+	"agentenv/cmd/envd",
+	"agentenv/internal/envd",
+	"connectrpc.com/connect",
+	"google.golang.org/protobuf",
+	"golang.org/x/sys",
+}
+
+// bannedDeps must never reach envd, even through an allowed package.
+var bannedDeps = []string{
+	"agentenv/internal/sandbox",
+	"agentenv/internal/runtime",
+	"agentenv/internal/api",
+	"agentenv/internal/server",
+	"agentenv/internal/proxy",
+	"agentenv/internal/template",
+	"agentenv/internal/netns",
+	"agentenv/internal/cli",
+	"agentenv/internal/client",
+	"agentenv/internal/bench",
+	"agentenv/internal/testenv",
+	"github.com/vishvananda",
+	"github.com/spf13",
+	"github.com/opencontainers",
+}
+
+func underAny(pkg string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if pkg == p || strings.HasPrefix(pkg, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestEnvdDependencies(t *testing.T) {
+	testenv.NeedCommand(t, "go", "lists the daemon's dependencies")
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "agentenv/cmd/envd")
+	cmd.Dir = testenv.RepoRoot()
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, std, _ := strings.Cut(line, " ")
+		seen++
+		if underAny(pkg, bannedDeps) {
+			t.Errorf("envd depends on %s: the in-sandbox daemon must not link the host side", pkg)
+			continue
+		}
+		if std == "true" {
+			continue
+		}
+		if !underAny(pkg, allowedDeps) {
+			t.Errorf("envd depends on %s: only the standard library, %s are allowed", pkg, strings.Join(allowedDeps[1:], ", "))
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("go list returned only %d packages: %s", seen, out)
+	}
+}

@@ -1,0 +1,341 @@
+package netns_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+
+	"agentenv/internal/netns"
+	"agentenv/internal/testenv"
+)
+
+// The tests' own range and tag, apart from those of the server tests.
+const (
+	testCIDR = "10.122.0.0/24"
+	testTag  = "ut"
+)
+
+func TestNewManager(t *testing.T) {
+	tests := []struct {
+		cidr, tag string
+		capacity  int
+		ok        bool
+	}{
+		{"10.122.0.0/24", "ut", 64, true},
+		{"10.88.0.0/16", "", 16384, true},
+		{"10.122.0.7/28", "a1", 4, true}, // host bits are ignored
+		{"10.122.0.0/29", "ut", 0, false},
+		{"10.122.0.0/24", "toolong", 0, false},
+		{"10.122.0.0/24", "UT", 0, false},
+		{"10.122.0.0/24", "u-t", 0, false},
+		{"fd00::/64", "ut", 0, false},
+		{"10.122.0.0", "ut", 0, false},
+		{"", "ut", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cidr+"/"+tt.tag, func(t *testing.T) {
+			m, err := netns.NewManager(tt.cidr, tt.tag)
+			if (err == nil) != tt.ok {
+				t.Fatalf("NewManager(%q, %q) = %v, want ok=%v", tt.cidr, tt.tag, err, tt.ok)
+			}
+			if err != nil {
+				return
+			}
+			if got := m.Capacity(); got != tt.capacity {
+				t.Errorf("got capacity %d, want %d", got, tt.capacity)
+			}
+			_, want, _ := net.ParseCIDR(tt.cidr)
+			if got := m.CIDR(); got.String() != want.String() {
+				t.Errorf("got CIDR %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+func TestSlotFor(t *testing.T) {
+	m, err := netns.NewManager(testCIDR, testTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	untagged, err := netns.NewManager(testCIDR, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		m                         *netns.Manager
+		index                     int
+		ns, hostIf, hostIP, sbxIP string
+	}{
+		{m, 0, "agentenv-ut-0", "aeutx0", "10.122.0.1", "10.122.0.2"},
+		{m, 3, "agentenv-ut-3", "aeutx3", "10.122.0.13", "10.122.0.14"},
+		{m, 63, "agentenv-ut-63", "aeutx63", "10.122.0.253", "10.122.0.254"},
+		{untagged, 3, "agentenv-3", "ae3", "10.122.0.13", "10.122.0.14"},
+	}
+	for _, tt := range tests {
+		s := tt.m.SlotFor(tt.index)
+		if s.Index != tt.index || s.Namespace != tt.ns || s.HostIf != tt.hostIf || s.HostIP.String() != tt.hostIP || s.SandboxIP.String() != tt.sbxIP {
+			t.Errorf("SlotFor(%d) = %+v, want %s %s %s %s", tt.index, s, tt.ns, tt.hostIf, tt.hostIP, tt.sbxIP)
+		}
+		if len(s.HostIf) > 15 {
+			t.Errorf("interface name %q is longer than IFNAMSIZ-1", s.HostIf)
+		}
+		if want := filepath.Join("/run/agentenv/netns", tt.ns); s.Path() != want {
+			t.Errorf("got path %s, want %s", s.Path(), want)
+		}
+	}
+}
+
+// newManager returns the test manager, with any slot a crashed earlier run
+// left behind removed.
+func newManager(t *testing.T) *netns.Manager {
+	t.Helper()
+	testenv.NeedRoot(t)
+	m, err := netns.NewManager(testCIDR, testTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := m.Leftovers()
+	if err != nil {
+		t.Fatalf("Leftovers: %v", err)
+	}
+	for _, i := range left {
+		m.Delete(context.Background(), m.SlotFor(i))
+	}
+	return m
+}
+
+func hasAddr(addrs []netlink.Addr, ip net.IP, ones int) bool {
+	for _, a := range addrs {
+		if got, _ := a.Mask.Size(); a.IP.Equal(ip) && got == ones {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCreateDelete(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	slot, err := m.Create(ctx, 3)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { m.Delete(ctx, slot) })
+	if want := m.SlotFor(3); slot.Namespace != want.Namespace || slot.HostIf != want.HostIf || !slot.HostIP.Equal(want.HostIP) || !slot.SandboxIP.Equal(want.SandboxIP) {
+		t.Errorf("Create(3) = %+v, want %+v", slot, want)
+	}
+	if _, err := os.Stat(slot.Path()); err != nil {
+		t.Fatalf("namespace file: %v", err)
+	}
+	if !strings.HasPrefix(slot.Path(), "/run/agentenv/netns/") {
+		t.Errorf("namespace at %s, want it under /run/agentenv/netns", slot.Path())
+	}
+
+	host, err := netlink.LinkByName(slot.HostIf)
+	if err != nil {
+		t.Fatalf("host veth %s: %v", slot.HostIf, err)
+	}
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("host veth %s is down", slot.HostIf)
+	}
+	addrs, err := netlink.AddrList(host, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasAddr(addrs, slot.HostIP, 30) {
+		t.Errorf("host veth addresses %v, want %s/30", addrs, slot.HostIP)
+	}
+
+	ns, err := vnetns.GetFromPath(slot.Path())
+	if err != nil {
+		t.Fatalf("open namespace: %v", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName(netns.SandboxIf)
+	if err != nil {
+		t.Fatalf("%s in the namespace: %v", netns.SandboxIf, err)
+	}
+	if eth0.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("%s in the namespace is down", netns.SandboxIf)
+	}
+	addrs, err = h.AddrList(eth0, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasAddr(addrs, slot.SandboxIP, 30) {
+		t.Errorf("%s addresses %v, want %s/30", netns.SandboxIf, addrs, slot.SandboxIP)
+	}
+	routes, err := h.RouteList(eth0, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaultRoute := false
+	for _, r := range routes {
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(slot.HostIP) {
+			defaultRoute = true
+		}
+	}
+	if !defaultRoute {
+		t.Errorf("routes in the namespace %v, want a default route via %s", routes, slot.HostIP)
+	}
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("lo in the namespace is down")
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(links) != 2 {
+		var names []string
+		for _, l := range links {
+			names = append(names, l.Attrs().Name)
+		}
+		t.Errorf("got links %q in the namespace, want only lo and %s", names, netns.SandboxIf)
+	}
+
+	left, err := m.Leftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(left, 3) {
+		t.Errorf("got leftovers %v, want them to include 3", left)
+	}
+	if err := m.CheckRange(); err != nil {
+		t.Errorf("CheckRange with only our own slot: %v", err)
+	}
+
+	if err := m.Delete(ctx, slot); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if _, err := os.Stat(slot.Path()); !os.IsNotExist(err) {
+		t.Errorf("namespace file still there after Delete: %v", err)
+	}
+	if _, err := netlink.LinkByName(slot.HostIf); err == nil {
+		t.Errorf("host veth %s still there after Delete", slot.HostIf)
+	}
+	left, err = m.Leftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(left, 3) {
+		t.Errorf("got leftovers %v after Delete, want no 3", left)
+	}
+	if err := m.Delete(ctx, slot); err != nil {
+		t.Errorf("second Delete: %v, want nil (idempotent)", err)
+	}
+}
+
+func TestCreateOutOfRange(t *testing.T) {
+	m := newManager(t)
+	for _, i := range []int{-1, m.Capacity()} {
+		if _, err := m.Create(context.Background(), i); err == nil {
+			m.Delete(context.Background(), m.SlotFor(i))
+			t.Errorf("Create(%d) succeeded, want an error (capacity %d)", i, m.Capacity())
+		}
+	}
+}
+
+// A failed Create must remove only what it made: creating a slot that
+// already exists must leave the existing slot working.
+func TestCreateExistingSlotKeepsIt(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	slot, err := m.Create(ctx, 5)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { m.Delete(ctx, slot) })
+	if _, err := m.Create(ctx, 5); err == nil {
+		t.Fatal("second Create of slot 5 succeeded, want an error")
+	}
+	if _, err := os.Stat(slot.Path()); err != nil {
+		t.Errorf("the failed second Create removed the existing namespace: %v", err)
+	}
+	if _, err := netlink.LinkByName(slot.HostIf); err != nil {
+		t.Errorf("the failed second Create removed the existing host veth: %v", err)
+	}
+}
+
+func TestCheckRange(t *testing.T) {
+	m := newManager(t)
+	if err := m.CheckRange(); err != nil {
+		t.Fatalf("CheckRange on a clean host: %v", err)
+	}
+	tests := []struct {
+		name    string
+		addr    string
+		overlap bool
+	}{
+		{"inside the range", "10.122.0.200/28", true},
+		{"covering the range", "10.122.0.1/16", true},
+		{"next to the range", "10.122.1.1/24", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A veth pair outside the manager's names holds a route of
+			// this host that is not ours (dummy links may be missing from
+			// the kernel). It never carries traffic.
+			const name = "utfor0"
+			delLink := func() {
+				if l, err := netlink.LinkByName(name); err == nil {
+					netlink.LinkDel(l)
+				}
+			}
+			delLink()
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "utfor1"}); err != nil {
+				t.Fatalf("add veth: %v", err)
+			}
+			t.Cleanup(delLink)
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer, err := netlink.LinkByName("utfor1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkSetUp(peer); err != nil {
+				t.Fatal(err)
+			}
+			a, err := netlink.ParseAddr(tt.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.AddrAdd(l, a); err != nil {
+				t.Fatalf("address dummy link: %v", err)
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+			err = m.CheckRange()
+			if got := err != nil; got != tt.overlap {
+				t.Fatalf("CheckRange with a route for %s: got %v, want overlap=%v", tt.addr, err, tt.overlap)
+			}
+			if err != nil && !strings.Contains(err.Error(), name) {
+				t.Errorf("CheckRange error %q does not name the interface %s", err, name)
+			}
+			if err := netlink.LinkDel(l); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.CheckRange(); err != nil {
+				t.Errorf("CheckRange after removing the route: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,235 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"agentenv/internal/errdefs"
+)
+
+var allStates = []State{StateCreating, StateRunning, StatePaused, StateKilling, StateLost}
+
+func TestCanMove(t *testing.T) {
+	allowed := map[[2]State]bool{
+		{StateCreating, StateRunning}: true,
+		{StateCreating, StateKilling}: true,
+		{StateRunning, StatePaused}:   true,
+		{StateRunning, StateKilling}:  true,
+		{StatePaused, StateRunning}:   true,
+		{StatePaused, StateKilling}:   true,
+	}
+	for _, from := range allStates {
+		for _, to := range allStates {
+			want := allowed[[2]State{from, to}]
+			if got := canMove(from, to); got != want {
+				t.Errorf("canMove(%s, %s) = %v, want %v", from, to, got, want)
+			}
+		}
+	}
+	if canMove("", StateRunning) || canMove("bogus", StateKilling) {
+		t.Error("an unknown state can move, want no transitions from it")
+	}
+}
+
+func readState(t *testing.T, dir, id string) State {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, id, "sandbox.json"))
+	if err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(b, &sb); err != nil {
+		t.Fatalf("record %s: %v", b, err)
+	}
+	return sb.State
+}
+
+func TestMovePersists(t *testing.T) {
+	dir := t.TempDir()
+	m, err := New(Deps{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := newID()
+	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	e := newEntry(Sandbox{ID: id, State: StateCreating}, nil)
+	if err := m.persist(e.sb); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		to State
+		ok bool
+	}{
+		{StatePaused, false}, // not yet running
+		{StateRunning, true},
+		{StateRunning, false},
+		{StatePaused, true},
+		{StateRunning, true},
+		{StateKilling, true},
+		{StateRunning, false}, // killing is final
+		{StateKilling, false},
+	}
+	for i, s := range steps {
+		before := e.sb.State
+		err := m.move(e, s.to)
+		if (err == nil) != s.ok {
+			t.Fatalf("step %d: move %s → %s = %v, want ok=%v", i, before, s.to, err, s.ok)
+		}
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrConflict) {
+				t.Errorf("step %d: move %s → %s = %v, want ErrConflict", i, before, s.to, err)
+			}
+			if e.sb.State != before {
+				t.Errorf("step %d: refused move changed the state to %s", i, e.sb.State)
+			}
+		}
+		if got := readState(t, dir, id); got != e.sb.State {
+			t.Errorf("step %d: persisted state %s, want %s", i, got, e.sb.State)
+		}
+	}
+	// Only the record is left; no temporary file.
+	entries, _ := os.ReadDir(m.dir(id))
+	if len(entries) != 1 || entries[0].Name() != "sandbox.json" {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("sandbox directory holds %q, want only sandbox.json", names)
+	}
+}
+
+func TestLimitsCheck(t *testing.T) {
+	l := DefaultLimits()
+	tests := []struct {
+		name string
+		req  CreateRequest
+		want CreateRequest // after defaults, when ok
+		ok   bool
+	}{
+		{"defaults", CreateRequest{Template: "base"},
+			CreateRequest{Template: "base", Timeout: l.DefaultTimeout, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB}, true},
+		{"explicit values kept", CreateRequest{Template: "base", Timeout: time.Minute, CPUs: 1, MemoryMB: 64},
+			CreateRequest{Template: "base", Timeout: time.Minute, CPUs: 1, MemoryMB: 64}, true},
+		{"maximums", CreateRequest{Template: "base", Timeout: l.MaxTimeout, CPUs: l.MaxCPUs, MemoryMB: l.MaxMemMB},
+			CreateRequest{Template: "base", Timeout: l.MaxTimeout, CPUs: l.MaxCPUs, MemoryMB: l.MaxMemMB}, true},
+		{"env vars", CreateRequest{Template: "base", EnvVars: map[string]string{"A": "1", "lower_case": "x y"}},
+			CreateRequest{Template: "base", Timeout: l.DefaultTimeout, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, EnvVars: map[string]string{"A": "1", "lower_case": "x y"}}, true},
+		{"no template", CreateRequest{}, CreateRequest{}, false},
+		{"negative timeout", CreateRequest{Template: "base", Timeout: -time.Second}, CreateRequest{}, false},
+		{"timeout too long", CreateRequest{Template: "base", Timeout: l.MaxTimeout + time.Second}, CreateRequest{}, false},
+		{"negative cpus", CreateRequest{Template: "base", CPUs: -1}, CreateRequest{}, false},
+		{"too many cpus", CreateRequest{Template: "base", CPUs: l.MaxCPUs + 1}, CreateRequest{}, false},
+		{"too little memory", CreateRequest{Template: "base", MemoryMB: 63}, CreateRequest{}, false},
+		{"negative memory", CreateRequest{Template: "base", MemoryMB: -512}, CreateRequest{}, false},
+		{"too much memory", CreateRequest{Template: "base", MemoryMB: l.MaxMemMB + 1}, CreateRequest{}, false},
+		{"empty env name", CreateRequest{Template: "base", EnvVars: map[string]string{"": "x"}}, CreateRequest{}, false},
+		{"env name with =", CreateRequest{Template: "base", EnvVars: map[string]string{"A=B": "x"}}, CreateRequest{}, false},
+		{"env name with NUL", CreateRequest{Template: "base", EnvVars: map[string]string{"A\x00": "x"}}, CreateRequest{}, false},
+		{"env name too long", CreateRequest{Template: "base", EnvVars: map[string]string{strings.Repeat("A", 257): "x"}}, CreateRequest{}, false},
+		// A NUL in a value cannot be passed to execve: every command in
+		// the sandbox would then fail to start.
+		{"env value with NUL", CreateRequest{Template: "base", EnvVars: map[string]string{"A": "x\x00y"}}, CreateRequest{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := tt.req
+			err := l.check(&req)
+			if (err == nil) != tt.ok {
+				t.Fatalf("check(%+v) = %v, want ok=%v", tt.req, err, tt.ok)
+			}
+			if err != nil {
+				if !errors.Is(err, errdefs.ErrInvalid) {
+					t.Errorf("check(%+v) = %v, want an ErrInvalid", tt.req, err)
+				}
+				return
+			}
+			if req.Template != tt.want.Template || req.Timeout != tt.want.Timeout || req.CPUs != tt.want.CPUs || req.MemoryMB != tt.want.MemoryMB || len(req.EnvVars) != len(tt.want.EnvVars) {
+				t.Errorf("after check: got %+v, want %+v", req, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckTimeout(t *testing.T) {
+	l := DefaultLimits()
+	tests := []struct {
+		d  time.Duration
+		ok bool
+	}{
+		{time.Second, true},
+		{l.MaxTimeout, true},
+		{0, false},
+		{-time.Second, false},
+		{l.MaxTimeout + 1, false},
+	}
+	for _, tt := range tests {
+		err := l.checkTimeout(tt.d)
+		if (err == nil) != tt.ok {
+			t.Errorf("checkTimeout(%v) = %v, want ok=%v", tt.d, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("checkTimeout(%v) = %v, want an ErrInvalid", tt.d, err)
+		}
+	}
+}
+
+func TestNewID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 100 {
+		id := newID()
+		// runsc matches container IDs by prefix: all IDs have one length.
+		if len(id) != 21 || id[0] != 'i' || strings.Trim(id[1:], "0123456789abcdef") != "" {
+			t.Fatalf("got ID %q, want 'i' and 20 hex digits", id)
+		}
+		if seen[id] {
+			t.Fatalf("ID %q repeated", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	t.Run("reverse order, once, errors joined, not cancelled", func(t *testing.T) {
+		var c cleanup
+		var order []int
+		errA, errB := errors.New("a failed"), errors.New("b failed")
+		for i, err := range []error{errA, nil, errB} {
+			c.add(func(ctx context.Context) error {
+				if ctx.Err() != nil {
+					t.Errorf("step %d ran with a cancelled context", i)
+				}
+				order = append(order, i)
+				return err
+			})
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := c.run(ctx)
+		if !errors.Is(err, errA) || !errors.Is(err, errB) {
+			t.Errorf("got %v, want both step errors", err)
+		}
+		if got := c.run(ctx); got != nil || len(order) != 3 {
+			t.Errorf("second run: got %v and %d steps run, want nil and 3", got, len(order))
+		}
+		if want := []int{2, 1, 0}; len(order) != 3 || order[0] != want[0] || order[1] != want[1] || order[2] != want[2] {
+			t.Errorf("got order %v, want %v", order, want)
+		}
+	})
+	t.Run("keep", func(t *testing.T) {
+		var c cleanup
+		ran := false
+		c.add(func(context.Context) error { ran = true; return nil })
+		c.keep()
+		if err := c.run(context.Background()); err != nil || ran {
+			t.Errorf("after keep: run = %v, ran = %v; want nil, false", err, ran)
+		}
+	})
+}

@@ -1,0 +1,273 @@
+package template_test
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/template"
+	"agentenv/internal/testenv"
+)
+
+var (
+	envdOnce sync.Once
+	envdBin  string
+	envdDir  string // removed by TestMain
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if envdDir != "" {
+		os.RemoveAll(envdDir)
+	}
+	os.Exit(code)
+}
+
+// builtEnvd builds envd once for all tests of the package.
+func builtEnvd(t *testing.T) string {
+	t.Helper()
+	envdOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentenv-template-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		envdDir = dir
+		envdBin = testenv.BuildEnvd(t, dir)
+	})
+	if envdBin == "" {
+		t.Fatal("envd build failed in an earlier test")
+	}
+	return envdBin
+}
+
+// newStore opens a store in a temporary directory with a freshly built envd.
+func newStore(t *testing.T) (*template.Store, string, string) {
+	t.Helper()
+	testenv.NeedRoot(t) // builds chown files to the sandbox user
+	testenv.NeedCommand(t, "mkfs.erofs", "writes template images (package erofs-utils)")
+	envdBin := builtEnvd(t)
+	dir := t.TempDir()
+	s, err := template.Open(dir, envdBin, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s, dir, envdBin
+}
+
+func noProgress(template.Progress) {}
+
+// noStaging checks a build left no staging directory behind.
+func noStaging(t *testing.T, dir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".build-") || strings.HasSuffix(e.Name(), ".old") {
+			t.Errorf("build left %s behind", e.Name())
+		}
+	}
+}
+
+func fileContains(t *testing.T, path, want string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	if !strings.Contains(string(b), want) {
+		t.Errorf("%s = %q, want it to contain %q", path, b, want)
+	}
+}
+
+func TestBuildBusybox(t *testing.T) {
+	s, dir, envdBin := newStore(t)
+	testenv.NeedCommand(t, "busybox", "the busybox template copies the host's busybox-static")
+	var phases []string
+	tpl, err := s.Build(context.Background(), template.BuildRequest{Name: "busybox", Busybox: true}, func(p template.Progress) {
+		phases = append(phases, p.Phase)
+	})
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	if len(phases) == 0 || phases[len(phases)-1] != "done" {
+		t.Errorf("got progress phases %q, want them to end with done", phases)
+	}
+	noStaging(t, dir)
+
+	img := s.ImagePath("busybox")
+	st, err := os.Stat(img)
+	if err != nil {
+		t.Fatalf("image: %v", err)
+	}
+	if img != filepath.Join(dir, "busybox", "image.erofs") || st.Size() == 0 || st.Size() != tpl.ImageSize {
+		t.Errorf("got image %s of %d bytes (template says %d), want %s/busybox/image.erofs, non-empty", img, st.Size(), tpl.ImageSize, dir)
+	}
+	rootfs := filepath.Join(dir, "busybox", "rootfs")
+	fileContains(t, filepath.Join(rootfs, "bin", "bash"), "exec /bin/sh")
+	if st, err := os.Stat(filepath.Join(rootfs, "bin", "bash")); err != nil || st.Mode()&0o111 == 0 {
+		t.Errorf("/bin/bash is not executable: %v %v", st, err)
+	}
+	fileContains(t, filepath.Join(rootfs, "etc", "passwd"), "user:x:1000:1000:user:/home/user:/bin/bash\n")
+	fileContains(t, filepath.Join(rootfs, "etc", "group"), "user:x:1000:")
+	if st, err := os.Stat(filepath.Join(rootfs, "home", "user")); err != nil || st.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Errorf("/home/user is not owned by uid 1000: %v", err)
+	}
+	if st, err := os.Stat(filepath.Join(rootfs, "tmp")); err != nil || st.Mode()&os.ModeSticky == 0 || st.Mode().Perm() != 0o777 {
+		t.Errorf("/tmp mode: got %v (%v), want sticky and world-writable", st.Mode(), err)
+	}
+	want, _ := os.ReadFile(envdBin)
+	if got, err := os.ReadFile(filepath.Join(rootfs, template.EnvdPath)); err != nil || string(got) != string(want) {
+		t.Errorf("envd at %s is not the built binary (err %v)", template.EnvdPath, err)
+	}
+
+	// In use: no delete, no rebuild; release (twice) then delete.
+	path, release, err := s.Acquire("busybox")
+	if err != nil || path != img {
+		t.Fatalf("Acquire: got %q, %v, want %q", path, err, img)
+	}
+	if got, _ := s.Get("busybox"); got.InUse != 1 {
+		t.Errorf("got InUse %d, want 1", got.InUse)
+	}
+	err = s.Delete("busybox")
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("Delete while in use: got %v, want ErrConflict", err)
+	}
+	if status, _ := errdefs.HTTPStatus(err); status != http.StatusConflict {
+		t.Errorf("Delete while in use: got HTTP %d, want 409", status)
+	}
+	if _, err := s.Build(context.Background(), template.BuildRequest{Name: "busybox", Busybox: true}, noProgress); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("rebuild while in use: got %v, want ErrConflict", err)
+	}
+	if _, err := os.Stat(img); err != nil {
+		t.Fatalf("image gone while in use: %v", err)
+	}
+	release()
+	release() // safe to call twice: must not drop another user's reference
+	if got, _ := s.Get("busybox"); got.InUse != 0 {
+		t.Errorf("after release: got InUse %d, want 0", got.InUse)
+	}
+
+	// A reopened store finds the template.
+	s2, err := template.Open(dir, envdBin, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	if got, err := s2.Get("busybox"); err != nil || got.EnvdHash != tpl.EnvdHash {
+		t.Errorf("reopened store: got %+v, %v, want the built template", got, err)
+	}
+
+	if err := s.Delete("busybox"); err != nil {
+		t.Fatalf("Delete after release: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "busybox")); !os.IsNotExist(err) {
+		t.Errorf("template directory still exists after Delete: %v", err)
+	}
+	if _, err := s.Get("busybox"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get after Delete: got %v, want ErrNotFound", err)
+	}
+	if err := s.Delete("busybox"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second Delete: got %v, want ErrNotFound", err)
+	}
+	if _, _, err := s.Acquire("busybox"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Acquire after Delete: got %v, want ErrNotFound", err)
+	}
+}
+
+type tarEntry struct {
+	name, body, link string
+	typ              byte
+	mode             int64
+	uid              int
+}
+
+func writeTar(t *testing.T, path string, entries []tarEntry) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Size: int64(len(e.body)), Linkname: e.link, Uid: e.uid, Gid: e.uid}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(tw, e.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBuildFromTarball(t *testing.T) {
+	s, dir, _ := newStore(t)
+	tarball := filepath.Join(t.TempDir(), "rootfs.tar")
+	writeTar(t, tarball, []tarEntry{
+		{name: "etc/", typ: tar.TypeDir, mode: 0o755},
+		// No trailing newline: the user line must still land on its own line.
+		{name: "etc/passwd", typ: tar.TypeReg, mode: 0o644, body: "root:x:0:0:root:/root:/bin/sh"},
+		{name: "bin/", typ: tar.TypeDir, mode: 0o755},
+		{name: "bin/hello", typ: tar.TypeReg, mode: 0o755, body: "#!/bin/sh\necho hi\n"},
+		{name: "bin/sh", typ: tar.TypeSymlink, link: "hello"},
+		{name: "srv/", typ: tar.TypeDir, mode: 0o755},
+		{name: "srv/owned", typ: tar.TypeReg, mode: 0o600, body: "x", uid: 4242},
+	})
+	tpl, err := s.Build(context.Background(), template.BuildRequest{Name: "fromtar", Rootfs: tarball}, noProgress)
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	if tpl.Source != "rootfs:"+tarball {
+		t.Errorf("got source %q, want rootfs:%s", tpl.Source, tarball)
+	}
+	rootfs := filepath.Join(dir, "fromtar", "rootfs")
+	fileContains(t, filepath.Join(rootfs, "bin", "hello"), "echo hi")
+	if l, err := os.Readlink(filepath.Join(rootfs, "bin", "sh")); err != nil || l != "hello" {
+		t.Errorf("bin/sh: got link %q (%v), want hello", l, err)
+	}
+	if st, err := os.Stat(filepath.Join(rootfs, "srv", "owned")); err != nil || st.Sys().(*syscall.Stat_t).Uid != 4242 {
+		t.Errorf("srv/owned: numeric owner not kept: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(rootfs, "etc", "passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/bash\n"; got != want {
+		t.Errorf("got /etc/passwd %q, want %q", got, want)
+	}
+	fileContains(t, filepath.Join(rootfs, "bin", "bash"), "exec /bin/sh")
+	if _, err := os.Stat(s.ImagePath("fromtar")); err != nil {
+		t.Errorf("image: %v", err)
+	}
+	noStaging(t, dir)
+}
+
+func TestBuildFailureLeavesNothing(t *testing.T) {
+	s, dir, _ := newStore(t)
+	bad := filepath.Join(t.TempDir(), "broken.tar")
+	if err := os.WriteFile(bad, []byte("this is not a tarball"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Build(context.Background(), template.BuildRequest{Name: "broken", Rootfs: bad}, noProgress)
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("Build from a broken tarball: got %v, want ErrInvalid", err)
+	}
+	if _, err := s.Get("broken"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get after a failed build: got %v, want ErrNotFound", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		t.Errorf("failed build left %s behind", e.Name())
+	}
+}
