@@ -66,6 +66,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/timeout", s.setTimeout)
 	auth("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
 	auth("POST /sandboxes/{id}/connect", s.connectSandbox)
+	auth("PUT /sandboxes/{id}/network", s.updateNetwork)
 	auth("POST /sandboxes/{id}/pause", s.pauseSandbox)
 	auth("POST /sandboxes/{id}/resume", s.resumeSandbox)
 	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
@@ -176,6 +177,8 @@ type sandboxJSON struct {
 	DiskSizeMB      int               `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
 	State           string            `json:"state"`
+	AllowInternet   bool              `json:"allowInternetAccess"`
+	Network         *networkJSON      `json:"network,omitempty"`
 }
 
 func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
@@ -183,6 +186,10 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
 		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, Metadata: sb.Metadata, State: string(sb.State),
+		AllowInternet: sb.Network.AllowInternet,
+	}
+	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 {
+		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut}
 	}
 	if s.cfg.Domain != "" {
 		d := s.cfg.Domain

@@ -10,8 +10,16 @@ import (
 	"agentenv/internal/sandbox"
 )
 
+// networkJSON is E2B's network settings of a sandbox.
+type networkJSON struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+}
+
 type createRequest struct {
-	TemplateID string            `json:"templateID"`
+	TemplateID          string       `json:"templateID"`
+	AllowInternetAccess *bool        `json:"allow_internet_access"`
+	Network             *networkJSON `json:"network"`
 	Timeout    *int64            `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
@@ -38,6 +46,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	cr := sandbox.CreateRequest{
 		Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		CPUs: req.CPUCount, MemoryMB: req.MemoryMB,
+		Network: toNetwork(req.AllowInternetAccess, req.Network),
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
@@ -205,4 +214,50 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+}
+
+func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {
+	out := &sandbox.Network{AllowInternet: true}
+	if internet != nil {
+		out.AllowInternet = *internet
+	}
+	if n != nil {
+		out.AllowOut, out.DenyOut = n.AllowOut, n.DenyOut
+	}
+	return out
+}
+
+// updateNetwork changes the egress policy of a running sandbox (E2B's
+// PUT /sandboxes/{id}/network). Fields left out keep their value.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		AllowOut            *[]string `json:"allowOut"`
+		DenyOut             *[]string `json:"denyOut"`
+		AllowInternetAccess *bool     `json:"allow_internet_access"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := s.cfg.Sandboxes.Get(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	n := sb.Network
+	if req.AllowOut != nil {
+		n.AllowOut = *req.AllowOut
+	}
+	if req.DenyOut != nil {
+		n.DenyOut = *req.DenyOut
+	}
+	if req.AllowInternetAccess != nil {
+		n.AllowInternet = *req.AllowInternetAccess
+	}
+	if _, err := s.cfg.Sandboxes.SetNetwork(r.Context(), id, n); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

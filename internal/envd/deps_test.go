@@ -34,6 +34,7 @@ var bannedDeps = []string{
 	"github.com/vishvananda",
 	"github.com/spf13",
 	"github.com/opencontainers",
+	"gvisor.dev",
 }
 
 func underAny(pkg string, prefixes []string) bool {

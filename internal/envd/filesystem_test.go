@@ -2,6 +2,7 @@ package envd_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,7 +90,7 @@ func TestListDir(t *testing.T) {
 		{3, []string{"a", "a/b", "a/b/h.txt", "a/g.txt", "f.txt"}},
 	}
 	for _, tt := range tests {
-		t.Run("depth "+string(rune('0'+tt.depth)), func(t *testing.T) {
+		t.Run(fmt.Sprint("depth ", tt.depth), func(t *testing.T) {
 			resp, err := d.fs.ListDir(context.Background(), connect.NewRequest(&pb.ListDirRequest{Path: dir, Depth: tt.depth}))
 			if err != nil {
 				t.Fatalf("ListDir: %v", err)

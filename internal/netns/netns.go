@@ -1,7 +1,17 @@
-// Package netns manages per-sandbox network slots: a named network namespace
-// holding one end of a veth pair (owned by the sandbox's own network stack),
-// the other end on the host with a unique /30 address, and the host firewall
-// rules that fence sandboxes off from the host and from each other.
+// Package netns manages per-sandbox network slots and the host firewall.
+//
+// A slot is a network namespace with two veth pairs:
+//
+//	sandbox stack ── eth0 ═ gw0 ── (namespace kernel: NAT) ── up0 ═ aeN ── host
+//	169.254.0.21/30    169.254.0.22/30            10.88.N.2/30   10.88.N.1/30
+//
+// eth0 belongs to the sandbox's own network stack (gVisor takes it over
+// when the sandbox starts), so every sandbox sees the same address and
+// gateway and a snapshot restores in any slot. The namespace's kernel
+// translates between that fixed address and the slot's unique address
+// 10.88.N.2, which is what the host and the proxy use. gw0 and up0 stay down
+// and unaddressed until the sandbox has started (Activate), because the
+// runtime takes every interface that is up and has an address.
 //
 // It must not know about sandboxes or runtimes; callers own slot indexes.
 package netns
@@ -31,16 +41,29 @@ const (
 	// /run/netns: `ip netns add` may bind-mount that directory over itself,
 	// which hides (and leaks) mounts made there before.
 	nsDir = "/run/agentenv/netns"
-	// SandboxIf is the interface name inside the namespace.
+	// SandboxIf is the sandbox's interface inside the namespace.
 	SandboxIf = "eth0"
+	gatewayIf = "gw0"
+	uplinkIf  = "up0"
 )
 
-// Slot is one sandbox's network: a namespace and a veth pair.
+// The address and gateway every sandbox sees.
+var (
+	InternalIP = net.IPv4(169, 254, 0, 21).To4()
+	GatewayIP  = net.IPv4(169, 254, 0, 22).To4()
+	internal30 = net.CIDRMask(30, 32)
+	sandboxMAC = net.HardwareAddr{0x02, 0xae, 0, 0, 0, 0x21}
+	gatewayMAC = net.HardwareAddr{0x02, 0xae, 0, 0, 0, 0x22}
+)
+
+// Slot is one sandbox's network.
 type Slot struct {
 	Index     int    `json:"index"`
 	Namespace string `json:"namespace"`
 	HostIf    string `json:"hostIf"`
 	HostIP    net.IP `json:"hostIP"`
+	// SandboxIP is the sandbox's address as the host sees it (the slot's
+	// unique address; inside, the sandbox is always InternalIP).
 	SandboxIP net.IP `json:"sandboxIP"`
 }
 
@@ -53,6 +76,7 @@ type Manager struct {
 	max    int    // number of /30 blocks in the range
 	nsName string // namespace name prefix
 	ifName string // host interface name prefix
+	tag    string
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr
@@ -71,10 +95,11 @@ func NewManager(cidr, tag string) (*Manager, error) {
 	if ones > 28 {
 		return nil, fmt.Errorf("network range %q is too small: want /28 or larger", cidr)
 	}
-	m := &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4, nsName: nsPrefix, ifName: linkPrefix}
+	// Names end in "-" + index, so that one server's wildcard (ae-*) never
+	// matches another's interfaces (aetst-*).
+	m := &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4, nsName: nsPrefix, ifName: linkPrefix + tag + "-", tag: tag}
 	if tag != "" {
 		m.nsName = nsPrefix + tag + "-"
-		m.ifName = linkPrefix + tag + "x"
 	}
 	return m, nil
 }
@@ -111,14 +136,15 @@ func (m *Manager) SlotFor(index int) Slot {
 	}
 }
 
-// Create makes slot index: namespace, veth pair, addresses and routes. On
-// error it removes whatever it made.
+// Create makes slot index ready for a sandbox to start in: the namespace,
+// both veth pairs, the sandbox side addressed, the NAT rules. On error it
+// removes whatever it made.
 func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) {
 	if index < 0 || index >= m.max {
 		return Slot{}, fmt.Errorf("slot %d outside the range (capacity %d)", index, m.max)
 	}
 	slot = m.SlotFor(index)
-	ns, err := newNamed(slot.Namespace)
+	ns, err := newNamed(slot.Namespace, func() error { return setupInside(ctx, slot) })
 	if err != nil {
 		// Nothing was made; an existing slot of that index is not ours to
 		// remove.
@@ -130,10 +156,16 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 		}
 	}()
 	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return slot, err
+	}
+	defer h.Close()
 
+	// Host side: aeN (root) ═ up0 (namespace).
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: slot.HostIf, MTU: 1500},
-		PeerName:      SandboxIf,
+		PeerName:      uplinkIf,
 		PeerNamespace: netlink.NsFd(int(ns)),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
@@ -149,12 +181,16 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 	if err := netlink.LinkSetUp(host); err != nil {
 		return slot, err
 	}
-
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return slot, err
+	// Sandbox side: eth0 ═ gw0, both in the namespace.
+	// Fixed MACs: a restored sandbox's network stack remembers its
+	// gateway's MAC from the snapshot, so every slot's gateway must have
+	// the same one (each pair is its own link, so they never meet).
+	if err := h.LinkAdd(&netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: SandboxIf, MTU: 1500, HardwareAddr: sandboxMAC},
+		PeerName:  gatewayIf, PeerHardwareAddr: gatewayMAC,
+	}); err != nil {
+		return slot, fmt.Errorf("create sandbox veth: %w", err)
 	}
-	defer h.Close()
 	lo, err := h.LinkByName("lo")
 	if err != nil {
 		return slot, err
@@ -162,20 +198,112 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 	if err := h.LinkSetUp(lo); err != nil {
 		return slot, err
 	}
-	inner, err := h.LinkByName(SandboxIf)
+	return slot, addressSandboxSide(h)
+}
+
+// addressSandboxSide gives eth0 the internal address and default route the
+// runtime copies into the sandbox (it removes them from eth0 when it takes
+// the interface over, so a reused slot needs them again).
+func addressSandboxSide(h *netlink.Handle) error {
+	eth0, err := h.LinkByName(SandboxIf)
 	if err != nil {
-		return slot, err
+		return err
 	}
-	if err := h.AddrAdd(inner, &netlink.Addr{IPNet: &net.IPNet{IP: slot.SandboxIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
-		return slot, fmt.Errorf("address sandbox side: %w", err)
+	if err := h.LinkSetUp(eth0); err != nil {
+		return err
 	}
-	if err := h.LinkSetUp(inner); err != nil {
-		return slot, err
+	if err := h.AddrReplace(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: InternalIP, Mask: internal30}}); err != nil {
+		return fmt.Errorf("address sandbox side: %w", err)
 	}
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: inner.Attrs().Index, Gw: slot.HostIP}); err != nil {
-		return slot, fmt.Errorf("default route: %w", err)
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: GatewayIP}); err != nil {
+		return fmt.Errorf("default route: %w", err)
 	}
-	return slot, nil
+	return nil
+}
+
+// Activate brings up the namespace's side of both veth pairs once the
+// sandbox has taken eth0 over: from then on the host reaches the sandbox
+// at slot.SandboxIP and the sandbox's traffic leaves through the host.
+func (m *Manager) Activate(_ context.Context, slot Slot) error {
+	ns, err := vnetns.GetFromPath(slot.Path())
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", slot.Namespace, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if eth0, err := h.LinkByName(SandboxIf); err == nil {
+		// The runtime usually removes them; make sure the kernel holds no
+		// address of the sandbox, or it would answer for it.
+		addrs, _ := h.AddrList(eth0, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			h.AddrDel(eth0, &a)
+		}
+	}
+	gw, err := h.LinkByName(gatewayIf)
+	if err != nil {
+		return err
+	}
+	if err := h.AddrReplace(gw, &netlink.Addr{IPNet: &net.IPNet{IP: GatewayIP, Mask: internal30}}); err != nil {
+		return fmt.Errorf("address gateway: %w", err)
+	}
+	if err := h.LinkSetUp(gw); err != nil {
+		return err
+	}
+	up, err := h.LinkByName(uplinkIf)
+	if err != nil {
+		return err
+	}
+	if err := h.AddrReplace(up, &netlink.Addr{IPNet: &net.IPNet{IP: slot.SandboxIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
+		return fmt.Errorf("address uplink: %w", err)
+	}
+	if err := h.LinkSetUp(up); err != nil {
+		return err
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: up.Attrs().Index, Gw: slot.HostIP}); err != nil {
+		return fmt.Errorf("namespace default route: %w", err)
+	}
+	return nil
+}
+
+// setupInside runs inside the new namespace (on a locked thread): it turns
+// on forwarding and installs the NAT between the fixed internal address
+// and the slot's address, plus anti-spoofing.
+func setupInside(ctx context.Context, slot Slot) error {
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enable forwarding in the namespace: %w", err)
+	}
+	ruleset := fmt.Sprintf(`table ip slot {
+	chain raw {
+		type filter hook prerouting priority raw; policy accept;
+		# eth0 belongs to the sandbox's own stack; the kernel must ignore it.
+		iifname "%[1]s" drop
+	}
+	chain forward {
+		type filter hook forward priority filter; policy drop;
+		iifname "%[2]s" oifname "%[3]s" ip saddr %[4]s accept
+		iifname "%[3]s" oifname "%[2]s" ct state established,related accept
+		iifname "%[3]s" oifname "%[2]s" ip daddr %[4]s ct status dnat accept
+	}
+	chain input {
+		type filter hook input priority filter; policy drop;
+		iifname "lo" accept
+		ct state established,related accept
+	}
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname "%[3]s" ip daddr %[5]s dnat to %[4]s
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "%[3]s" ip saddr %[4]s snat to %[5]s
+	}
+}
+`, SandboxIf, gatewayIf, uplinkIf, InternalIP, slot.SandboxIP)
+	return nft(ctx, ruleset)
 }
 
 // CheckRange fails if a route outside this manager's own interfaces covers
@@ -262,8 +390,9 @@ func parseIndex(name, prefix string) (int, bool) {
 }
 
 // newNamed creates a network namespace kept alive by a bind mount at
-// nsDir/name, without leaving the calling goroutine's thread inside it.
-func newNamed(name string) (vnetns.NsHandle, error) {
+// nsDir/name and runs inside() in it, without leaving the calling
+// goroutine's thread inside it.
+func newNamed(name string, inside func() error) (vnetns.NsHandle, error) {
 	if err := os.MkdirAll(nsDir, 0o755); err != nil {
 		return 0, err
 	}
@@ -283,9 +412,16 @@ func newNamed(name string) (vnetns.NsHandle, error) {
 	}
 	defer orig.Close()
 	err = unix.Unshare(unix.CLONE_NEWNET)
+	mounted := false
 	if err == nil {
 		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
 		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
+		mounted = err == nil
+	}
+	if err == nil && inside != nil {
+		// Child processes started here (nft) inherit this thread's
+		// namespace.
+		err = inside()
 	}
 	if serr := vnetns.Set(orig); serr != nil {
 		// The thread is stuck in the wrong namespace: keep it locked so the
@@ -294,6 +430,9 @@ func newNamed(name string) (vnetns.NsHandle, error) {
 	}
 	runtime.UnlockOSThread()
 	if err != nil {
+		if mounted {
+			unix.Unmount(path, unix.MNT_DETACH)
+		}
 		os.Remove(path)
 		return 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,35 +61,57 @@ func TestNewManager(t *testing.T) {
 }
 
 func TestSlotFor(t *testing.T) {
-	m, err := netns.NewManager(testCIDR, testTag)
-	if err != nil {
-		t.Fatal(err)
+	managers := map[string]*netns.Manager{}
+	for _, tag := range []string{"", "ut", "u", "abc"} {
+		m, err := netns.NewManager(testCIDR, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		managers[tag] = m
 	}
-	untagged, err := netns.NewManager(testCIDR, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Addresses: slot i is the i-th /30; the host takes .1, the sandbox .2.
 	tests := []struct {
-		m                         *netns.Manager
-		index                     int
-		ns, hostIf, hostIP, sbxIP string
+		index         int
+		hostIP, sbxIP string
 	}{
-		{m, 0, "agentenv-ut-0", "aeutx0", "10.122.0.1", "10.122.0.2"},
-		{m, 3, "agentenv-ut-3", "aeutx3", "10.122.0.13", "10.122.0.14"},
-		{m, 63, "agentenv-ut-63", "aeutx63", "10.122.0.253", "10.122.0.254"},
-		{untagged, 3, "agentenv-3", "ae3", "10.122.0.13", "10.122.0.14"},
+		{0, "10.122.0.1", "10.122.0.2"},
+		{3, "10.122.0.13", "10.122.0.14"},
+		{63, "10.122.0.253", "10.122.0.254"},
 	}
-	for _, tt := range tests {
-		s := tt.m.SlotFor(tt.index)
-		if s.Index != tt.index || s.Namespace != tt.ns || s.HostIf != tt.hostIf || s.HostIP.String() != tt.hostIP || s.SandboxIP.String() != tt.sbxIP {
-			t.Errorf("SlotFor(%d) = %+v, want %s %s %s %s", tt.index, s, tt.ns, tt.hostIf, tt.hostIP, tt.sbxIP)
+	names := map[string]string{}
+	for tag, m := range managers {
+		for _, tt := range tests {
+			s := m.SlotFor(tt.index)
+			if s.Index != tt.index || s.HostIP.String() != tt.hostIP || s.SandboxIP.String() != tt.sbxIP {
+				t.Errorf("tag %q: SlotFor(%d) = %+v, want host %s sandbox %s", tag, tt.index, s, tt.hostIP, tt.sbxIP)
+			}
+			if len(s.HostIf) > 15 {
+				t.Errorf("interface name %q is longer than IFNAMSIZ-1", s.HostIf)
+			}
+			suffix := strconv.Itoa(tt.index)
+			if !strings.HasSuffix(s.Namespace, suffix) || !strings.HasSuffix(s.HostIf, suffix) {
+				t.Errorf("tag %q: SlotFor(%d) names %s, %s do not end with the index", tag, tt.index, s.Namespace, s.HostIf)
+			}
+			if want := filepath.Join("/run/agentenv/netns", s.Namespace); s.Path() != want {
+				t.Errorf("got path %s, want %s", s.Path(), want)
+			}
+			// Names of different servers (tags) never collide.
+			for _, n := range []string{s.Namespace, s.HostIf} {
+				if other, ok := names[n]; ok && other != tag {
+					t.Errorf("name %s is used by tags %q and %q", n, other, tag)
+				}
+				names[n] = tag
+			}
 		}
-		if len(s.HostIf) > 15 {
-			t.Errorf("interface name %q is longer than IFNAMSIZ-1", s.HostIf)
-		}
-		if want := filepath.Join("/run/agentenv/netns", tt.ns); s.Path() != want {
-			t.Errorf("got path %s, want %s", s.Path(), want)
-		}
+	}
+	// The largest slot of the largest range with the longest tag still
+	// fits in an interface name.
+	big, err := netns.NewManager("10.0.0.0/8", "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := big.SlotFor(big.Capacity() - 1); len(s.HostIf) > 15 {
+		t.Errorf("interface name %q is longer than IFNAMSIZ-1", s.HostIf)
 	}
 }
 
@@ -114,6 +137,38 @@ func newManager(t *testing.T) *netns.Manager {
 func hasAddr(addrs []netlink.Addr, ip net.IP, ones int) bool {
 	for _, a := range addrs {
 		if got, _ := a.Mask.Size(); a.IP.Equal(ip) && got == ones {
+			return true
+		}
+	}
+	return false
+}
+
+func linkIn(t *testing.T, h *netlink.Handle, name string) netlink.Link {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("%s in the namespace: %v", name, err)
+	}
+	return l
+}
+
+func addrsOf(t *testing.T, h *netlink.Handle, l netlink.Link) []netlink.Addr {
+	t.Helper()
+	addrs, err := h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs
+}
+
+func hasDefaultRoute(t *testing.T, h *netlink.Handle, l netlink.Link, gw net.IP) bool {
+	t.Helper()
+	routes, err := h.RouteList(l, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(gw) {
 			return true
 		}
 	}
@@ -163,50 +218,50 @@ func TestCreateDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	eth0, err := h.LinkByName(netns.SandboxIf)
-	if err != nil {
-		t.Fatalf("%s in the namespace: %v", netns.SandboxIf, err)
-	}
+	// Every sandbox sees the same address and gateway on eth0; the
+	// namespace's own legs (gw0, up0) wait, down and unaddressed, for
+	// Activate (the runtime takes over every interface that is up).
+	eth0 := linkIn(t, h, netns.SandboxIf)
 	if eth0.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("%s in the namespace is down", netns.SandboxIf)
 	}
-	addrs, err = h.AddrList(eth0, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
+	if addrs := addrsOf(t, h, eth0); !hasAddr(addrs, netns.InternalIP, 30) {
+		t.Errorf("%s addresses %v, want %s/30", netns.SandboxIf, addrs, netns.InternalIP)
 	}
-	if !hasAddr(addrs, slot.SandboxIP, 30) {
-		t.Errorf("%s addresses %v, want %s/30", netns.SandboxIf, addrs, slot.SandboxIP)
+	if !hasDefaultRoute(t, h, eth0, netns.GatewayIP) {
+		t.Errorf("no default route via %s on %s", netns.GatewayIP, netns.SandboxIf)
 	}
-	routes, err := h.RouteList(eth0, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defaultRoute := false
-	for _, r := range routes {
-		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(slot.HostIP) {
-			defaultRoute = true
-		}
-	}
-	if !defaultRoute {
-		t.Errorf("routes in the namespace %v, want a default route via %s", routes, slot.HostIP)
-	}
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lo.Attrs().Flags&net.FlagUp == 0 {
+	if lo := linkIn(t, h, "lo"); lo.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("lo in the namespace is down")
 	}
-	links, err := h.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(links) != 2 {
-		var names []string
-		for _, l := range links {
-			names = append(names, l.Attrs().Name)
+	for _, name := range []string{"gw0", "up0"} {
+		l := linkIn(t, h, name)
+		if l.Attrs().Flags&net.FlagUp != 0 {
+			t.Errorf("%s is up before Activate", name)
 		}
-		t.Errorf("got links %q in the namespace, want only lo and %s", names, netns.SandboxIf)
+		if addrs := addrsOf(t, h, l); len(addrs) != 0 {
+			t.Errorf("%s has addresses %v before Activate, want none", name, addrs)
+		}
+	}
+
+	// Activate (after the runtime took eth0 over): the namespace's legs
+	// come up, and its kernel holds no address of the sandbox.
+	if err := m.Activate(ctx, slot); err != nil {
+		t.Fatalf("Activate: %v", err)
+	}
+	if addrs := addrsOf(t, h, linkIn(t, h, netns.SandboxIf)); len(addrs) != 0 {
+		t.Errorf("%s keeps addresses %v after Activate, want none", netns.SandboxIf, addrs)
+	}
+	gw := linkIn(t, h, "gw0")
+	if addrs := addrsOf(t, h, gw); gw.Attrs().Flags&net.FlagUp == 0 || !hasAddr(addrs, netns.GatewayIP, 30) {
+		t.Errorf("gw0 after Activate: up=%v addresses %v, want up with %s/30", gw.Attrs().Flags&net.FlagUp != 0, addrs, netns.GatewayIP)
+	}
+	up := linkIn(t, h, "up0")
+	if addrs := addrsOf(t, h, up); up.Attrs().Flags&net.FlagUp == 0 || !hasAddr(addrs, slot.SandboxIP, 30) {
+		t.Errorf("up0 after Activate: up=%v addresses %v, want up with %s/30", up.Attrs().Flags&net.FlagUp != 0, addrs, slot.SandboxIP)
+	}
+	if !hasDefaultRoute(t, h, up, slot.HostIP) {
+		t.Errorf("no default route via %s on up0 after Activate", slot.HostIP)
 	}
 
 	left, err := m.Leftovers()
@@ -337,5 +392,31 @@ func TestCheckRange(t *testing.T) {
 				t.Errorf("CheckRange after removing the route: %v", err)
 			}
 		})
+	}
+}
+
+// Each server cleans up only its own slots: a manager with another tag,
+// even one that is a prefix of this one, does not see them.
+func TestLeftoversPerTag(t *testing.T) {
+	m := newManager(t)
+	other, err := netns.NewManager("10.122.1.0/24", "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	slot, err := m.Create(ctx, 7)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { m.Delete(ctx, slot) })
+	left, err := other.Leftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(left, 7) {
+		t.Errorf("a manager tagged %q lists slot 7 of tag %q as its own leftover (%v)", "u", testTag, left)
+	}
+	if err := other.CheckRange(); err != nil {
+		t.Errorf("CheckRange of a disjoint range: %v", err)
 	}
 }

@@ -82,6 +82,8 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
+			t, _ := r.Context().Value(targetKey{}).(target)
+			p.log.Warn("proxy: sandbox port not reachable", "sandbox", t.id, "port", t.port, "err", err)
 			writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox port is not reachable: %v", err))
 		},
 	}

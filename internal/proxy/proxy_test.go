@@ -16,6 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	pb "agentenv/internal/envd/gen/processpb"
+	"agentenv/internal/envd/gen/processpb/processpbconnect"
+	"agentenv/internal/errdefs"
 	"agentenv/internal/proxy"
 )
 
@@ -64,6 +69,9 @@ type fakeBox struct {
 func (f *fakeResolver) Addr(id string, port int) (string, <-chan struct{}, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if id == "paused" {
+		return "", nil, errdefs.Conflict("sandbox %q is paused: resume it with connect", id)
+	}
 	b, ok := f.boxes[id]
 	if !ok {
 		return "", nil, fmt.Errorf("sandbox %q not found", id)
@@ -132,6 +140,7 @@ func TestRouting(t *testing.T) {
 		{"unknown sandbox by header", "", map[string]string{"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}, http.StatusBadGateway},
 		{"unknown sandbox by host", "49983-nope.example.com", nil, http.StatusBadGateway},
 		{"nothing listening on the port", "49983-dead.example.com", nil, http.StatusBadGateway},
+		{"paused sandbox", "49983-paused.example.com", nil, http.StatusConflict},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -310,4 +319,36 @@ func TestConnectionsPooledPerSandbox(t *testing.T) {
 	if got := len(conns); got != 2 {
 		t.Errorf("got %d backend connections for 2 requests to each of 2 sandboxes, want 2 (one per sandbox, reused)", got)
 	}
+}
+
+// Connect clients drop the body of a non-200 stream response, so a paused
+// sandbox must answer a Connect stream with a Connect error the client shows.
+func TestPausedConnectStream(t *testing.T) {
+	url, _ := setup(t, http.HandlerFunc(echoHandler))
+	hc := &http.Client{Transport: routeTransport{id: "paused"}}
+	for _, opts := range [][]connect.ClientOption{{connect.WithProtoJSON()}, nil} {
+		proc := processpbconnect.NewProcessClient(hc, url, opts...)
+		s, err := proc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "true"}}))
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		for s.Receive() {
+			t.Errorf("got message %v from a paused sandbox", s.Msg())
+		}
+		err = s.Err()
+		if got := connect.CodeOf(err); got != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "paused") {
+			t.Errorf("got stream error %v, want failed_precondition saying the sandbox is paused", err)
+		}
+		s.Close()
+	}
+}
+
+// routeTransport adds the E2B routing headers for sandbox id, port 49983.
+type routeTransport struct{ id string }
+
+func (rt routeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", rt.id)
+	r.Header.Set("E2b-Sandbox-Port", "49983")
+	return http.DefaultTransport.RoundTrip(r)
 }

@@ -63,6 +63,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if err := m.d.Limits.check(&req); err != nil {
 		return Sandbox{}, err
 	}
+	if req.Network == nil {
+		req.Network = &Network{AllowInternet: true}
+	}
+	egress, err := req.Network.egress()
+	if err != nil {
+		return Sandbox{}, err
+	}
 	if err := m.admit(); err != nil {
 		return Sandbox{}, err
 	}
@@ -80,7 +87,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	sb := Sandbox{
 		ID: newID(), Template: req.Template, State: StateCreating,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
-		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(),
+		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
 	}
 	var restoreDir string
 	if src != nil {
@@ -144,6 +151,10 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return fail(err)
 	}
 	cl.add(func(ctx context.Context) error { return m.d.Net.Delete(ctx, slot) })
+	cl.add(func(ctx context.Context) error { return m.d.Net.ClearEgress(ctx, slot) })
+	if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
+		return fail(fmt.Errorf("egress policy: %w", err))
+	}
 
 	spec := m.spec(sb, image)
 	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
@@ -159,6 +170,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		if err := cp.Restore(ctx, spec, restoreDir); err != nil {
 			return fail(fmt.Errorf("restore snapshot %s: %w", src.snap.ID, err))
 		}
+	}
+	if err := m.d.Net.Activate(ctx, slot); err != nil {
+		return fail(fmt.Errorf("activate network: %w", err))
 	}
 	if err := m.waitEnvd(ctx, sb); err != nil {
 		return fail(err)

@@ -362,6 +362,9 @@ func (m *Manager) teardown(ctx context.Context, sb Sandbox) error {
 		errs = append(errs, err)
 	}
 	if sb.Slot.Namespace != "" {
+		if err := m.d.Net.ClearEgress(ctx, sb.Slot); err != nil {
+			errs = append(errs, err)
+		}
 		if err := m.d.Net.Delete(ctx, sb.Slot); err != nil {
 			errs = append(errs, err)
 		}
@@ -466,4 +469,38 @@ func logTail(path string, n int64) string {
 	b := make([]byte, st.Size()-off)
 	f.ReadAt(b, off)
 	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+func (n Network) egress() (netns.Egress, error) {
+	allow, err := netns.ParsePrefixes(n.AllowOut)
+	if err != nil {
+		return netns.Egress{}, errdefs.Invalid("allowOut: %v", err)
+	}
+	deny, err := netns.ParsePrefixes(n.DenyOut)
+	if err != nil {
+		return netns.Egress{}, errdefs.Invalid("denyOut: %v", err)
+	}
+	return netns.Egress{Internet: n.AllowInternet, Allow: allow, Deny: deny}, nil
+}
+
+// SetNetwork changes a sandbox's egress policy while it runs.
+func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox, error) {
+	eg, err := n.egress()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State != StateRunning && e.sb.State != StatePaused {
+		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
+	}
+	if err := m.d.Net.SetEgress(ctx, e.sb.Slot, eg); err != nil {
+		return Sandbox{}, err
+	}
+	e.sb.Network = n
+	return e.sb, m.persist(e.sb)
 }

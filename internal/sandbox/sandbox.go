@@ -63,12 +63,25 @@ type Sandbox struct {
 	Snapshot string `json:"snapshotID,omitempty"`
 	// Remaining is the time left when the sandbox was paused.
 	Remaining time.Duration `json:"remaining,omitempty"`
+	// Network is the sandbox's egress policy.
+	Network Network `json:"network"`
 	// Reason says why a sandbox was lost.
 	Reason string `json:"reason,omitempty"`
 }
 
+// Network is a sandbox's egress policy, as E2B expresses it: internet on
+// or off, plus lists of IPv4 addresses or CIDRs to allow or deny (allow
+// wins).
+type Network struct {
+	AllowInternet bool     `json:"allowInternet"`
+	AllowOut      []string `json:"allowOut,omitempty"`
+	DenyOut       []string `json:"denyOut,omitempty"`
+}
+
 // CreateRequest describes a new sandbox.
 type CreateRequest struct {
+	// Network defaults to internet on when nil.
+	Network *Network
 	Template string
 	Timeout  time.Duration
 	Metadata map[string]string

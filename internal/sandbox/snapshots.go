@@ -165,7 +165,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := m.create(ctx, CreateRequest{Timeout: timeout, Metadata: metadata}, &source{snap: sn})
+			network := parent.Network
+			sb, err := m.create(ctx, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, &source{snap: sn})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
 	}

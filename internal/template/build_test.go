@@ -271,3 +271,64 @@ func TestBuildFailureLeavesNothing(t *testing.T) {
 		t.Errorf("failed build left %s behind", e.Name())
 	}
 }
+
+// After an envd upgrade, RefreshEnvd bakes the new envd into existing
+// templates, and the store reports the new envd at once (not only after a
+// restart): EnsureBusybox, run right after it at start, must then find
+// nothing to rebuild.
+func TestRefreshEnvd(t *testing.T) {
+	s, dir, oldEnvd := newStore(t)
+	testenv.NeedCommand(t, "busybox", "the busybox template copies the host's busybox-static")
+	ctx := context.Background()
+	before, err := s.Build(ctx, template.BuildRequest{Name: "busybox", Busybox: true}, noProgress)
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+
+	// A "new" envd: the same binary with trailing bytes, so its hash differs.
+	b, err := os.ReadFile(oldEnvd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newEnvd := filepath.Join(t.TempDir(), "envd")
+	if err := os.WriteFile(newEnvd, append(b, "upgrade"...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := template.Open(dir, newEnvd, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.RefreshEnvd(ctx); err != nil {
+		t.Fatalf("RefreshEnvd: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "busybox", "rootfs", template.EnvdPath))
+	if err != nil || string(got) != string(b)+"upgrade" {
+		t.Fatalf("envd in the refreshed rootfs is not the new binary (err %v)", err)
+	}
+	reopened, err := template.Open(dir, newEnvd, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onDisk, err := reopened.Get("busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if onDisk.EnvdHash == before.EnvdHash {
+		t.Fatalf("template.json still records the old envd %s", before.EnvdHash)
+	}
+	inMemory, err := s2.Get("busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inMemory.EnvdHash != onDisk.EnvdHash || inMemory.ImageSize != onDisk.ImageSize {
+		t.Errorf("after RefreshEnvd the store reports envd %s (image %d bytes), want %s (%d bytes) as written to template.json",
+			inMemory.EnvdHash, inMemory.ImageSize, onDisk.EnvdHash, onDisk.ImageSize)
+	}
+	st, _ := os.Stat(filepath.Join(dir, "busybox", "image.erofs"))
+	if err := s2.EnsureBusybox(ctx); err != nil {
+		t.Fatalf("EnsureBusybox: %v", err)
+	}
+	if st2, _ := os.Stat(filepath.Join(dir, "busybox", "image.erofs")); st == nil || st2 == nil || !os.SameFile(st, st2) {
+		t.Errorf("EnsureBusybox rebuilt the busybox template that RefreshEnvd had just updated")
+	}
+}

@@ -213,6 +213,10 @@ func (s *Store) RefreshEnvd(ctx context.Context) error {
 		if err := s.finish(ctx, t.Name, filepath.Join(s.dir, t.Name), &t, func(Progress) {}); err != nil {
 			return fmt.Errorf("update envd in template %s: %w", t.Name, err)
 		}
+		t.InUse = 0
+		s.mu.Lock()
+		s.templates[t.Name] = &t
+		s.mu.Unlock()
 	}
 	return nil
 }
