@@ -66,6 +66,9 @@ type CreateRequest struct {
 	EnvVars    map[string]string `json:"envVars,omitempty"`
 	CPUCount   int               `json:"cpuCount,omitempty"`
 	MemoryMB   int               `json:"memoryMB,omitempty"`
+	// Network is E2B's network object ({allowOut, denyOut}).
+	Network             map[string]any `json:"network,omitempty"`
+	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"`
 }
 
 // Template is the API's view of a template.

@@ -46,6 +46,12 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			lost = append(lost, sb)
 			continue
 		}
+		// The firewall was reinstalled at start: put the policy back.
+		if eg, err := sb.Network.egress(); err == nil {
+			if err := m.d.Net.SetEgress(ctx, sb.Slot, eg); err != nil {
+				m.d.Log.Error("restore egress policy", "sandbox", sb.ID, "err", err)
+			}
+		}
 		releaseTemplate := func() {}
 		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 			releaseTemplate = rel

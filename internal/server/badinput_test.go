@@ -163,3 +163,23 @@ func TestPathsStayInsideSandbox(t *testing.T) {
 		t.Errorf("the file should be inside the sandbox at /etc/agentenv-escape-test; cat gave %q", res.Stdout)
 	}
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// createRaw creates a sandbox from a raw JSON body and kills it when the
+// test ends.
+func (e *env) createRaw(t *testing.T, body map[string]any) client.Sandbox {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	status, out := e.rawRequest(t, "POST", "/sandboxes", testKey, bytes.NewReader(b))
+	if status != 201 {
+		t.Fatalf("create %s: %d %v", b, status, out)
+	}
+	id, _ := out["sandboxID"].(string)
+	t.Cleanup(func() { e.client.KillSandbox(context.Background(), id) })
+	sb, err := e.client.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}

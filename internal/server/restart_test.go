@@ -220,6 +220,9 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	if ns := namespaces("rst"); len(ns) > 0 {
 		t.Errorf("namespaces left after killing everything: %v", ns)
 	}
+	if st := hostNetworkState(t, "rst"); st != "namespaces=[] links=[] slot-rules=[]" {
+		t.Errorf("network left after killing everything: %s", st)
+	}
 	entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes"))
 	for _, e := range entries {
 		if e.Name() != "lost" {
