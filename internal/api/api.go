@@ -67,6 +67,8 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
 	auth("POST /sandboxes/{id}/connect", s.connectSandbox)
 	auth("PUT /sandboxes/{id}/network", s.updateNetwork)
+	auth("POST /sandboxes/{id}/refreshes", s.refreshSandbox)
+	auth("GET /sandboxes/{id}/metrics", s.sandboxMetrics)
 	auth("POST /sandboxes/{id}/pause", s.pauseSandbox)
 	auth("POST /sandboxes/{id}/resume", s.resumeSandbox)
 	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)

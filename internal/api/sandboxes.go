@@ -261,3 +261,47 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// refreshSandbox is E2B's keep-alive: the sandbox lives at least duration
+// seconds (default 60) more; it never shortens its life.
+func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	d := 60 * time.Second
+	if req.Duration != nil {
+		var err error
+		if d, err = seconds(*req.Duration, "duration"); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	id := r.PathValue("id")
+	sb, err := s.cfg.Sandboxes.Get(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if sb.State == sandbox.StateRunning && time.Now().Add(d).After(sb.EndAt) {
+		if _, err := s.cfg.Sandboxes.SetTimeout(id, d); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// sandboxMetrics answers E2B's metrics route. agentenv does not sample
+// metrics yet: the list is empty (not a 404, which the SDK would read as
+// "no such sandbox").
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.cfg.Sandboxes.Get(r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []any{})
+}

@@ -146,7 +146,8 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	results, err := s.cfg.Sandboxes.Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
-	if err != nil && results == nil {
+	if err != nil {
+		// No child at all: an error status, not a 201 full of errors.
 		writeError(w, err)
 		return
 	}

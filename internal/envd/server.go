@@ -7,6 +7,10 @@
 package envd
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
+	"time"
 	"compress/gzip"
 	"crypto/subtle"
 	"encoding/json"
@@ -96,12 +100,41 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		s.mu.Lock()
 		token := s.token
 		s.mu.Unlock()
-		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) != 1 {
-			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token: use the envdAccessToken returned when the sandbox was created")
+		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) != 1 && !validSignature(r, token) {
+			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token (or file URL signature): use the envdAccessToken returned when the sandbox was created")
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// validSignature checks the signed /files URLs the E2B SDK makes
+// (uploadUrl/downloadUrl): signature=v1_<base64 sha256 of
+// "path:operation:user:token[:expiration]">, optionally expiring.
+func validSignature(r *http.Request, token string) bool {
+	if r.URL.Path != "/files" {
+		return false
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if !strings.HasPrefix(sig, "v1_") {
+		return false
+	}
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	msg := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || time.Now().Unix() > n {
+			return false
+		}
+		msg += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(msg))
+	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -405,7 +405,9 @@ func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
 		return "", nil, errdefs.Conflict("sandbox %q is paused: resume it first (POST /sandboxes/%s/resume, or the SDK's connect)", id, id)
 	}
 	if sb.State != StateRunning {
-		return "", nil, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
+		// Not (yet, or any more) reachable: the proxy answers 502, which
+		// the E2B SDK reads as "not running".
+		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrUnavailable)
 	}
 	return sb.Addr(port), e.gone, nil
 }
