@@ -17,14 +17,14 @@ type networkJSON struct {
 }
 
 type createRequest struct {
-	TemplateID          string       `json:"templateID"`
-	AllowInternetAccess *bool        `json:"allow_internet_access"`
-	Network             *networkJSON `json:"network"`
-	Timeout    *int64            `json:"timeout"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	CPUCount   int               `json:"cpuCount"`
-	MemoryMB   int               `json:"memoryMB"`
+	TemplateID          string            `json:"templateID"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkJSON      `json:"network"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int               `json:"memoryMB"`
 }
 
 // maxTimeoutSeconds guards the seconds→Duration conversion from overflow.

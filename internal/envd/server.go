@@ -7,12 +7,10 @@
 package envd
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
-	"strconv"
-	"time"
 	"compress/gzip"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,9 +21,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
 	"agentenv/internal/envd/gen/processpb/processpbconnect"

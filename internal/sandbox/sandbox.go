@@ -81,7 +81,7 @@ type Network struct {
 // CreateRequest describes a new sandbox.
 type CreateRequest struct {
 	// Network defaults to internet on when nil.
-	Network *Network
+	Network  *Network
 	Template string
 	Timeout  time.Duration
 	Metadata map[string]string
