@@ -119,15 +119,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return Sandbox{}, err
 	}
 
-	slotIndex, err := m.allocSlot()
+	slot, err := m.d.Slots.Get(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	cl.add(func(context.Context) error { m.freeSlot(slotIndex); return nil })
-	sb.Slot = m.d.Net.SlotFor(slotIndex)
+	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
+	sb.Slot = slot
 
-	// Persist before acquiring host resources, so that a crash from here
-	// on leaves a record that recovery cleans up.
+	// Persist before starting the sandbox, so that a crash from here on
+	// leaves a record that recovery cleans up.
 	if err := os.MkdirAll(m.dir(sb.ID), 0o700); err != nil {
 		return fail(err)
 	}
@@ -146,12 +146,6 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return nil
 	})
 
-	slot, err := m.d.Net.Create(ctx, slotIndex)
-	if err != nil {
-		return fail(err)
-	}
-	cl.add(func(ctx context.Context) error { return m.d.Net.Delete(ctx, slot) })
-	cl.add(func(ctx context.Context) error { return m.d.Net.ClearEgress(ctx, slot) })
 	if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
 		return fail(fmt.Errorf("egress policy: %w", err))
 	}

@@ -29,6 +29,8 @@ type Deps struct {
 	Runtime   runtime.Runtime
 	Templates *template.Store
 	Net       *netns.Manager
+	// Slots hands out network slots (pooled, recycled).
+	Slots *netns.Pool
 	// Snapshots stores snapshots; nil disables snapshots and fork.
 	Snapshots *snapshot.Store
 	// Dir holds one directory per sandbox (record, bundle, logs).
@@ -80,7 +82,6 @@ func New(d Deps) (*Manager, error) {
 		d:      d,
 		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		boxes:  map[string]*entry{},
-		slots:  map[int]bool{},
 		lost:   map[string]Sandbox{},
 	}, nil
 }
@@ -108,24 +109,6 @@ func (m *Manager) move(e *entry, to State) error {
 	}
 	e.sb.State = to
 	return m.persist(e.sb)
-}
-
-func (m *Manager) allocSlot() (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := 0; i < m.d.Net.Capacity(); i++ {
-		if !m.slots[i] {
-			m.slots[i] = true
-			return i, nil
-		}
-	}
-	return 0, fmt.Errorf("all %d network slots are in use: kill sandboxes or widen --network-cidr: %w", m.d.Net.Capacity(), errdefs.ErrResourceExhausted)
-}
-
-func (m *Manager) freeSlot(i int) {
-	m.mu.Lock()
-	delete(m.slots, i)
-	m.mu.Unlock()
 }
 
 func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
@@ -348,7 +331,6 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	}
 	m.mu.Lock()
 	delete(m.boxes, id)
-	delete(m.slots, e.sb.Slot.Index)
 	m.mu.Unlock()
 	m.d.Log.Info("sandbox killed", "sandbox", id)
 	return nil
@@ -362,10 +344,7 @@ func (m *Manager) teardown(ctx context.Context, sb Sandbox) error {
 		errs = append(errs, err)
 	}
 	if sb.Slot.Namespace != "" {
-		if err := m.d.Net.ClearEgress(ctx, sb.Slot); err != nil {
-			errs = append(errs, err)
-		}
-		if err := m.d.Net.Delete(ctx, sb.Slot); err != nil {
+		if err := m.d.Slots.Put(ctx, sb.Slot); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -63,8 +63,8 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
 		m.mu.Lock()
 		m.boxes[sb.ID] = e
-		m.slots[sb.Slot.Index] = true
 		m.mu.Unlock()
+		m.d.Slots.MarkUsed(sb.Slot.Index)
 		if sb.State == StateRunning {
 			e.mu.Lock()
 			m.armTimer(e)
@@ -94,10 +94,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		return adopted, lost, fmt.Errorf("list network slots: %w", err)
 	}
 	for _, i := range left {
-		m.mu.Lock()
-		used := m.slots[i]
-		m.mu.Unlock()
-		if !used {
+		if !m.d.Slots.Used(i) {
 			m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
 			if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
 				m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
@@ -163,6 +160,9 @@ func (m *Manager) waitEnvdQuick(ctx context.Context, sb Sandbox) error {
 // markLost tears a sandbox down and keeps a tombstone explaining why.
 func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	m.d.Log.Warn("sandbox lost after restart; cleaning up", "sandbox", sb.ID, "reason", reason)
+	if sb.Slot.Namespace != "" {
+		m.d.Slots.MarkUsed(sb.Slot.Index)
+	}
 	if err := m.teardown(ctx, sb); err != nil {
 		m.d.Log.Error("clean up lost sandbox", "sandbox", sb.ID, "err", err)
 	}

@@ -37,7 +37,10 @@ var (
 	sharedOnce sync.Once
 )
 
-const testKey = "test-api-key"
+const (
+	testKey      = "test-api-key"
+	testSlotPool = 4
+)
 
 // startServer starts an in-process server on free ports with its own data
 // dir, network range and network tag.
@@ -47,7 +50,7 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
-		APIKey: testKey, Limits: sandbox.DefaultLimits(),
+		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool,
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	ctx, cancel := context.WithCancel(context.Background())

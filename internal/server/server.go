@@ -40,6 +40,8 @@ type Config struct {
 	Domain     string
 	APIKey     string
 	Limits     sandbox.Limits
+	// SlotPool is how many network slots are kept ready.
+	SlotPool int
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
 	SnapshotPolicy snapshot.Policy
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
@@ -89,8 +91,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
+	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets, Snapshots: snaps,
+		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps,
 		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
 	})
 	if err != nil {
@@ -111,6 +114,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 
 	go collectSnapshots(ctx, snaps, cfg.SnapshotPolicy, log)
+	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
+	go slots.Run(poolCtx)
+	defer func() { stopPool(); slots.Close() }()
 
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
