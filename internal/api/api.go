@@ -171,6 +171,7 @@ type sandboxJSON struct {
 	ClientID        string            `json:"clientID"`
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	TrafficToken    string            `json:"trafficAccessToken,omitempty"`
 	Domain          *string           `json:"domain"`
 	StartedAt       time.Time         `json:"startedAt"`
 	EndAt           time.Time         `json:"endAt"`
@@ -190,8 +191,9 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, Metadata: sb.Metadata, State: string(sb.State),
 		AllowInternet: sb.Network.AllowInternet,
 	}
-	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 {
-		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut}
+	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {
+		public := !sb.Network.PrivateTraffic
+		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
 	}
 	if s.cfg.Domain != "" {
 		d := s.cfg.Domain
@@ -199,6 +201,7 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 	}
 	if withToken {
 		out.EnvdAccessToken = sb.AccessToken
+		out.TrafficToken = sb.TrafficToken
 	}
 	return out
 }

@@ -12,8 +12,9 @@ import (
 
 // networkJSON is E2B's network settings of a sandbox.
 type networkJSON struct {
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 }
 
 type createRequest struct {
@@ -223,6 +224,7 @@ func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {
 	}
 	if n != nil {
 		out.AllowOut, out.DenyOut = n.AllowOut, n.DenyOut
+		out.PrivateTraffic = n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
 	}
 	return out
 }

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,20 @@ type Resolver interface {
 	// cannot be reached.
 	Addr(sandboxID string, port int) (addr string, gone <-chan struct{}, err error)
 }
+
+// TrafficTokens is implemented by resolvers whose sandboxes may require a
+// token on requests to their exposed ports.
+type TrafficTokens interface {
+	// TrafficToken returns the token a sandbox requires, or "".
+	TrafficToken(sandboxID string) string
+}
+
+// EnvdPort is the port of the in-sandbox daemon, which checks its own
+// access token and is exempt from traffic tokens.
+const EnvdPort = 49983
+
+// TrafficTokenHeader carries a sandbox's traffic token (as in E2B).
+const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 
 // Proxy is the sandbox traffic proxy.
 type Proxy struct {
@@ -151,8 +166,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err.Error())
 		return
 	}
+	if tt, ok := p.resolve.(TrafficTokens); ok && port != EnvdPort {
+		if want := tt.TrafficToken(id); want != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(TrafficTokenHeader)), []byte(want)) != 1 {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("sandbox %s accepts traffic to its ports only with its traffic token in the %s header (trafficAccessToken from the create response)", id, TrafficTokenHeader))
+			return
+		}
+	}
 	r.Header.Del("E2b-Sandbox-Id")
 	r.Header.Del("E2b-Sandbox-Port")
+	r.Header.Del(TrafficTokenHeader)
 	// End the request when the sandbox goes away: its TCP peer vanishes
 	// without a reset, so the connection would otherwise hang.
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port}))

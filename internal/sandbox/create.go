@@ -89,6 +89,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
 		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
 	}
+	if req.Network.PrivateTraffic {
+		sb.TrafficToken = newToken()
+	}
 	var restoreDir string
 	if src != nil {
 		dir, done, releaseSnap, err := m.d.Snapshots.Acquire(src.snap.ID)

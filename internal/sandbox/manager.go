@@ -485,3 +485,13 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	e.sb.Network = n
 	return e.sb, m.persist(e.sb)
 }
+
+// TrafficToken returns the token a sandbox's exposed ports require through
+// the proxy ("" when they are public).
+func (m *Manager) TrafficToken(id string) string {
+	sb, err := m.Get(id)
+	if err != nil {
+		return ""
+	}
+	return sb.TrafficToken
+}

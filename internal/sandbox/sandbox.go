@@ -58,6 +58,9 @@ type Sandbox struct {
 	StartedAt   time.Time         `json:"startedAt"`
 	EndAt       time.Time         `json:"endAt"`
 	AccessToken string            `json:"envdAccessToken"`
+	// TrafficToken, when set, must accompany requests to the sandbox's
+	// exposed ports (not envd) through the proxy.
+	TrafficToken string `json:"trafficAccessToken,omitempty"`
 	Slot        netns.Slot        `json:"slot"`
 	// Snapshot is the snapshot the sandbox was restored from, if any.
 	Snapshot string `json:"snapshotID,omitempty"`
@@ -76,6 +79,9 @@ type Network struct {
 	AllowInternet bool     `json:"allowInternet"`
 	AllowOut      []string `json:"allowOut,omitempty"`
 	DenyOut       []string `json:"denyOut,omitempty"`
+	// PrivateTraffic requires the sandbox's traffic token on requests to
+	// its exposed ports (E2B's allowPublicTraffic: false).
+	PrivateTraffic bool `json:"privateTraffic,omitempty"`
 }
 
 // CreateRequest describes a new sandbox.

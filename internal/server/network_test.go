@@ -341,3 +341,44 @@ func portOf(t *testing.T, url string) int {
 	fmt.Sscan(p, &n)
 	return n
 }
+
+func TestTrafficToken(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "network": map[string]any{"allowPublicTraffic": false}})
+	var token string
+	{
+		status, body := e.rawRequest(t, "GET", "/sandboxes/"+sb.SandboxID, testKey, nil)
+		token, _ = body["trafficAccessToken"].(string)
+		if status != 200 || token == "" {
+			t.Fatalf("sandbox with private traffic: status %d, no trafficAccessToken in %v", status, body)
+		}
+	}
+	e.sh(t, sb, "mkdir -p /tmp/www && echo private > /tmp/www/index.html && httpd -p 8080 -h /tmp/www")
+	get := func(tok string) int {
+		req, _ := http.NewRequest("GET", e.proxy+"/", nil)
+		req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+		req.Header.Set("E2b-Sandbox-Port", "8080")
+		if tok != "" {
+			req.Header.Set("E2b-Traffic-Access-Token", tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(""); got != 403 {
+		t.Errorf("without the traffic token: %d, want 403", got)
+	}
+	if got := get("wrong"); got != 403 {
+		t.Errorf("with a wrong traffic token: %d, want 403", got)
+	}
+	if got := get(token); got != 200 {
+		t.Errorf("with the traffic token: %d, want 200", got)
+	}
+	// envd is exempt (it checks its own access token).
+	if res := e.sh(t, sb, "echo ok"); string(res.Stdout) != "ok\n" {
+		t.Errorf("envd through the proxy: %q", res.Stdout)
+	}
+}
