@@ -28,12 +28,25 @@ type Config struct {
 	Client *client.Client
 	// Template is the agentenv template sandboxes are created from.
 	Template string
-	// Iterations is the number of measured create/exec/file/kill cycles per
-	// target.
+	// Iterations is the number of measured samples per target of the light
+	// rows: create/exec/file/kill cycles, pause/resume, idle snapshot,
+	// restore.
 	Iterations int
-	// Warmup cycles run before the measured ones and are not counted: the
-	// first cycle pays for cold page cache and connection setup.
+	// Warmup samples of the light rows run before the measured ones and are
+	// not counted: the first pays for cold page cache and connection setup.
 	Warmup int
+	// HeavyIterations is the number of samples per target of the heavy
+	// rows: dirty snapshots, fork 4 and fork 16 (no warm-up).
+	HeavyIterations int
+	// ChurnDuration is how long each target's churn runs.
+	ChurnDuration time.Duration
+	// ChurnInFlight is how many create+exec+kill cycles churn keeps going.
+	ChurnInFlight int
+	// Density is the number of idle sandboxes, and of fork children, the
+	// memory rows measure at once.
+	Density int
+	// Only, when not empty, limits the run to these groups (see Groups).
+	Only map[string]bool
 	// SkipRaw measures agentenv only (no runsc, no crun; no root needed).
 	SkipRaw bool
 	// Runsc is the runsc binary for the raw comparison.
@@ -46,32 +59,7 @@ type Config struct {
 	Progress io.Writer
 }
 
-// Operation names one measured step (a stable key for JSON output).
-type Operation string
-
-// The measured steps.
-const (
-	OpCreate Operation = "create"
-	OpExec   Operation = "exec"
-	OpFile   Operation = "write_read_1mib"
-	OpKill   Operation = "kill"
-)
-
-// Label is how the table names the step.
-func (o Operation) Label() string {
-	switch o {
-	case OpCreate:
-		return "create until a command runs"
-	case OpExec:
-		return "exec /bin/true"
-	case OpFile:
-		return "write + read 1 MiB"
-	}
-	return string(o)
-}
-
-// Operations lists the steps in table order.
-var Operations = []Operation{OpCreate, OpExec, OpFile, OpKill}
+func (c Config) runs(group string) bool { return len(c.Only) == 0 || c.Only[group] }
 
 // Target names.
 const (
@@ -85,13 +73,22 @@ const PayloadSize = 1 << 20
 
 // Report is the outcome of a run.
 type Report struct {
-	Template   string `json:"template"`
-	Iterations int    `json:"iterations"`
-	Warmup     int    `json:"warmup"`
+	Template        string  `json:"template"`
+	Iterations      int     `json:"iterations"`
+	Warmup          int     `json:"warmup"`
+	HeavyIterations int     `json:"heavy_iterations"`
+	ChurnSeconds    float64 `json:"churn_seconds"`
+	ChurnInFlight   int     `json:"churn_in_flight"`
+	Density         int     `json:"density"`
 	// Targets are the measured targets in column order.
 	Targets []string `json:"targets"`
-	// Stats holds, per target and operation, the summary of its samples.
+	// Stats holds, per target and timed operation, the summary of its
+	// samples.
 	Stats map[string]map[Operation]Stats `json:"stats"`
+	// Churn holds, per target, the create+exec+kill throughput.
+	Churn map[string]Throughput `json:"churn,omitempty"`
+	// Memory holds, per target and memory row, PSS per sandbox.
+	Memory map[string]map[Operation]Memory `json:"memory,omitempty"`
 	// Notes explain targets that were skipped and how each was set up.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -110,22 +107,41 @@ type target interface {
 	kill(ctx context.Context, id string) error
 }
 
+// targets are the targets of one run; runsc and crun are nil when skipped.
+type targets struct {
+	all      []target
+	agentenv *agentenvTarget
+	runsc    *runscTarget
+	crun     *crunTarget
+}
+
 // Run measures, writes the table to out and returns the report.
 func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error) {
 	if cfg.Client == nil {
 		return Report{}, errors.New("bench: no client")
 	}
-	if cfg.Iterations < 1 || cfg.Warmup < 0 {
-		return Report{}, fmt.Errorf("need at least 1 iteration and no negative warm-up, got -n %d --warmup %d", cfg.Iterations, cfg.Warmup)
+	if cfg.Iterations < 1 || cfg.Warmup < 0 || cfg.HeavyIterations < 1 {
+		return Report{}, fmt.Errorf("need at least 1 iteration, 1 heavy iteration and no negative warm-up, got -n %d --heavy-n %d --warmup %d", cfg.Iterations, cfg.HeavyIterations, cfg.Warmup)
 	}
 	if cfg.Template == "" {
 		cfg.Template = "busybox"
 	}
-	progress := cfg.Progress
-	if progress == nil {
-		progress = io.Discard
+	if cfg.ChurnDuration <= 0 {
+		cfg.ChurnDuration = 10 * time.Second
 	}
-	rep = Report{Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup}
+	if cfg.ChurnInFlight < 1 {
+		cfg.ChurnInFlight = 8
+	}
+	if cfg.Density < 1 {
+		cfg.Density = 10
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	rep = Report{
+		Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup, HeavyIterations: cfg.HeavyIterations,
+		ChurnSeconds: cfg.ChurnDuration.Seconds(), ChurnInFlight: cfg.ChurnInFlight, Density: cfg.Density,
+	}
 
 	// Everything set up pushes its teardown here; it runs even on error or
 	// cancellation, under a context that is not cancelled but is bounded.
@@ -139,94 +155,161 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	}()
 	payload := make([]byte, PayloadSize)
 	rand.Read(payload)
-	targets, notes, err := setUp(ctx, cfg, payload, progress, &cl)
+	ts, notes, err := setUp(ctx, cfg, payload, &cl)
 	if err != nil {
 		return rep, err
 	}
 	rep.Notes = notes
-	for _, t := range targets {
+	for _, t := range ts.all {
 		rep.Targets = append(rep.Targets, t.name())
 	}
 
-	if rep.Stats, err = measure(ctx, cfg, targets, payload, progress); err != nil {
+	r := &runner{cfg: cfg, ts: ts, rep: &rep, payload: payload, samples: map[string]map[Operation][]time.Duration{}}
+	err = r.run(ctx)
+	rep.Stats = r.stats()
+	if err != nil {
 		return rep, err
 	}
 	return rep, WriteTable(out, rep)
 }
 
-// measure runs the warm-up and measured cycles on every target and
-// summarises the samples per target and operation.
-func measure(ctx context.Context, cfg Config, targets []target, payload []byte, progress io.Writer) (map[string]map[Operation]Stats, error) {
-	samples := map[string]map[Operation][]time.Duration{}
-	var names []string
-	for _, t := range targets {
-		samples[t.name()] = map[Operation][]time.Duration{}
-		names = append(names, t.name())
+// runner runs the groups of rows one after the other and collects their
+// samples.
+type runner struct {
+	cfg     Config
+	ts      targets
+	rep     *Report
+	payload []byte // what the raw targets' payload file holds
+	samples map[string]map[Operation][]time.Duration
+}
+
+func (r *runner) run(ctx context.Context) error {
+	phases := []struct {
+		group string
+		run   func(context.Context) error
+	}{
+		{GroupBasic, r.basic},
+		{GroupPause, r.pauseResume},
+		{GroupSnapshot, r.snapshotIdle},
+		{GroupRestore, r.restore},
+		{GroupFork, r.fork},
+		{GroupDirty, r.dirtySnapshots},
+		{GroupMemory, r.memory},
+		{GroupChurn, r.churn},
 	}
-	if cfg.Warmup > 0 {
-		fmt.Fprintf(progress, "warming up: %d cycle(s) per target\n", cfg.Warmup)
-	}
-	// Targets take turns cycle by cycle, so that a slow phase of the host
-	// (another job, page-cache pressure) hits every column alike.
-	for i := -cfg.Warmup; i < cfg.Iterations; i++ {
-		if i == 0 {
-			fmt.Fprintf(progress, "measuring: %d cycles per target (%s)\n", cfg.Iterations, strings.Join(names, ", "))
+	for _, p := range phases {
+		if !r.cfg.runs(p.group) {
+			continue
 		}
-		for _, t := range targets {
-			d, err := cycle(ctx, t, payload)
-			if err != nil {
-				if ctx.Err() != nil {
-					// The step's own error ("signal: killed") would only
-					// confuse: say what happened.
-					return nil, fmt.Errorf("bench interrupted in %s, cycle %d: %w", t.name(), i+cfg.Warmup+1, context.Cause(ctx))
-				}
-				return nil, fmt.Errorf("%s, cycle %d: %w", t.name(), i+cfg.Warmup+1, err)
+		if err := p.run(ctx); err != nil {
+			if ctx.Err() != nil {
+				// The step's own error ("signal: killed", "cannot reach
+				// the server") would only confuse: say what happened.
+				return fmt.Errorf("bench interrupted during %s: %w", p.group, context.Cause(ctx))
 			}
-			if i < 0 {
-				continue
-			}
-			for op, v := range d {
-				samples[t.name()][op] = append(samples[t.name()][op], v)
-			}
+			return fmt.Errorf("%s: %w", p.group, err)
 		}
 	}
+	return nil
+}
+
+func (r *runner) progressf(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Progress, format+"\n", args...)
+}
+
+func (r *runner) add(target string, d map[Operation]time.Duration) {
+	if r.samples[target] == nil {
+		r.samples[target] = map[Operation][]time.Duration{}
+	}
+	for op, v := range d {
+		r.samples[target][op] = append(r.samples[target][op], v)
+	}
+}
+
+func (r *runner) stats() map[string]map[Operation]Stats {
 	stats := map[string]map[Operation]Stats{}
-	for name, byOp := range samples {
+	for name, byOp := range r.samples {
 		stats[name] = map[Operation]Stats{}
 		for op, s := range byOp {
 			stats[name][op] = Summarize(s)
 		}
 	}
-	return stats, nil
+	return stats
+}
+
+// step is one sample of one target: it does the work and returns the time
+// of each measured operation.
+type step struct {
+	target string
+	run    func(ctx context.Context) (map[Operation]time.Duration, error)
+}
+
+// rounds runs warmup unmeasured and then iterations measured rounds of
+// steps. Targets take turns step by step, so that a slow phase of the host
+// (another job, page-cache pressure) hits every column alike.
+func (r *runner) rounds(ctx context.Context, what string, iterations, warmup int, steps []step) error {
+	var names []string
+	for _, s := range steps {
+		names = append(names, s.target)
+	}
+	if warmup > 0 {
+		r.progressf("%s: warming up, %d round(s)", what, warmup)
+	}
+	for i := -warmup; i < iterations; i++ {
+		if i == 0 {
+			r.progressf("%s: measuring %d round(s) (%s)", what, iterations, strings.Join(names, ", "))
+		}
+		for _, s := range steps {
+			d, err := s.run(ctx)
+			if err != nil {
+				return fmt.Errorf("%s, round %d: %w", s.target, i+warmup+1, err)
+			}
+			if i >= 0 {
+				r.add(s.target, d)
+			}
+		}
+	}
+	return nil
+}
+
+// basic measures create/exec/file/kill cycles on every target.
+func (r *runner) basic(ctx context.Context) error {
+	var steps []step
+	for _, t := range r.ts.all {
+		steps = append(steps, step{t.name(), func(ctx context.Context) (map[Operation]time.Duration, error) {
+			return cycle(ctx, t, r.payload)
+		}})
+	}
+	return r.rounds(ctx, "create/exec/file/kill", r.cfg.Iterations, r.cfg.Warmup, steps)
 }
 
 // setUp builds the targets to measure and pushes their teardown onto cl.
 // A raw target whose tool is missing is skipped with a note rather than
 // failing the run, so agentenv can still be measured on a host without crun.
-func setUp(ctx context.Context, cfg Config, payload []byte, progress io.Writer, cl *cleanupStack) ([]target, []string, error) {
+func setUp(ctx context.Context, cfg Config, payload []byte, cl *cleanupStack) (targets, []string, error) {
 	at := newAgentenvTarget(cfg.Client, cfg.Template)
 	cl.push(at.close)
-	targets := []target{at}
+	ts := targets{all: []target{at}, agentenv: at}
 	if cfg.SkipRaw {
-		return targets, nil, nil
+		return ts, nil, nil
 	}
 	if os.Geteuid() != 0 {
-		return nil, nil, errors.New("the raw runsc and crun comparison needs root: run as root or pass --skip-raw")
+		return targets{}, nil, errors.New("the raw runsc and crun comparison needs root: run as root or pass --skip-raw")
 	}
-	fmt.Fprintln(progress, "preparing a busybox rootfs and bundles for runsc and crun")
+	fmt.Fprintln(cfg.Progress, "preparing a busybox rootfs and bundles for runsc and crun")
 	dir, err := os.MkdirTemp("", "agentenv-bench-")
 	if err != nil {
-		return nil, nil, err
+		return targets{}, nil, err
 	}
 	cl.push(func(context.Context) error { return os.RemoveAll(dir) })
 	rootfs, err := makeRootfs(ctx, dir, cfg.Busybox)
 	if err != nil {
-		return nil, nil, err
+		return targets{}, nil, err
 	}
 	// The raw runtimes read the write's input from a file (see tool).
 	payloadFile := filepath.Join(dir, "payload")
 	if err := os.WriteFile(payloadFile, payload, 0o600); err != nil {
-		return nil, nil, err
+		return targets{}, nil, err
 	}
 
 	var notes []string
@@ -235,10 +318,11 @@ func setUp(ctx context.Context, cfg Config, payload []byte, progress io.Writer, 
 	case errors.Is(err, errToolMissing):
 		notes = append(notes, fmt.Sprintf("runsc skipped: %v", err))
 	case err != nil:
-		return nil, nil, err
+		return targets{}, nil, err
 	default:
 		cl.push(rt.close)
-		targets = append(targets, rt)
+		ts.all = append(ts.all, rt)
+		ts.runsc = rt
 		notes = append(notes, "runsc: one runsc CLI call per step; busybox EROFS rootfs with memory overlay; --network=none --ignore-cgroups")
 	}
 	ct, err := newCrunTarget(ctx, cfg.Crun, dir, rootfs, payloadFile)
@@ -246,13 +330,14 @@ func setUp(ctx context.Context, cfg Config, payload []byte, progress io.Writer, 
 	case errors.Is(err, errToolMissing):
 		notes = append(notes, fmt.Sprintf("crun skipped: %v", err))
 	case err != nil:
-		return nil, nil, err
+		return targets{}, nil, err
 	default:
 		cl.push(ct.close)
-		targets = append(targets, ct)
+		ts.all = append(ts.all, ct)
+		ts.crun = ct
 		notes = append(notes, "crun: one crun CLI call per step; busybox directory rootfs (read-only, tmpfs /tmp); new netns; --cgroup-manager=disabled")
 	}
-	return targets, notes, nil
+	return ts, notes, nil
 }
 
 // cleanupStack runs teardowns in reverse order of setup, each once, and

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // fakeTarget records calls and fails at one step.
@@ -54,8 +56,8 @@ func TestCycle(t *testing.T) {
 			if !slices.Equal(f.calls, tt.wantCalls) {
 				t.Errorf("calls = %v, want %v", f.calls, tt.wantCalls)
 			}
-			if err == nil && len(d) != len(Operations) {
-				t.Errorf("got %d timings, want %d", len(d), len(Operations))
+			if want := 4; err == nil && len(d) != want {
+				t.Errorf("got %d timings, want %d", len(d), want)
 			}
 		})
 	}
@@ -86,5 +88,40 @@ func TestCheckPayload(t *testing.T) {
 	}
 	if err := checkPayload([]byte("abd"), []byte("abc")); err == nil {
 		t.Error("different bytes: got nil, want an error")
+	}
+}
+
+func TestForEach(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		cur, peak int
+		seen      []string
+		errB      = errors.New("b failed")
+		ids       = []string{"a", "b", "c", "d", "e"}
+	)
+	err := forEach(context.Background(), ids, 2, func(_ context.Context, id string) error {
+		mu.Lock()
+		cur++
+		peak = max(peak, cur)
+		seen = append(seen, id)
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		cur--
+		mu.Unlock()
+		if id == "b" {
+			return errB
+		}
+		return nil
+	})
+	if !errors.Is(err, errB) {
+		t.Errorf("forEach error = %v, want %v", err, errB)
+	}
+	slices.Sort(seen)
+	if !slices.Equal(seen, ids) {
+		t.Errorf("called for %v, want %v", seen, ids)
+	}
+	if peak > 2 {
+		t.Errorf("%d calls at once, want at most 2", peak)
 	}
 }

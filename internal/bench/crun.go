@@ -52,7 +52,7 @@ func newCrunTarget(ctx context.Context, bin, dir string, rootfs rawRootfs, paylo
 		return nil, err
 	}
 	t.start = ns.start
-	return &crunTarget{rawCommon: &rawCommon{tool: t, prefix: "c", bundle: bundle, root: root, payload: payload, out: filepath.Join(base, "read")}, ns: ns}, nil
+	return &crunTarget{rawCommon: &rawCommon{tool: t, dir: base, prefix: "c", bundle: bundle, root: root, payload: payload, out: filepath.Join(base, "read")}, ns: ns}, nil
 }
 
 func (c *crunTarget) name() string { return TargetCrun }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 type rawCommon struct {
 	tool    *tool
 	prefix  string
+	dir     string // this target's own temp dir
 	bundle  string
 	root    string
 	payload string // file holding the payload, the stdin of the write
@@ -26,7 +28,21 @@ type rawCommon struct {
 }
 
 func (r *rawCommon) create(ctx context.Context) (string, error) {
+	id := r.newID()
+	if err := r.tool.run(ctx, nil, nil, "run", "--detach", "--bundle", r.bundle, id); err != nil {
+		return "", errors.Join(err, r.kill(context.WithoutCancel(ctx), id))
+	}
+	if err := r.exec(ctx, id); err != nil {
+		return "", errors.Join(fmt.Errorf("first command: %w", err), r.kill(context.WithoutCancel(ctx), id))
+	}
+	return id, nil
+}
+
+// newID returns a fresh container ID and marks it live, so that close
+// deletes it even if the command that starts it is cut short.
+func (r *rawCommon) newID() string {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.seq++
 	// Fixed width: runsc matches container IDs by prefix, so b1 would
 	// also name b10.
@@ -35,14 +51,55 @@ func (r *rawCommon) create(ctx context.Context) (string, error) {
 		r.live = map[string]bool{}
 	}
 	r.live[id] = true
-	r.mu.Unlock()
-	if err := r.tool.run(ctx, nil, nil, "run", "--detach", "--bundle", r.bundle, id); err != nil {
-		return "", errors.Join(err, r.kill(context.WithoutCancel(ctx), id))
+	return id
+}
+
+// boot starts a container; the raw targets set no memory limit, so memMB
+// is not used.
+func (r *rawCommon) boot(ctx context.Context, memMB int) (string, error) {
+	return r.create(ctx)
+}
+
+func (r *rawCommon) sh(ctx context.Context, id, script string) error {
+	return r.tool.run(ctx, nil, nil, "exec", id, "/bin/sh", "-c", script)
+}
+
+// pids returns the container's init process (`state`) and its descendants:
+// for runsc the sandbox process and its systrap stubs.
+func (r *rawCommon) pids(ctx context.Context, id string) ([]int, error) {
+	b, err := r.output(ctx, "state", id)
+	if err != nil {
+		return nil, err
 	}
-	if err := r.exec(ctx, id); err != nil {
-		return "", errors.Join(fmt.Errorf("first command: %w", err), r.kill(context.WithoutCancel(ctx), id))
+	var st struct {
+		Pid int `json:"pid"`
 	}
-	return id, nil
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("state %s: %w", id, err)
+	}
+	if st.Pid <= 0 {
+		return nil, fmt.Errorf("state %s: no pid", id)
+	}
+	procs, err := readProcs()
+	if err != nil {
+		return nil, err
+	}
+	return descendants(procs, []int{st.Pid}), nil
+}
+
+// output runs a command that starts no container and returns its stdout
+// (through a file, like every tool call).
+func (r *rawCommon) output(ctx context.Context, args ...string) ([]byte, error) {
+	f, err := os.CreateTemp(r.dir, "out-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if err := r.tool.run(ctx, nil, f, args...); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(f.Name())
 }
 
 func (r *rawCommon) exec(ctx context.Context, id string) error {

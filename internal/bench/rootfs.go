@@ -21,7 +21,7 @@ type rawRootfs struct {
 }
 
 // applets are the busybox commands the raw containers need.
-var applets = []string{"sh", "cat", "true", "sleep"}
+var applets = []string{"sh", "cat", "true", "sleep", "dd"}
 
 func makeRootfs(ctx context.Context, dir, busybox string) (rawRootfs, error) {
 	if busybox == "" {

@@ -2,9 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,6 +38,8 @@ func newRunscTarget(ctx context.Context, bin, dir string, rootfs rawRootfs, payl
 		return nil, err
 	}
 	spec := baseSpec(filepath.Join(bundle, "empty"))
+	// As in agentenv's spec; the dirty-snapshot rows write there.
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}})
 	spec.Annotations = map[string]string{
 		"dev.gvisor.spec.rootfs.source":  rootfs.image,
 		"dev.gvisor.spec.rootfs.type":    "erofs",
@@ -43,7 +49,7 @@ func newRunscTarget(ctx context.Context, bin, dir string, rootfs rawRootfs, payl
 		t.close()
 		return nil, err
 	}
-	return &runscTarget{&rawCommon{tool: t, prefix: "r", bundle: bundle, root: root, payload: payload, out: filepath.Join(base, "read")}}, nil
+	return &runscTarget{&rawCommon{tool: t, dir: base, prefix: "r", bundle: bundle, root: root, payload: payload, out: filepath.Join(base, "read")}}, nil
 }
 
 func (r *runscTarget) name() string { return TargetRunsc }
@@ -56,4 +62,73 @@ func (r *runscTarget) close(ctx context.Context) error {
 	for unix.Unmount(nullNetNS, unix.MNT_DETACH) == nil {
 	}
 	return err
+}
+
+func (r *runscTarget) pause(ctx context.Context, id string) error {
+	return r.tool.run(ctx, nil, nil, "pause", id)
+}
+
+func (r *runscTarget) resume(ctx context.Context, id string) error {
+	return r.tool.run(ctx, nil, nil, "resume", id)
+}
+
+// snapshot checkpoints the container into a new directory, leaving it
+// running, and returns the directory.
+func (r *runscTarget) snapshot(ctx context.Context, id string) (string, error) {
+	dir, err := os.MkdirTemp(r.dir, "ckpt-")
+	if err != nil {
+		return "", err
+	}
+	if err := r.tool.run(ctx, nil, nil, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
+		return "", errors.Join(err, os.RemoveAll(dir))
+	}
+	return dir, nil
+}
+
+func (r *runscTarget) dropSnapshot(_ context.Context, dir string) error { return os.RemoveAll(dir) }
+
+// restore starts a new container from a checkpoint directory and runs
+// /bin/true in it. The bundle is the one the checkpointed container ran:
+// runsc refuses a restore whose process args differ.
+func (r *runscTarget) restore(ctx context.Context, dir string) (string, error) {
+	id := r.newID()
+	if err := r.tool.run(ctx, nil, nil, "restore", "--detach", "--bundle", r.bundle, "--image-path", dir, id); err != nil {
+		return "", errors.Join(err, r.kill(context.WithoutCancel(ctx), id))
+	}
+	if err := r.exec(ctx, id); err != nil {
+		return "", errors.Join(fmt.Errorf("first command: %w", err), r.kill(context.WithoutCancel(ctx), id))
+	}
+	return id, nil
+}
+
+// fork is what a caller of the runsc CLI would do: checkpoint, then n
+// restores of it at once, each followed by /bin/true; the checkpoint is
+// removed at the end, as agentenv removes a fork's internal snapshot.
+func (r *runscTarget) fork(ctx context.Context, id string, n int) ([]string, error) {
+	dir, err := r.snapshot(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu   sync.Mutex
+		kids []string
+		wg   sync.WaitGroup
+		errs = make([]error, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kid, err := r.restore(ctx, dir)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			mu.Lock()
+			kids = append(kids, kid)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return kids, errors.Join(append(errs, os.RemoveAll(dir))...)
 }

@@ -7,14 +7,26 @@ import (
 	"text/tabwriter"
 )
 
-// WriteTable prints rep as a table: per operation, p50 / p95 / max in ms
-// for each target, then agentenv's p50 divided by each raw target's p50.
+// WriteTable prints rep as a table: per row, each target's value (times
+// as p50 / p95 / max in ms, churn in cycles/s, memory in PSS MiB per
+// sandbox), then agentenv's value divided by each raw target's. Rows no
+// target measured are left out; "-" marks a target that has no such row.
 func WriteTable(w io.Writer, rep Report) error {
-	fmt.Fprintf(w, "template %s, %d iterations", rep.Template, rep.Iterations)
+	fmt.Fprintf(w, "template %s; %d iterations", rep.Template, rep.Iterations)
 	if rep.Warmup > 0 {
 		fmt.Fprintf(w, " (after %d warm-up)", rep.Warmup)
 	}
-	fmt.Fprintln(w, "; times in ms as p50 / p95 / max; ratios compare p50")
+	if rep.HeavyIterations > 0 {
+		fmt.Fprintf(w, ", %d for dirty snapshots and forks", rep.HeavyIterations)
+	}
+	if rep.Churn != nil {
+		fmt.Fprintf(w, "; churn %d in flight for %gs per target", rep.ChurnInFlight, rep.ChurnSeconds)
+	}
+	if rep.Memory != nil {
+		fmt.Fprintf(w, "; memory with %d sandboxes", rep.Density)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "times in ms as p50 / p95 / max; churn in cycles/s; memory in MiB PSS per sandbox (mean); ratios compare p50s, rates and MiB")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := []string{"operation"}
 	header = append(header, rep.Targets...)
@@ -27,13 +39,18 @@ func WriteTable(w io.Writer, rep Report) error {
 	}
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, op := range Operations {
+		if !measured(rep, op) {
+			continue
+		}
 		row := []string{op.Label()}
 		for _, t := range rep.Targets {
-			row = append(row, cell(rep.Stats[t][op]))
+			_, ok := value(rep, t, op)
+			row = append(row, cellOf(rep, t, op, ok))
 		}
-		base := rep.Stats[TargetAgentenv][op]
+		base, baseOK := value(rep, TargetAgentenv, op)
 		for _, t := range others {
-			row = append(row, ratio(base, rep.Stats[t][op]))
+			v, ok := value(rep, t, op)
+			row = append(row, ratio(base, v, baseOK && ok))
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
@@ -46,6 +63,45 @@ func WriteTable(w io.Writer, rep Report) error {
 	return nil
 }
 
+// value is the number a row's ratio compares: p50 for times, cycles/s for
+// churn, mean MiB for memory. ok is false when the target has no value.
+func value(rep Report, target string, op Operation) (float64, bool) {
+	switch op.Kind() {
+	case KindRate:
+		th, ok := rep.Churn[target]
+		return th.PerSecond, ok && th.Cycles > 0
+	case KindMemory:
+		m, ok := rep.Memory[target][op]
+		return m.PssMiB, ok && m.Sandboxes > 0
+	default:
+		s, ok := rep.Stats[target][op]
+		return s.P50Ms, ok && s.N > 0
+	}
+}
+
+func measured(rep Report, op Operation) bool {
+	for _, t := range rep.Targets {
+		if _, ok := value(rep, t, op); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func cellOf(rep Report, target string, op Operation, ok bool) string {
+	if !ok {
+		return "-"
+	}
+	switch op.Kind() {
+	case KindRate:
+		return num(rep.Churn[target].PerSecond) + "/s"
+	case KindMemory:
+		return num(rep.Memory[target][op].PssMiB)
+	default:
+		return cell(rep.Stats[target][op])
+	}
+}
+
 func cell(s Stats) string {
 	if s.N == 0 {
 		return "-"
@@ -53,11 +109,11 @@ func cell(s Stats) string {
 	return fmt.Sprintf("%s / %s / %s", num(s.P50Ms), num(s.P95Ms), num(s.MaxMs))
 }
 
-func ratio(a, b Stats) string {
-	if a.N == 0 || b.N == 0 || b.P50Ms == 0 {
+func ratio(a, b float64, ok bool) string {
+	if !ok || b == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.1fx", a.P50Ms/b.P50Ms)
+	return fmt.Sprintf("%.1fx", a/b)
 }
 
 // num keeps three significant digits or so: sub-millisecond times need

@@ -30,7 +30,7 @@ func TestWriteTable(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"template busybox, 20 iterations (after 1 warm-up)",
+		"template busybox; 20 iterations (after 1 warm-up)",
 		"agentenv/runsc", "agentenv/crun",
 		"150 / 180 / 201", // three digits: no decimals
 		"4.0 / 5.2 / 9.0", // below 100 ms: one decimal
@@ -64,5 +64,99 @@ func TestWriteTableAgentenvOnly(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "2.0 / 3.0 / 3.0") {
 		t.Errorf("kill row missing; got:\n%s", b.String())
+	}
+}
+
+func TestWriteTableSnapshotRows(t *testing.T) {
+	rep := Report{
+		Template: "busybox", Iterations: 20, Warmup: 1, HeavyIterations: 5,
+		ChurnSeconds: 10, ChurnInFlight: 8, Density: 10,
+		Targets: []string{TargetAgentenv, TargetRunsc, TargetCrun},
+		Stats: map[string]map[Operation]Stats{
+			TargetAgentenv: {OpPause: {N: 20, P50Ms: 8, P95Ms: 9, MaxMs: 10}},
+			TargetRunsc:    {OpPause: {N: 20, P50Ms: 4, P95Ms: 5, MaxMs: 6}},
+		},
+		Churn: map[string]Throughput{
+			TargetAgentenv: {Cycles: 100, PerSecond: 10},
+			TargetRunsc:    {Cycles: 200, PerSecond: 20},
+			TargetCrun:     {Cycles: 800, PerSecond: 80},
+		},
+		Memory: map[string]map[Operation]Memory{
+			TargetAgentenv: {OpMemIdle: {Sandboxes: 10, PssMiB: 15}, OpMemFork: {Sandboxes: 10, PssMiB: 20}},
+			TargetRunsc:    {OpMemIdle: {Sandboxes: 10, PssMiB: 10}, OpMemFork: {Sandboxes: 10, PssMiB: 10}},
+			TargetCrun:     {OpMemIdle: {Sandboxes: 10, PssMiB: 0.25}},
+		},
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[Operation]string{}
+	for _, line := range strings.Split(b.String(), "\n") {
+		for _, op := range Operations {
+			if strings.HasPrefix(line, op.Label()+" ") {
+				rows[op] = strings.Join(strings.Fields(strings.TrimPrefix(line, op.Label())), " ")
+			}
+		}
+	}
+	tests := []struct {
+		op   Operation
+		want string // cells after the label, single-spaced
+	}{
+		// crun cannot pause: its cell and ratio are "-".
+		{OpPause, "8.0 / 9.0 / 10.0 4.0 / 5.0 / 6.0 - 2.0x -"},
+		{OpChurn, "10.0/s 20.0/s 80.0/s 0.5x 0.1x"},
+		{OpMemIdle, "15.0 10.0 0.2 1.5x 60.0x"},
+		{OpMemFork, "20.0 10.0 - 2.0x -"},
+	}
+	for _, tt := range tests {
+		if got := rows[tt.op]; got != tt.want {
+			t.Errorf("row %q = %q, want %q", tt.op.Label(), got, tt.want)
+		}
+	}
+	// Rows nobody measured are left out.
+	for _, op := range []Operation{OpCreate, OpSnapshot, OpFork16} {
+		if _, ok := rows[op]; ok {
+			t.Errorf("row %q printed without samples", op.Label())
+		}
+	}
+	for _, want := range []string{"5 for dirty snapshots and forks", "churn 8 in flight for 10s per target", "memory with 10 sandboxes"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("header lacks %q; got:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestParseGroups(t *testing.T) {
+	all, err := ParseGroups("")
+	if err != nil || len(all) != len(Groups) {
+		t.Errorf("ParseGroups(\"\") = %v, %v; want all %d groups", all, err, len(Groups))
+	}
+	got, err := ParseGroups("pause, fork")
+	if err != nil || len(got) != 2 || !got[GroupPause] || !got[GroupFork] {
+		t.Errorf("ParseGroups(\"pause, fork\") = %v, %v; want pause and fork", got, err)
+	}
+	if _, err := ParseGroups("pause,forks"); err == nil {
+		t.Error("ParseGroups with an unknown group: got nil error, want one")
+	}
+}
+
+func TestEveryOperationHasALabelAndGroup(t *testing.T) {
+	seen := map[Operation]bool{}
+	for _, op := range Operations {
+		if seen[op] {
+			t.Errorf("operation %q listed twice", op)
+		}
+		seen[op] = true
+		info, ok := ops[op]
+		if !ok || info.label == "" {
+			t.Errorf("operation %q has no label", op)
+		}
+		if _, err := ParseGroups(info.group); err != nil || info.group == "" {
+			t.Errorf("operation %q has group %q: %v", op, info.group, err)
+		}
+	}
+	if len(seen) != len(ops) {
+		t.Errorf("Operations lists %d rows, ops describes %d", len(seen), len(ops))
 	}
 }

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"io"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -10,13 +12,25 @@ import (
 
 func benchCmd(g *globals) *cobra.Command {
 	cfg := bench.Config{}
+	var only string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox operations against raw runsc and crun",
-		Long: `Measure, against the running server: create until a command runs, exec
-round trip, 1 MiB file write + read, and kill; and the same work done with the
-raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip).
-Prints p50 / p95 / max in ms and agentenv's p50 over each raw runtime's.`,
+		Long: `Measure, against the running server, and beside the same work done with the
+raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip):
+
+  basic     create (boot) until a command runs, exec, 1 MiB write + read, kill
+  pause     pause, resume
+  snapshot  snapshot of an idle sandbox
+  restore   create from a snapshot until a command runs
+  fork      fork 4 and fork 16 until every child has run a command
+  dirty     snapshots with 64 and 256 MiB of dirty memory
+  memory    PSS per idle sandbox and per fork child (needs root)
+  churn     create+exec+kill cycles per second, 8 in flight
+
+crun has no pause, snapshot or fork: its column is empty there. Prints p50 /
+p95 / max in ms (cycles/s for churn, MiB for memory) and agentenv's value over
+each raw runtime's. --only picks groups, e.g. --only pause,snapshot.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -24,6 +38,9 @@ Prints p50 / p95 / max in ms and agentenv's p50 over each raw runtime's.`,
 				return err
 			}
 			cfg.Client = c
+			if cfg.Only, err = bench.ParseGroups(only); err != nil {
+				return err
+			}
 			cfg.Progress = cmd.ErrOrStderr()
 			var out io.Writer = cmd.OutOrStdout()
 			if g.json {
@@ -41,8 +58,13 @@ Prints p50 / p95 / max in ms and agentenv's p50 over each raw runtime's.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Template, "template", "busybox", "agentenv template to create sandboxes from")
-	f.IntVarP(&cfg.Iterations, "iterations", "n", 20, "measured cycles per target")
-	f.IntVar(&cfg.Warmup, "warmup", 1, "unmeasured cycles per target before measuring")
+	f.IntVarP(&cfg.Iterations, "iterations", "n", 20, "measured samples per target of the light rows (create/exec/file/kill, pause/resume, idle snapshot, restore)")
+	f.IntVar(&cfg.Warmup, "warmup", 1, "unmeasured samples per target of the light rows before measuring")
+	f.IntVar(&cfg.HeavyIterations, "heavy-n", 5, "measured samples per target of the heavy rows (dirty snapshots, fork 4, fork 16)")
+	f.DurationVar(&cfg.ChurnDuration, "churn-duration", 10*time.Second, "how long churn runs per target")
+	f.IntVar(&cfg.ChurnInFlight, "churn-in-flight", 8, "churn cycles kept going at once")
+	f.IntVar(&cfg.Density, "density", 10, "idle sandboxes, and fork children, running at once for the memory rows")
+	f.StringVar(&only, "only", "", "comma-separated groups to run (default all): "+strings.Join(bench.Groups, ","))
 	f.BoolVar(&cfg.SkipRaw, "skip-raw", false, "measure agentenv only (no runsc or crun; no root needed)")
 	f.StringVar(&cfg.Runsc, "runsc", "runsc", "runsc binary for the raw comparison (the server's pinned build)")
 	f.StringVar(&cfg.Crun, "crun", "crun", "crun binary for the raw comparison")

@@ -60,8 +60,8 @@ type Sandbox struct {
 	AccessToken string            `json:"envdAccessToken"`
 	// TrafficToken, when set, must accompany requests to the sandbox's
 	// exposed ports (not envd) through the proxy.
-	TrafficToken string `json:"trafficAccessToken,omitempty"`
-	Slot        netns.Slot        `json:"slot"`
+	TrafficToken string     `json:"trafficAccessToken,omitempty"`
+	Slot         netns.Slot `json:"slot"`
 	// Snapshot is the snapshot the sandbox was restored from, if any.
 	Snapshot string `json:"snapshotID,omitempty"`
 	// Remaining is the time left when the sandbox was paused.
