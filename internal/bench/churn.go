@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Throughput is the outcome of a churn run: create → exec → kill cycles
+// kept going inFlight at a time.
+type Throughput struct {
+	InFlight int `json:"in_flight"`
+	// Cycles completed without error, and cycles that failed (a failed
+	// cycle still kills what it created).
+	Cycles int `json:"cycles"`
+	Failed int `json:"failed"`
+	// Seconds from the start until the last cycle ended: cycles started
+	// before the deadline run to the end and count.
+	Seconds   float64 `json:"seconds"`
+	PerSecond float64 `json:"per_second"`
+	// FirstError is the first failure, if any.
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// perSecond is cycles over elapsed, or 0 when nothing elapsed.
+func perSecond(cycles int, elapsed time.Duration) float64 {
+	if elapsed <= 0 {
+		return 0
+	}
+	return float64(cycles) / elapsed.Seconds()
+}
+
+// churnTarget is what a churn cycle needs: create (which returns once a
+// command has run) and kill.
+type churnTarget interface {
+	create(ctx context.Context) (string, error)
+	kill(ctx context.Context, id string) error
+}
+
+// churnCycle runs one create → exec → kill cycle. create already runs
+// /bin/true (it returns once a command has run), so that is the exec.
+func churnCycle(ctx context.Context, t churnTarget) error {
+	id, err := t.create(ctx)
+	if err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	if err := t.kill(ctx, id); err != nil {
+		return fmt.Errorf("kill: %w", err)
+	}
+	return nil
+}
+
+// churn keeps inFlight cycles going on t until d has passed, then waits
+// for the cycles in flight. A failed cycle is counted, not fatal: one flaky
+// exec in hundreds should not end a long run; all cycles failing is.
+func churn(ctx context.Context, t churnTarget, inFlight int, d time.Duration) (Throughput, error) {
+	var (
+		mu  sync.Mutex
+		out = Throughput{InFlight: inFlight}
+		wg  sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for range inFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				err := churnCycle(ctx, t)
+				mu.Lock()
+				if err == nil {
+					out.Cycles++
+				} else if ctx.Err() == nil {
+					out.Failed++
+					if out.FirstError == "" {
+						out.FirstError = err.Error()
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return out, context.Cause(ctx)
+	}
+	out.Seconds = elapsed.Seconds()
+	out.PerSecond = perSecond(out.Cycles, elapsed)
+	if out.Cycles == 0 {
+		return out, errors.New("every churn cycle failed: " + out.FirstError)
+	}
+	return out, nil
+}
+
+// churn runs the churn on every target, one target after the other.
+func (r *runner) churn(ctx context.Context) error {
+	r.rep.Churn = map[string]Throughput{}
+	for _, t := range r.ts.all {
+		r.progressf("churn: %s, %d in flight for %s", t.name(), r.cfg.ChurnInFlight, r.cfg.ChurnDuration)
+		th, err := churn(ctx, t, r.cfg.ChurnInFlight, r.cfg.ChurnDuration)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name(), err)
+		}
+		r.rep.Churn[t.name()] = th
+		if th.Failed > 0 {
+			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("churn %s: %d of %d cycles failed; first: %s", t.name(), th.Failed, th.Cycles+th.Failed, th.FirstError))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Operation names one measured row (a stable key for JSON output).
+type Operation string
+
+// The measured rows.
+const (
+	OpCreate      Operation = "create"
+	OpExec        Operation = "exec"
+	OpFile        Operation = "write_read_1mib"
+	OpKill        Operation = "kill"
+	OpPause       Operation = "pause"
+	OpResume      Operation = "resume"
+	OpSnapshot    Operation = "snapshot_idle"
+	OpSnapshot64  Operation = "snapshot_dirty_64mib"
+	OpSnapshot256 Operation = "snapshot_dirty_256mib"
+	OpRestore     Operation = "restore"
+	OpFork4       Operation = "fork_4"
+	OpFork16      Operation = "fork_16"
+	OpChurn       Operation = "churn"
+	OpMemIdle     Operation = "memory_idle"
+	OpMemFork     Operation = "memory_fork_child"
+)
+
+// Kind says what a row's values are.
+type Kind int
+
+// The kinds of rows.
+const (
+	KindTime   Kind = iota // latency samples in ms: p50 / p95 / max
+	KindRate               // a throughput in cycles per second
+	KindMemory             // PSS in MiB per sandbox
+)
+
+type opInfo struct {
+	label string
+	kind  Kind
+	group string
+}
+
+var ops = map[Operation]opInfo{
+	// There is no ready-template path in the server yet: create boots a
+	// sandbox. When a ready template exists, this row measures it.
+	OpCreate:      {"create (boot) until a command runs", KindTime, GroupBasic},
+	OpExec:        {"exec /bin/true", KindTime, GroupBasic},
+	OpFile:        {"write + read 1 MiB", KindTime, GroupBasic},
+	OpKill:        {"kill", KindTime, GroupBasic},
+	OpPause:       {"pause", KindTime, GroupPause},
+	OpResume:      {"resume", KindTime, GroupPause},
+	OpSnapshot:    {"snapshot, idle", KindTime, GroupSnapshot},
+	OpSnapshot64:  {"snapshot, 64 MiB dirty", KindTime, GroupDirty},
+	OpSnapshot256: {"snapshot, 256 MiB dirty", KindTime, GroupDirty},
+	OpRestore:     {"restore until a command runs", KindTime, GroupRestore},
+	OpFork4:       {"fork 4, until each child ran a command", KindTime, GroupFork},
+	OpFork16:      {"fork 16, until each child ran a command", KindTime, GroupFork},
+	OpChurn:       {"churn: create+exec+kill cycles/s", KindRate, GroupChurn},
+	OpMemIdle:     {"memory per idle sandbox (PSS MiB)", KindMemory, GroupMemory},
+	OpMemFork:     {"memory per fork child (PSS MiB)", KindMemory, GroupMemory},
+}
+
+// Label is how the table names the row.
+func (o Operation) Label() string {
+	if i, ok := ops[o]; ok {
+		return i.label
+	}
+	return string(o)
+}
+
+// Kind says what the row's values are.
+func (o Operation) Kind() Kind { return ops[o].kind }
+
+// Operations lists the rows in table order.
+var Operations = []Operation{
+	OpCreate, OpExec, OpFile, OpKill,
+	OpPause, OpResume,
+	OpSnapshot, OpSnapshot64, OpSnapshot256,
+	OpRestore, OpFork4, OpFork16,
+	OpChurn, OpMemIdle, OpMemFork,
+}
+
+// Groups of rows that can be chosen with Config.Only.
+const (
+	GroupBasic    = "basic"    // create, exec, write + read, kill
+	GroupPause    = "pause"    // pause, resume
+	GroupSnapshot = "snapshot" // snapshot of an idle sandbox
+	GroupRestore  = "restore"  // restore from a snapshot
+	GroupFork     = "fork"     // fork 4, fork 16
+	GroupDirty    = "dirty"    // snapshots with 64 and 256 MiB dirty
+	GroupMemory   = "memory"   // PSS per idle sandbox and per fork child
+	GroupChurn    = "churn"    // create+exec+kill throughput
+)
+
+// Groups lists every group in the order they run.
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn}
+
+// ParseGroups turns a comma-separated list of groups into a set; empty
+// means all of them.
+func ParseGroups(s string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if strings.TrimSpace(s) == "" {
+		for _, g := range Groups {
+			out[g] = true
+		}
+		return out, nil
+	}
+	for _, g := range strings.Split(s, ",") {
+		g = strings.TrimSpace(g)
+		if !slices.Contains(Groups, g) {
+			return nil, fmt.Errorf("unknown bench group %q: choose from %s", g, strings.Join(Groups, ", "))
+		}
+		out[g] = true
+	}
+	return out, nil
+}
