@@ -24,6 +24,8 @@ type templateJSON struct {
 	Packages   []string  `json:"packages,omitempty"`
 	ImageSize  int64     `json:"imageSizeBytes"`
 	InUse      int       `json:"sandboxesInUse"`
+	// Ready: creates restore a snapshot of the booted template.
+	Ready bool `json:"ready"`
 }
 
 func toTemplateJSON(t template.Template) templateJSON {
@@ -37,7 +39,9 @@ func toTemplateJSON(t template.Template) templateJSON {
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	out := []templateJSON{}
 	for _, t := range s.cfg.Templates.List() {
-		out = append(out, toTemplateJSON(t))
+		tj := toTemplateJSON(t)
+		tj.Ready = s.cfg.Sandboxes.IsReady(t.Name)
+		out = append(out, tj)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -48,7 +52,9 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toTemplateJSON(t))
+	tj := toTemplateJSON(t)
+	tj.Ready = s.cfg.Sandboxes.IsReady(t.Name)
+	writeJSON(w, http.StatusOK, tj)
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
@@ -61,7 +67,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	if err := s.cfg.Templates.Delete(r.PathValue("name")); err != nil {
+	if err := s.cfg.Sandboxes.DeleteTemplate(r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -108,6 +114,10 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		last = p
 		emit(BuildEvent{Progress: &p})
 	})
+	if err == nil {
+		emit(BuildEvent{Progress: &template.Progress{Phase: "ready", Percent: 99, Message: "booting once for fast creates"}})
+		err = s.cfg.Sandboxes.MakeReady(r.Context(), req.Name, true)
+	}
 	if err != nil {
 		status, code := errdefs.HTTPStatus(err)
 		emit(BuildEvent{Error: &errorBody{Code: status, ErrorCode: code, Message: err.Error()}})

@@ -79,6 +79,7 @@ type Template struct {
 	Packages   []string  `json:"packages,omitempty"`
 	ImageSize  int64     `json:"imageSizeBytes"`
 	InUse      int       `json:"sandboxesInUse"`
+	Ready      bool      `json:"ready"`
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {

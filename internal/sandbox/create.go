@@ -23,6 +23,9 @@ type source struct {
 	// hold keeps the snapshot in use for the sandbox's life (not for the
 	// internal snapshot of a fork, which is deleted after the restores).
 	hold bool
+	// ready marks a template's ready snapshot: the sandbox is a fresh one
+	// of the template (its own limits and environment), only faster.
+	ready bool
 }
 
 // Create starts a sandbox and returns once envd inside it answers. When
@@ -36,8 +39,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 		return m.create(ctx, req, &source{snap: sn, hold: true})
 	}
+	if sn, ok := m.readySnapshot(req.Template); ok {
+		sb, err := m.create(ctx, req, &source{snap: sn, ready: true})
+		if err == nil || !errors.Is(err, errRestore) {
+			return sb, err
+		}
+		// A ready snapshot that no longer restores (e.g. a new runtime
+		// build) must not break creates: drop it and boot.
+		m.d.Log.Warn("ready snapshot does not restore; booting instead", "template", req.Template, "snapshot", sn.ID, "err", err)
+		m.dropReady(req.Template)
+	}
 	return m.create(ctx, req, nil)
 }
+
+// errRestore marks a failure of the runtime's restore step.
+var errRestore = errors.New("restore failed")
 
 func (m *Manager) admit() error {
 	m.mu.Lock()
@@ -55,7 +71,7 @@ func (m *Manager) admit() error {
 // create runs the create path as a list of steps, each pushing its undo on
 // a cleanup stack; boot and restore share every step but the start.
 func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (Sandbox, error) {
-	if src != nil {
+	if src != nil && !src.ready {
 		// A restored sandbox keeps the snapshotted one's template, limits
 		// and environment: they are part of its memory.
 		req.Template, req.CPUs, req.MemoryMB, req.EnvVars = src.snap.Template, src.snap.CPUs, src.snap.MemoryMB, src.snap.EnvVars
@@ -101,7 +117,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		}
 		defer done()
 		restoreDir = dir
-		if src.hold {
+		if src.ready {
+			defer releaseSnap()
+		} else if src.hold {
 			sb.Snapshot = src.snap.ID
 			release = func() { releaseTemplate(); releaseSnap() }
 		} else {
@@ -165,7 +183,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 			return fail(fmt.Errorf("this runtime cannot restore snapshots: %w", errdefs.ErrInvalid))
 		}
 		if err := cp.Restore(ctx, spec, restoreDir); err != nil {
-			return fail(fmt.Errorf("restore snapshot %s: %w", src.snap.ID, err))
+			return fail(fmt.Errorf("restore snapshot %s: %w: %w", src.snap.ID, errRestore, err))
 		}
 	}
 	if err := m.d.Net.Activate(ctx, slot); err != nil {
@@ -177,7 +195,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if src != nil {
 		// The restored envd still holds the snapshotted sandbox's token:
 		// give this sandbox its own.
-		if err := m.rekey(ctx, sb, src.snap.AccessToken); err != nil {
+		var envs map[string]string
+		if src.ready {
+			// A fresh sandbox of the template: its own environment.
+			envs = readyEnv(sb)
+		}
+		if err := m.rekey(ctx, sb, src.snap.AccessToken, envs); err != nil {
 			return fail(err)
 		}
 	}
@@ -198,8 +221,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 }
 
 // rekey sets a new access token in a restored sandbox's envd.
-func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string) error {
-	body, _ := json.Marshal(map[string]string{"accessToken": sb.AccessToken})
+func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string, envs map[string]string) error {
+	body, _ := json.Marshal(map[string]any{"accessToken": sb.AccessToken, "envVars": envs})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+"/init", bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -33,6 +33,9 @@ type Deps struct {
 	Slots *netns.Pool
 	// Snapshots stores snapshots; nil disables snapshots and fork.
 	Snapshots *snapshot.Store
+	// ReadyTemplates makes creates restore a snapshot of a booted
+	// template instead of booting (see MakeReady).
+	ReadyTemplates bool
 	// Dir holds one directory per sandbox (record, bundle, logs).
 	Dir    string
 	Limits Limits

@@ -40,6 +40,8 @@ type Config struct {
 	Domain     string
 	APIKey     string
 	Limits     sandbox.Limits
+	// ReadyTemplates restores a snapshot of each booted template on create.
+	ReadyTemplates bool
 	// SlotPool is how many network slots are kept ready.
 	SlotPool int
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
@@ -93,7 +95,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps,
+		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates,
 		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
 	})
 	if err != nil {
@@ -114,6 +116,15 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 
 	go collectSnapshots(ctx, snaps, cfg.SnapshotPolicy, log)
+	// Make every template ready in the background; until a template is
+	// ready, its sandboxes boot.
+	go func() {
+		for _, t := range templates.List() {
+			if err := mgr.MakeReady(ctx, t.Name, false); err != nil {
+				log.Warn("template not ready; its sandboxes will boot", "template", t.Name, "err", err)
+			}
+		}
+	}()
 	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
 	go slots.Run(poolCtx)
 	defer func() { stopPool(); slots.Close() }()

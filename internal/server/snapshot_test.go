@@ -159,3 +159,47 @@ func checkContinuity(t *testing.T, e *env, sb client.Sandbox, want string) {
 		t.Errorf("sandbox %s: memory server answers %q, want %q", sb.SandboxID, got, want)
 	}
 }
+
+func TestReadyTemplate(t *testing.T) {
+	e := sharedServer(t)
+	ctx := context.Background()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ts, err := e.client.ListTemplates(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready := false
+		for _, tpl := range ts {
+			ready = ready || (tpl.TemplateID == "busybox" && tpl.Ready)
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("busybox template not ready within 60s of start")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Two sandboxes from the ready snapshot: each has its own identity,
+	// environment, token and filesystem.
+	a := e.create(t, client.CreateRequest{EnvVars: map[string]string{"WHO": "a"}})
+	b := e.create(t, client.CreateRequest{EnvVars: map[string]string{"WHO": "b"}})
+	for _, c := range []struct {
+		sb  client.Sandbox
+		who string
+	}{{a, "a"}, {b, "b"}} {
+		res := e.sh(t, c.sb, `echo "$WHO $E2B_SANDBOX_ID"; id -un; ls /tmp`)
+		want := fmt.Sprintf("%s %s\nuser\n", c.who, c.sb.SandboxID)
+		if string(res.Stdout) != want {
+			t.Errorf("sandbox %s from the ready template: %q, want %q", c.sb.SandboxID, res.Stdout, want)
+		}
+	}
+	if a.EnvdAccessToken == b.EnvdAccessToken {
+		t.Error("two sandboxes from a ready template share an access token")
+	}
+	e.sh(t, a, "echo x > /tmp/only-a")
+	if res := e.sh(t, b, "ls /tmp"); strings.Contains(string(res.Stdout), "only-a") {
+		t.Error("a write in one sandbox from a ready template shows in another")
+	}
+}

@@ -228,6 +228,19 @@ func (s *Store) List(sandboxID string) []Snapshot {
 	return out
 }
 
+// ListAll returns every snapshot, internal ones included.
+func (s *Store) ListAll() []Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Snapshot, 0, len(s.snaps))
+	for _, sn := range s.snaps {
+		c := *sn
+		c.InUse = s.refs[sn.ID]
+		out = append(out, c)
+	}
+	return out
+}
+
 // Acquire marks the snapshot as used by one more sandbox and returns a
 // directory laid out as the runtime wrote it (hard links to the blobs),
 // a function that removes that directory once the restore is done, and a
@@ -365,7 +378,8 @@ func (s *Store) GC(p Policy) []string {
 			tooOld := p.MaxAge > 0 && time.Since(sn.CreatedAt) > p.MaxAge
 			tooMany := p.MaxCount > 0 && len(all) > p.MaxCount
 			tooBig := p.MaxBytes > 0 && total > p.MaxBytes
-			if sn.Internal || tooOld || tooMany || tooBig {
+			ready := strings.HasPrefix(sn.Name, "ready:")
+			if (sn.Internal && !ready) || (!ready && (tooOld || tooMany || tooBig)) {
 				victim = sn
 				break
 			}

@@ -1,0 +1,97 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"agentenv/internal/snapshot"
+)
+
+// Ready templates: a template is booted once, its envd is waited for, and
+// the running sandbox is snapshotted; creating a sandbox of the template
+// then restores that snapshot instead of booting. The snapshot is internal
+// (not listed), named "ready:<template>", and made again when the runtime
+// build or the template changes.
+
+const readyPrefix = "ready:"
+
+// readySnapshot returns the ready snapshot of a template, if ready
+// templates are on and it was made by this runtime build.
+func (m *Manager) readySnapshot(template string) (snapshot.Snapshot, bool) {
+	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
+		return snapshot.Snapshot{}, false
+	}
+	for _, sn := range m.d.Snapshots.ListAll() {
+		if sn.Internal && sn.Name == readyPrefix+template && sn.Runtime == m.d.Runtime.Version() {
+			return sn, true
+		}
+	}
+	return snapshot.Snapshot{}, false
+}
+
+// dropReady deletes the ready snapshots of a template (all builds).
+func (m *Manager) dropReady(template string) {
+	if m.d.Snapshots == nil {
+		return
+	}
+	for _, sn := range m.d.Snapshots.ListAll() {
+		if sn.Internal && sn.Name == readyPrefix+template {
+			if err := m.d.Snapshots.Delete(sn.ID); err != nil {
+				m.d.Log.Warn("delete ready snapshot", "snapshot", sn.ID, "err", err)
+			}
+		}
+	}
+}
+
+// MakeReady boots the template once and keeps a snapshot of it, replacing
+// an older one (always when force, e.g. after a rebuild; otherwise only if
+// there is none for this runtime build). It is a no-op when ready templates
+// are off.
+func (m *Manager) MakeReady(ctx context.Context, template string, force bool) error {
+	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
+		return nil
+	}
+	if _, ok := m.readySnapshot(template); ok && !force {
+		return nil
+	}
+	m.dropReady(template)
+	start := time.Now()
+	// Boot with the default limits; a sandbox restored from it gets its
+	// own limits from its create request.
+	sb, err := m.create(ctx, CreateRequest{Template: template, Timeout: time.Minute}, nil)
+	if err != nil {
+		return fmt.Errorf("boot template %s to make it ready: %w", template, err)
+	}
+	defer m.Kill(context.WithoutCancel(ctx), sb.ID)
+	if _, err := m.Snapshot(ctx, sb.ID, SnapshotRequest{Name: readyPrefix + template, internal: true}); err != nil {
+		return fmt.Errorf("snapshot template %s: %w", template, err)
+	}
+	m.d.Log.Info("template ready", "template", template, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// DeleteTemplate deletes a template and its ready snapshot.
+func (m *Manager) DeleteTemplate(name string) error {
+	if err := m.d.Templates.Delete(name); err != nil {
+		return err
+	}
+	m.dropReady(name)
+	return nil
+}
+
+// readyEnv is the environment a sandbox restored from a ready snapshot
+// gets through envd: its own variables and identity.
+func readyEnv(sb Sandbox) map[string]string {
+	env := map[string]string{"E2B_SANDBOX_ID": sb.ID}
+	for k, v := range sb.EnvVars {
+		env[k] = v
+	}
+	return env
+}
+
+// IsReady reports whether creates of the template restore a ready snapshot.
+func (m *Manager) IsReady(template string) bool {
+	_, ok := m.readySnapshot(template)
+	return ok
+}
