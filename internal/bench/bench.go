@@ -1,6 +1,8 @@
 // Package bench measures agentenv's sandbox operations against a running
-// server and, in the same run, the same work done with the raw runsc CLI
-// and with crun, and prints the result as a table.
+// server (create, exec, files, kill, pause/resume, snapshot, restore, fork,
+// churn, memory per sandbox) and, in the same run, the same work done with
+// the raw runsc CLI and, where it has an equivalent, with crun, and prints
+// the result as a table.
 //
 // It is a measuring tool, not a test: it asserts nothing about speed. It
 // must leave nothing behind (containers, sandboxes, mounts, temp dirs), also
@@ -80,6 +82,10 @@ type Report struct {
 	ChurnSeconds    float64 `json:"churn_seconds"`
 	ChurnInFlight   int     `json:"churn_in_flight"`
 	Density         int     `json:"density"`
+	// ReadyTemplate says that the server creates sandboxes of Template by
+	// restoring a snapshot of it booted once (a ready template) rather than
+	// by booting: the create row then measures that path.
+	ReadyTemplate bool `json:"ready_template"`
 	// Targets are the measured targets in column order.
 	Targets []string `json:"targets"`
 	// Stats holds, per target and timed operation, the summary of its
@@ -153,6 +159,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 			err = errors.Join(err, cerr)
 		}
 	}()
+	if rep.ReadyTemplate, err = templateReady(ctx, cfg.Client, cfg.Template); err != nil {
+		return rep, err
+	}
 	payload := make([]byte, PayloadSize)
 	rand.Read(payload)
 	ts, notes, err := setUp(ctx, cfg, payload, &cl)
@@ -171,6 +180,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 		return rep, err
 	}
 	return rep, WriteTable(out, rep)
+}
+
+// templateReady checks that the template exists and reports whether the
+// server creates its sandboxes from a ready snapshot.
+func templateReady(ctx context.Context, c *client.Client, name string) (bool, error) {
+	tpls, err := c.ListTemplates(ctx)
+	if err != nil {
+		return false, fmt.Errorf("list templates: %w", err)
+	}
+	for _, t := range tpls {
+		if t.TemplateID == name {
+			return t.Ready, nil
+		}
+	}
+	return false, fmt.Errorf("template %q does not exist on the server: pick one with --template (see `agentenv template list`)", name)
 }
 
 // runner runs the groups of rows one after the other and collects their

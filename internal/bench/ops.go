@@ -45,8 +45,8 @@ type opInfo struct {
 }
 
 var ops = map[Operation]opInfo{
-	// There is no ready-template path in the server yet: create boots a
-	// sandbox. When a ready template exists, this row measures it.
+	// Create boots a sandbox unless the server has a ready snapshot of the
+	// template (serve --ready-templates); the table then says so.
 	OpCreate:      {"create (boot) until a command runs", KindTime, GroupBasic},
 	OpExec:        {"exec /bin/true", KindTime, GroupBasic},
 	OpFile:        {"write + read 1 MiB", KindTime, GroupBasic},

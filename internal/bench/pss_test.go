@@ -34,7 +34,7 @@ func TestDescendants(t *testing.T) {
 		11: {ppid: 10},
 		12: {ppid: 10},
 		13: {ppid: 12}, // grandchild
-		20: {ppid: 1}, // another sandbox
+		20: {ppid: 1},  // another sandbox
 		21: {ppid: 20},
 	}
 	tests := []struct {

@@ -42,7 +42,7 @@ func WriteTable(w io.Writer, rep Report) error {
 		if !measured(rep, op) {
 			continue
 		}
-		row := []string{op.Label()}
+		row := []string{rowLabel(rep, op)}
 		for _, t := range rep.Targets {
 			_, ok := value(rep, t, op)
 			row = append(row, cellOf(rep, t, op, ok))
@@ -61,6 +61,15 @@ func WriteTable(w io.Writer, rep Report) error {
 		fmt.Fprintln(w, "  "+n)
 	}
 	return nil
+}
+
+// rowLabel is op's label, except that the create row says which path the
+// server took.
+func rowLabel(rep Report, op Operation) string {
+	if op == OpCreate && rep.ReadyTemplate {
+		return "create (ready template) until a command runs"
+	}
+	return op.Label()
 }
 
 // value is the number a row's ratio compares: p50 for times, cycles/s for

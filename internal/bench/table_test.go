@@ -160,3 +160,23 @@ func TestEveryOperationHasALabelAndGroup(t *testing.T) {
 		t.Errorf("Operations lists %d rows, ops describes %d", len(seen), len(ops))
 	}
 }
+
+func TestWriteTableCreateLabel(t *testing.T) {
+	for _, tt := range []struct {
+		ready bool
+		want  string
+	}{
+		{false, "create (boot) until a command runs"},
+		{true, "create (ready template) until a command runs"},
+	} {
+		rep := Report{Template: "busybox", Iterations: 1, Targets: []string{TargetAgentenv}, ReadyTemplate: tt.ready,
+			Stats: map[string]map[Operation]Stats{TargetAgentenv: {OpCreate: {N: 1, P50Ms: 1, P95Ms: 1, MaxMs: 1}}}}
+		var b strings.Builder
+		if err := WriteTable(&b, rep); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tt.want) {
+			t.Errorf("ready template %v: table lacks %q; got:\n%s", tt.ready, tt.want, b.String())
+		}
+	}
+}

@@ -19,7 +19,8 @@ func benchCmd(g *globals) *cobra.Command {
 		Long: `Measure, against the running server, and beside the same work done with the
 raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip):
 
-  basic     create (boot) until a command runs, exec, 1 MiB write + read, kill
+  basic     create until a command runs (boot, or restore of a ready template),
+            exec, 1 MiB write + read, kill
   pause     pause, resume
   snapshot  snapshot of an idle sandbox
   restore   create from a snapshot until a command runs

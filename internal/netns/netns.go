@@ -225,6 +225,10 @@ func addressSandboxSide(h *netlink.Handle) error {
 // sandbox has taken eth0 over: from then on the host reaches the sandbox
 // at slot.SandboxIP and the sandbox's traffic leaves through the host.
 func (m *Manager) Activate(_ context.Context, slot Slot) error {
+	// A neighbour entry for the slot's address left by an earlier sandbox
+	// (or by a probe before the link was up) makes the next connection
+	// wait a full ARP retry (~1 s): start clean.
+	flushNeighbours(nil, slot.HostIf)
 	ns, err := vnetns.GetFromPath(slot.Path())
 	if err != nil {
 		return fmt.Errorf("open network namespace %s: %w", slot.Namespace, err)
@@ -448,4 +452,23 @@ func deleteNamed(name string) error {
 		return err
 	}
 	return nil
+}
+
+// flushNeighbours deletes the neighbour (ARP) entries of a link; h nil
+// means the host's namespace.
+func flushNeighbours(h *netlink.Handle, link string) {
+	if h == nil {
+		h = &netlink.Handle{}
+	}
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return
+	}
+	neighs, err := h.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return
+	}
+	for _, n := range neighs {
+		h.NeighDel(&n)
+	}
 }

@@ -221,5 +221,6 @@ func (m *Manager) Recycle(_ context.Context, s Slot) error {
 	if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil {
 		return fmt.Errorf("flush connection tracking: %w", err)
 	}
+	flushNeighbours(nil, s.HostIf)
 	return addressSandboxSide(h)
 }

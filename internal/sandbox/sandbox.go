@@ -125,7 +125,7 @@ func DefaultLimits() Limits {
 		MaxSandboxes:   2000,
 		Nproc:          1024,
 		MaxFork:        16,
-		ForkParallel:   4,
+		ForkParallel:   8,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -50,7 +51,7 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
-		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool, ReadyTemplates: true,
+		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool, ReadyTemplates: true, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -113,6 +114,9 @@ func (e *env) stop() error {
 		return fmt.Errorf("server did not stop within 30s")
 	}
 }
+
+// See cmd/agentenv: the main thread must never change namespaces.
+func init() { goruntime.LockOSThread() }
 
 func TestMain(m *testing.M) {
 	code := m.Run()

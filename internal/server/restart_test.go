@@ -231,4 +231,8 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 			t.Errorf("sandbox directory left: %s", e.Name())
 		}
 	}
+	if t.Failed() {
+		b, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
+		t.Logf("server log:\n%s", b)
+	}
 }

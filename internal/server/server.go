@@ -21,7 +21,9 @@ import (
 	"agentenv/internal/api"
 	"agentenv/internal/netns"
 	"agentenv/internal/proxy"
+	"agentenv/internal/runtime"
 	"agentenv/internal/runtime/gvisor"
+	"agentenv/internal/runtime/gvisorgo"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
@@ -40,6 +42,9 @@ type Config struct {
 	Domain     string
 	APIKey     string
 	Limits     sandbox.Limits
+	// Runtime says how gVisor is driven: "go" (its Go packages in-process)
+	// or "cli" (the runsc binary per call).
+	Runtime string
 	// ReadyTemplates restores a snapshot of each booted template on create.
 	ReadyTemplates bool
 	// SlotPool is how many network slots are kept ready.
@@ -70,11 +75,11 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
-	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Cgroups: !cfg.NoCgroups})
+	rt, err := newRuntime(cfg)
 	if err != nil {
 		return err
 	}
-	log.Info("runtime", "runsc", rt.Version())
+	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
 	templates, err := template.Open(filepath.Join(cfg.DataDir, "templates"), envdPath, log)
 	if err != nil {
 		return err
@@ -221,4 +226,18 @@ func collectSnapshots(ctx context.Context, s *snapshot.Store, p snapshot.Policy,
 		case <-t.C:
 		}
 	}
+}
+
+// newRuntime builds the configured gVisor driver. Both keep runsc's state
+// layout and version string, so a server can restart with the other one
+// and adopt its sandboxes.
+func newRuntime(cfg Config) (runtime.Runtime, error) {
+	root := filepath.Join(cfg.DataDir, "runsc")
+	switch cfg.Runtime {
+	case "cli":
+		return gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups})
+	case "go", "":
+		return gvisorgo.New(gvisorgo.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups})
+	}
+	return nil, fmt.Errorf("--runtime %q: use go (in-process) or cli", cfg.Runtime)
 }

@@ -1,0 +1,34 @@
+package gvisorgo_test
+
+import (
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+
+	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/gvisorgo"
+	"agentenv/internal/runtime/runtimetest"
+	"agentenv/internal/template"
+	"agentenv/internal/testenv"
+)
+
+func TestConformance(t *testing.T) {
+	runsc := testenv.NeedRunsc(t)
+	dir := t.TempDir()
+	store, err := template.Open(filepath.Join(dir, "templates"), testenv.BuildEnvd(t, dir), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.EnsureBusybox(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	env := runtimetest.Env{Image: store.ImagePath("busybox"), Dir: filepath.Join(dir, "sandboxes")}
+	runtimetest.Run(t, env, func(t *testing.T) runtime.Runtime {
+		g, err := gvisorgo.New(gvisorgo.Config{Runsc: runsc, Root: filepath.Join(dir, "runsc"), Cgroups: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	})
+}

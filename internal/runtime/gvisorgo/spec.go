@@ -1,0 +1,120 @@
+package gvisorgo
+
+// This file duplicates internal/runtime/gvisor/spec.go on purpose: both
+// runtimes must give gVisor the same OCI spec, so a sandbox created by one can
+// be listed, checkpointed and deleted by the other (and by the runsc CLI).
+// The builder should move to one shared place (proposed: a package
+// internal/runtime/ocispec with Build(spec runtime.Spec, cgroupsPath string)
+// (*specs.Spec, error)); until then, change both copies together.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"agentenv/internal/runtime"
+)
+
+// Capabilities of the sandbox's init process (envd runs as root inside the
+// sandbox and drops to the requested user per command). This is Docker's
+// default set; gVisor's own kernel enforces them.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// ociSpec returns the OCI spec for spec. cgroupsPath is empty when the
+// runtime does not manage cgroups.
+func ociSpec(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
+	caps := &specs.LinuxCapabilities{
+		Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
+	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	nsList := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace},
+		{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+		{Type: specs.NetworkNamespace, Path: spec.NetNS},
+	}
+	s := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: spec.Hostname,
+		Process: &specs.Process{
+			User:         specs.User{UID: 0, GID: 0},
+			Args:         spec.Args,
+			Env:          spec.Env,
+			Cwd:          cwd,
+			Capabilities: caps,
+			Rlimits:      rlimits(spec),
+		},
+		// The rootfs comes from the EROFS image (annotations below); the
+		// path must still name an (empty) directory.
+		Root: &specs.Root{Path: rootfs},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+		},
+		Annotations: map[string]string{
+			"dev.gvisor.spec.rootfs.source":  spec.Image,
+			"dev.gvisor.spec.rootfs.type":    "erofs",
+			"dev.gvisor.spec.rootfs.overlay": "memory",
+		},
+		Linux: &specs.Linux{
+			Namespaces:  nsList,
+			Resources:   resources(spec),
+			CgroupsPath: cgroupsPath,
+		},
+	}
+	return s
+}
+
+// writeBundle writes the OCI bundle for spec into spec.Dir and returns its
+// path. The state file records the bundle path, and the sandbox process
+// reads config.json from it, exactly as with `runsc create --bundle`.
+func writeBundle(spec runtime.Spec, cgroupsPath string) (string, error) {
+	bundle := filepath.Join(spec.Dir, "bundle")
+	rootfs := filepath.Join(bundle, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(ociSpec(spec, rootfs, cgroupsPath), "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return bundle, os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
+}
+
+func resources(spec runtime.Spec) *specs.LinuxResources {
+	r := &specs.LinuxResources{}
+	if spec.MemoryMB > 0 {
+		limit := spec.MemoryMB << 20
+		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if spec.CPUs > 0 {
+		period := uint64(100000)
+		quota := int64(spec.CPUs * float64(period))
+		r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if spec.Pids > 0 {
+		// gVisor enforces RLIMIT_NPROC itself (forks fail with EAGAIN); the
+		// host pids cgroup is only a backstop, since hitting it crashes the
+		// whole sandbox (each sandbox task costs 1-2 host threads).
+		r.Pids = &specs.LinuxPids{Limit: 3*spec.Pids + 128}
+	}
+	return r
+}
+
+func rlimits(spec runtime.Spec) []specs.POSIXRlimit {
+	out := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}}
+	if spec.Pids > 0 {
+		out = append(out, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(spec.Pids), Soft: uint64(spec.Pids)})
+	}
+	return out
+}
