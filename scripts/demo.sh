@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's demo: start agentenv (unless one is already serving), build
 # the Debian template "base" if it is missing, create a sandbox, run Python
-# in it, fork-free for now, print the result, kill the sandbox.
+# in it, fork it and show that the children continue from its state, kill
+# everything it made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,5 +35,23 @@ trap '$AE sandbox kill "$ID" >/dev/null 2>&1 || true' EXIT
 
 echo "demo: running Python in it"
 $AE sandbox exec "$ID" -- python3 -c 'import platform, sys; print("hello from", platform.python_implementation(), sys.version.split()[0], "in", platform.node()); print(sum(i*i for i in range(10**6)))'
+echo "demo: starting a Python process that holds a counter in memory, then forking the sandbox into 3"
+$AE sandbox exec "$ID" 'nohup python3 -c "
+import socket, itertools
+c = itertools.count(42)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((\"127.0.0.1\", 7000)); s.listen()
+while True:
+    conn, _ = s.accept(); conn.sendall(str(next(c)).encode()); conn.close()
+" >/dev/null 2>&1 & sleep 0.5; echo parent-file > /tmp/state'
+start=$(date +%s%N)
+CHILDREN=$($AE sandbox fork "$ID" -n 3)
+echo "demo: forked 3 children in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+trap '$AE sandbox kill "$ID" $CHILDREN >/dev/null 2>&1 || true' EXIT
+ASK='python3 -c "import socket; s=socket.create_connection((\"127.0.0.1\",7000)); print(s.recv(64).decode())"'
+for c in $CHILDREN; do
+	echo "demo: child $c: file=$($AE sandbox exec "$c" 'cat /tmp/state') counter=$($AE sandbox exec "$c" "$ASK")"
+done
+echo "demo: parent: counter=$($AE sandbox exec "$ID" "$ASK") (each child continued from the same state, independently)"
 $AE sandbox list
 echo "demo: done (the server keeps running; stop it with: pkill -f 'agentenv serve')"

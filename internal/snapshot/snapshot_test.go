@@ -1,0 +1,141 @@
+package snapshot
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"agentenv/internal/errdefs"
+)
+
+// checkpoint writes files into a new checkpoint directory of the store.
+func checkpoint(t *testing.T, s *Store, files map[string]string) string {
+	t.Helper()
+	dir, err := s.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func blobs(t *testing.T, s *Store) int {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(s.dir, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+func TestContentAddressedAndRestorable(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": "state-a", "pages.img": "same pages"}), Snapshot{Name: "a", Template: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": "state-b", "pages.img": "same pages"}), Snapshot{Name: "b", Template: "busybox", Parent: a.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := blobs(t, s), 3; got != want {
+		t.Errorf("blobs = %d, want %d (identical pages stored once)", got, want)
+	}
+	if a.Size != int64(len("state-a")+len("same pages")) {
+		t.Errorf("size = %d", a.Size)
+	}
+
+	dir, done, release, err := s.Acquire(b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "checkpoint.img"))
+	if err != nil || string(got) != "state-b" {
+		t.Errorf("restore dir checkpoint.img = %q, %v", got, err)
+	}
+	done()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("restore dir still there after done: %v", err)
+	}
+	if err := s.Delete(b.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("delete while in use: %v, want conflict", err)
+	}
+	if err := s.Delete(a.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("delete a parent: %v, want conflict", err)
+	}
+	release()
+	release() // idempotent
+
+	// Survives a reopen.
+	s2, err := Open(s.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.Get(b.ID); err != nil {
+		t.Fatalf("after reopen: %v", err)
+	}
+	if err := s2.Delete(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Delete(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := blobs(t, s2); got != 0 {
+		t.Errorf("blobs after deleting everything = %d, want 0", got)
+	}
+	if err := s2.Delete(a.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("delete twice: %v, want not found", err)
+	}
+}
+
+func TestGC(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(name string, age time.Duration, internal bool) Snapshot {
+		sn, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": name}), Snapshot{Name: name, Internal: internal, CreatedAt: time.Now().Add(-age)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sn
+	}
+	old := add("old", 48*time.Hour, false)
+	inUse := add("old-in-use", 48*time.Hour, false)
+	fresh := add("fresh", time.Minute, false)
+	leftover := add("fork-leftover", time.Minute, true)
+	ready := add("ready:busybox", 48*time.Hour, true)
+	_, _, release, err := s.Acquire(inUse.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+
+	deleted := s.GC(Policy{MaxAge: 24 * time.Hour})
+	want := map[string]bool{old.ID: true, leftover.ID: true}
+	if len(deleted) != len(want) {
+		t.Errorf("GC deleted %v, want %v", deleted, want)
+	}
+	for _, id := range deleted {
+		if !want[id] {
+			t.Errorf("GC deleted %s, which it must keep", id)
+		}
+	}
+	for _, keep := range []Snapshot{inUse, fresh, ready} {
+		if !s.Has(keep.ID) {
+			t.Errorf("GC deleted %s (%s)", keep.ID, keep.Name)
+		}
+	}
+	if got := s.GC(Policy{MaxCount: 1}); len(got) != 1 || got[0] != fresh.ID {
+		t.Errorf("GC by count deleted %v, want only %s (the others are in use or ready)", got, fresh.ID)
+	}
+}
