@@ -10,6 +10,7 @@ import (
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/ocispec"
 )
 
 var _ runtime.Checkpointer = (*Gvisor)(nil)
@@ -41,7 +42,7 @@ func (g *Gvisor) Restore(ctx context.Context, spec runtime.Spec, dir string) (er
 			}
 		}
 	}()
-	bundle, err := g.writeBundle(spec)
+	bundle, err := ocispec.WriteBundle(spec, g.cgroupsPathFor(spec.ID))
 	if err != nil {
 		return fmt.Errorf("write bundle: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/ocispec"
 )
 
 // Config configures the runtime.
@@ -81,6 +82,14 @@ func (g *Gvisor) Version() string { return g.version }
 
 func (g *Gvisor) cgroupPath(id string) string { return "/" + g.parent + "/" + id }
 
+// cgroupsPathFor is the spec's cgroups path: none when cgroups are off.
+func (g *Gvisor) cgroupsPathFor(id string) string {
+	if !g.cgroups {
+		return ""
+	}
+	return g.cgroupPath(id)
+}
+
 func (g *Gvisor) globalArgs(network string) []string {
 	args := []string{"--root", g.root, "--platform", "systrap", "--network", network}
 	if !g.cgroups {
@@ -101,7 +110,7 @@ func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) (err error) {
 			}
 		}
 	}()
-	bundle, err := g.writeBundle(spec)
+	bundle, err := ocispec.WriteBundle(spec, g.cgroupsPathFor(spec.ID))
 	if err != nil {
 		return fmt.Errorf("write bundle: %w", err)
 	}

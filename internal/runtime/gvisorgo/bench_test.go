@@ -12,6 +12,7 @@ import (
 
 	"agentenv/internal/runtime"
 	"agentenv/internal/runtime/gvisor"
+	"agentenv/internal/runtime/ocispec"
 )
 
 // BenchmarkRuntimes measures each lifecycle operation of this runtime ("go")
@@ -254,7 +255,7 @@ func setupRestorePrepared(b *testing.B, e benchEnv, r runtime.Runtime) func(int)
 			if e.cgroups {
 				cg = "/agentenv/" + s.ID
 			}
-			bundle, err := writeBundle(s, cg)
+			bundle, err := ocispec.WriteBundle(s, cg)
 			must(b, err)
 			must(b, e.runscCmd(s, "create", "--bundle", bundle, s.ID))
 			d = timed(func() {

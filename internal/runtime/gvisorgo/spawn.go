@@ -15,6 +15,7 @@ import (
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/ocispec"
 )
 
 // spawnMu serializes container.New across the whole process, for three
@@ -61,7 +62,7 @@ func (g *Gvisor) prepare(ctx context.Context, spec runtime.Spec) (*container.Con
 	if _, err := g.load(spec.ID, false); err == nil {
 		return nil, nil, errdefs.Conflict("sandbox %s already exists", spec.ID)
 	}
-	bundle, err := writeBundle(spec, g.cgroupPath(spec.ID))
+	bundle, err := ocispec.WriteBundle(spec, g.cgroupPath(spec.ID))
 	if err != nil {
 		return nil, nil, fmt.Errorf("write bundle: %w", err)
 	}

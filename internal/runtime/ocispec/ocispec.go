@@ -1,11 +1,9 @@
-package gvisorgo
-
-// This file duplicates internal/runtime/gvisor/spec.go on purpose: both
-// runtimes must give gVisor the same OCI spec, so a sandbox created by one can
-// be listed, checkpointed and deleted by the other (and by the runsc CLI).
-// The builder should move to one shared place (proposed: a package
-// internal/runtime/ocispec with Build(spec runtime.Spec, cgroupsPath string)
-// (*specs.Spec, error)); until then, change both copies together.
+// Package ocispec builds the OCI runtime spec (and bundle) of a sandbox
+// for gVisor: EROFS root image with a memory overlay, limits, namespaces.
+// Both gVisor drivers use it, so a sandbox made by one can be listed,
+// checkpointed and deleted by the other and by the runsc CLI. It must not
+// start anything.
+package ocispec
 
 import (
 	"encoding/json"
@@ -26,9 +24,9 @@ var defaultCaps = []string{
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
-// ociSpec returns the OCI spec for spec. cgroupsPath is empty when the
+// Build returns the OCI spec for spec. cgroupsPath is empty when the
 // runtime does not manage cgroups.
-func ociSpec(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
+func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 	caps := &specs.LinuxCapabilities{
 		Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
 	}
@@ -75,16 +73,16 @@ func ociSpec(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 	return s
 }
 
-// writeBundle writes the OCI bundle for spec into spec.Dir and returns its
+// WriteBundle writes the OCI bundle for spec into spec.Dir and returns its
 // path. The state file records the bundle path, and the sandbox process
 // reads config.json from it, exactly as with `runsc create --bundle`.
-func writeBundle(spec runtime.Spec, cgroupsPath string) (string, error) {
+func WriteBundle(spec runtime.Spec, cgroupsPath string) (string, error) {
 	bundle := filepath.Join(spec.Dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return "", err
 	}
-	b, err := json.MarshalIndent(ociSpec(spec, rootfs, cgroupsPath), "", "  ")
+	b, err := json.MarshalIndent(Build(spec, rootfs, cgroupsPath), "", "  ")
 	if err != nil {
 		return "", err
 	}
