@@ -218,7 +218,10 @@ func addressSandboxSide(h *netlink.Handle) error {
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: GatewayIP}); err != nil {
 		return fmt.Errorf("default route: %w", err)
 	}
-	return nil
+	// A static neighbour entry (the runtime copies it): the sandbox never
+	// has to ARP for its gateway, whose MAC is fixed.
+	return h.NeighSet(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: GatewayIP, HardwareAddr: gatewayMAC})
 }
 
 // Activate brings up the namespace's side of both veth pairs once the
@@ -256,6 +259,12 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 	}
 	if err := h.LinkSetUp(gw); err != nil {
 		return err
+	}
+	// Nor does the namespace kernel ARP for the sandbox: a restored
+	// sandbox may miss the first request, which costs a 1 s retry.
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: gw.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: InternalIP, HardwareAddr: sandboxMAC}); err != nil {
+		return fmt.Errorf("neighbour entry for the sandbox: %w", err)
 	}
 	up, err := h.LinkByName(uplinkIf)
 	if err != nil {

@@ -171,6 +171,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return fail(fmt.Errorf("egress policy: %w", err))
 	}
 
+	tSlot := time.Since(now)
 	spec := m.spec(sb, image)
 	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	if src == nil {
@@ -186,12 +187,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 			return fail(fmt.Errorf("restore snapshot %s: %w: %w", src.snap.ID, errRestore, err))
 		}
 	}
+	tStart := time.Since(now)
 	if err := m.d.Net.Activate(ctx, slot); err != nil {
 		return fail(fmt.Errorf("activate network: %w", err))
 	}
+	tActive := time.Since(now)
 	if err := m.waitEnvd(ctx, sb); err != nil {
 		return fail(err)
 	}
+	tEnvd := time.Since(now)
 	if src != nil {
 		// The restored envd still holds the snapshotted sandbox's token:
 		// give this sandbox its own.
@@ -216,7 +220,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	}
 	cl.keep()
 	m.watch(e)
-	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "took", time.Since(now).Round(time.Millisecond))
+	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "took", time.Since(now).Round(time.Millisecond),
+		"slot", tSlot.Round(time.Millisecond), "start", tStart.Round(time.Millisecond), "network", tActive.Round(time.Millisecond), "envd", tEnvd.Round(time.Millisecond))
 	return e.sb, nil
 }
 

@@ -155,10 +155,19 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 	defer cancel()
 	url := "http://" + sb.Addr(envd.Port) + "/health"
 	delay := time.Millisecond
+	// Each attempt gets a short deadline that grows: a SYN that reaches a
+	// sandbox still finishing its start (or restore) is dropped, and the
+	// kernel would retry it only after a full second.
+	attempt := 50 * time.Millisecond
 	var last error
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		req, _ := http.NewRequestWithContext(actx, http.MethodGet, url, nil)
 		resp, err := m.client.Do(req)
+		acancel()
+		if attempt < 2*time.Second {
+			attempt *= 2
+		}
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
