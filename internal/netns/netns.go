@@ -9,9 +9,11 @@
 // when the sandbox starts), so every sandbox sees the same address and
 // gateway and a snapshot restores in any slot. The namespace's kernel
 // translates between that fixed address and the slot's unique address
-// 10.88.N.2, which is what the host and the proxy use. gw0 and up0 stay down
-// and unaddressed until the sandbox has started (Activate), because the
-// runtime takes every interface that is up and has an address.
+// 10.88.N.2, which is what the host and the proxy use. gw0 and up0 stay
+// unaddressed until the sandbox has started (Activate), because the runtime
+// takes every interface that is up and has an address; they are up from
+// the start (and the namespace has no IPv6) so that no carrier change
+// happens on the create path.
 //
 // It must not know about sandboxes or runtimes; callers own slot indexes.
 package netns
@@ -191,12 +193,14 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 	}); err != nil {
 		return slot, fmt.Errorf("create sandbox veth: %w", err)
 	}
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return slot, err
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return slot, err
+	for _, name := range []string{"lo", gatewayIf, uplinkIf} {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return slot, err
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			return slot, err
+		}
 	}
 	return slot, addressSandboxSide(h)
 }
@@ -257,9 +261,6 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 	if err := h.AddrReplace(gw, &netlink.Addr{IPNet: &net.IPNet{IP: GatewayIP, Mask: internal30}}); err != nil {
 		return fmt.Errorf("address gateway: %w", err)
 	}
-	if err := h.LinkSetUp(gw); err != nil {
-		return err
-	}
 	// Nor does the namespace kernel ARP for the sandbox: a restored
 	// sandbox may miss the first request, which costs a 1 s retry.
 	if err := h.NeighSet(&netlink.Neigh{LinkIndex: gw.Attrs().Index, Family: netlink.FAMILY_V4,
@@ -273,9 +274,6 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 	if err := h.AddrReplace(up, &netlink.Addr{IPNet: &net.IPNet{IP: slot.SandboxIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
 		return fmt.Errorf("address uplink: %w", err)
 	}
-	if err := h.LinkSetUp(up); err != nil {
-		return err
-	}
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: up.Attrs().Index, Gw: slot.HostIP}); err != nil {
 		return fmt.Errorf("namespace default route: %w", err)
 	}
@@ -288,6 +286,16 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 func setupInside(ctx context.Context, slot Slot) error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("enable forwarding in the namespace: %w", err)
+	}
+	// No IPv6 here: an interface that is up gets a link-local address,
+	// and the runtime takes every interface with an address. Without it,
+	// gw0 and up0 can be up from the start and stay up (a carrier change
+	// takes effect only when the kernel's link watcher runs, up to 1 s
+	// later, and drops packets until then).
+	for _, f := range []string{"all", "default"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("1"), 0o644); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("disable IPv6 in the namespace: %w", err)
+		}
 	}
 	ruleset := fmt.Sprintf(`table ip slot {
 	chain raw {

@@ -234,10 +234,16 @@ func TestCreateDelete(t *testing.T) {
 	if lo := linkIn(t, h, "lo"); lo.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("lo in the namespace is down")
 	}
+	// gw0 and up0 are up from the start (no carrier change on the create
+	// path) but have no address, IPv6 link-local included, so the runtime
+	// does not take them.
 	for _, name := range []string{"gw0", "up0"} {
 		l := linkIn(t, h, name)
-		if l.Attrs().Flags&net.FlagUp != 0 {
-			t.Errorf("%s is up before Activate", name)
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("%s is down before Activate", name)
+		}
+		if v6, err := h.AddrList(l, netlink.FAMILY_V6); err != nil || len(v6) != 0 {
+			t.Errorf("%s has IPv6 addresses %v (%v): the runtime would take it", name, v6, err)
 		}
 		if addrs := addrsOf(t, h, l); len(addrs) != 0 {
 			t.Errorf("%s has addresses %v before Activate, want none", name, addrs)

@@ -187,7 +187,7 @@ func (p *Pool) drain() {
 }
 
 // Recycle makes a slot whose sandbox is gone ready for the next one: the
-// namespace side goes down and loses its addresses, eth0 gets the internal
+// namespace side loses its addresses, eth0 gets the internal
 // address back (the runtime removed it), connection tracking is flushed.
 func (m *Manager) Recycle(_ context.Context, s Slot) error {
 	ns, err := vnetns.GetFromPath(s.Path())
@@ -205,9 +205,9 @@ func (m *Manager) Recycle(_ context.Context, s Slot) error {
 		if err != nil {
 			return err
 		}
-		if err := h.LinkSetDown(l); err != nil {
-			return err
-		}
+		// Links stay up (see the package comment); addresses and
+		// neighbours go.
+		flushNeighbours(h, name)
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return err

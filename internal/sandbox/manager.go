@@ -165,6 +165,9 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 		req, _ := http.NewRequestWithContext(actx, http.MethodGet, url, nil)
 		resp, err := m.client.Do(req)
 		acancel()
+		if err != nil {
+			m.d.Log.Debug("envd not answering yet", "sandbox", sb.ID, "attempt", attempt, "err", err)
+		}
 		if attempt < 2*time.Second {
 			attempt *= 2
 		}
