@@ -43,7 +43,11 @@ table inet %[1]s {
 		iifname "%[2]s*" jump egress
 		iifname "%[2]s*" drop
 	}
+	map slots {
+		type ifname : verdict
+	}
 	chain egress {
+		iifname vmap @slots
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
@@ -121,35 +125,23 @@ func (m *Manager) SetEgress(ctx context.Context, slot Slot, e Egress) error {
 	} else {
 		rule("drop")
 	}
-	// The jump from the egress chain is added once per slot.
-	if !m.hasJump(ctx, slot) {
-		fmt.Fprintf(&b, "add rule inet %s egress iifname \"%s\" jump %s\n", m.table(), slot.HostIf, chain)
-	}
+	// Jumped to through the slots map: one nft call per create, no lookup.
+	fmt.Fprintf(&b, "add element inet %s slots { \"%s\" : jump %s }\n", m.table(), slot.HostIf, chain)
 	return nft(ctx, b.String())
 }
 
-func (m *Manager) hasJump(ctx context.Context, slot Slot) bool {
-	out, err := exec.CommandContext(ctx, "nft", "list", "chain", "inet", m.table(), "egress").Output()
-	return err == nil && strings.Contains(string(out), `"`+slot.HostIf+`" jump`)
-}
-
-// ClearEgress removes a slot's policy (when its sandbox is gone).
+// ClearEgress removes a slot's policy (when its sandbox is gone). It is
+// idempotent: without the map element (a half-made slot), only the chain
+// is removed, if there is one.
 func (m *Manager) ClearEgress(ctx context.Context, slot Slot) error {
 	chain := "slot" + fmt.Sprint(slot.Index)
-	out, err := exec.CommandContext(ctx, "nft", "-a", "list", "chain", "inet", m.table(), "egress").Output()
+	t := m.table()
+	dropChain := fmt.Sprintf("add chain inet %[1]s %[2]s\ndelete chain inet %[1]s %[2]s\n", t, chain)
+	err := nft(ctx, fmt.Sprintf("delete element inet %s slots { \"%s\" }\n", t, slot.HostIf)+dropChain)
 	if err != nil {
-		return nil // no table: nothing to clear
+		return nft(ctx, dropChain)
 	}
-	var b strings.Builder
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, "jump "+chain+" ") || strings.HasSuffix(strings.TrimSpace(strings.Split(line, "#")[0]), "jump "+chain) {
-			if i := strings.Index(line, "# handle "); i >= 0 {
-				fmt.Fprintf(&b, "delete rule inet %s egress handle %s\n", m.table(), strings.TrimSpace(line[i+len("# handle "):]))
-			}
-		}
-	}
-	fmt.Fprintf(&b, "add chain inet %s %s\ndelete chain inet %s %s\n", m.table(), chain, m.table(), chain)
-	return nft(ctx, b.String())
+	return nil
 }
 
 func nft(ctx context.Context, ruleset string) error {
