@@ -186,11 +186,15 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	if sb.State == sandbox.StatePaused {
 		// Connecting to a paused sandbox resumes it (201, as E2B).
+		// The timeout only ever extends what the sandbox had left.
 		var d time.Duration
 		if req.Timeout != nil {
 			if d, err = seconds(*req.Timeout, "timeout"); err != nil {
 				writeError(w, err)
 				return
+			}
+			if d < sb.Remaining {
+				d = 0
 			}
 		}
 		if sb, err = s.cfg.Sandboxes.Resume(r.Context(), id, d); err != nil {

@@ -397,3 +397,18 @@ func Validate(req BuildRequest) error {
 	_, err := checkSource(req)
 	return err
 }
+
+// CanBuild reports, before a build starts, why it would be refused (the
+// template is being built, or sandboxes use it), so that an API can answer
+// with a plain error status instead of a failed stream.
+func (s *Store) CanBuild(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.building[name] {
+		return errdefs.Conflict("template %q is already being built", name)
+	}
+	if n := s.refs[name]; n > 0 {
+		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them before rebuilding it", name, n)
+	}
+	return nil
+}
