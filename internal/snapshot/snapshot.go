@@ -137,8 +137,18 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
-		h, n, err := hashFile(p)
-		if err != nil {
+		var h string
+		var n int64
+		if sn.Internal {
+			// Internal snapshots (a fork's, a ready template's) are not
+			// shared by content; hashing hundreds of MiB would only slow
+			// the fork down.
+			st, err := os.Stat(p)
+			if err != nil {
+				return Snapshot{}, err
+			}
+			h, n = "u-"+NewID()[len("snap-"):]+"-"+e.Name(), st.Size()
+		} else if h, n, err = hashFile(p); err != nil {
 			return Snapshot{}, err
 		}
 		if _, err := os.Stat(s.blob(h)); err == nil {
