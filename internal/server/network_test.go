@@ -382,3 +382,55 @@ func TestTrafficToken(t *testing.T) {
 		t.Errorf("envd through the proxy: %q", res.Stdout)
 	}
 }
+
+// TestWebSocketThroughProxy checks that an HTTP upgrade (what WebSocket
+// uses) passes through the proxy both ways: the server in the sandbox
+// answers 101 and then echoes bytes.
+func TestWebSocketThroughProxy(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.create(t, client.CreateRequest{})
+	e.sh(t, sb, `cat > /tmp/ws.sh <<'X'
+#!/bin/sh
+while read -r line; do line=$(printf '%s' "$line" | tr -d '\r'); [ -z "$line" ] && break; done
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'
+exec cat
+X
+chmod +x /tmp/ws.sh
+(nc -ll -p 9001 -e /tmp/ws.sh) >/dev/null 2>&1 </dev/null &`)
+	proxyAddr := strings.TrimPrefix(e.proxy, "http://")
+	var conn net.Conn
+	var status string
+	for i := 0; i < 50; i++ {
+		c, err := net.DialTimeout("tcp", proxyAddr, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET /chat HTTP/1.1\r\nHost: 9001-%s.%s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.SandboxID, proxyAddr)
+		buf := make([]byte, 4096)
+		n, _ := c.Read(buf)
+		status = string(buf[:n])
+		if strings.HasPrefix(status, "HTTP/1.1 101") {
+			conn = c
+			break
+		}
+		c.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if conn == nil {
+		t.Fatalf("no 101 through the proxy; last answer %q", status)
+	}
+	defer conn.Close()
+	for _, msg := range []string{"hello\n", "again\n"} {
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, len(msg))
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			t.Fatalf("read echo: %v", err)
+		}
+		if string(buf) != msg {
+			t.Errorf("echo through the upgraded connection = %q, want %q", buf, msg)
+		}
+	}
+}
