@@ -1,6 +1,6 @@
 // Package bench measures agentenv's sandbox operations against a running
 // server (create, exec, files, kill, pause/resume, snapshot, restore, fork,
-// churn, memory per sandbox) and, in the same run, the same work done with
+// churn, memory per sandbox, HTTP through the proxy) and, in the same run, the same work done with
 // the raw runsc CLI and, where it has an equivalent, with crun, and prints
 // the result as a table.
 //
@@ -95,6 +95,9 @@ type Report struct {
 	Churn map[string]Throughput `json:"churn,omitempty"`
 	// Memory holds, per target and memory row, PSS per sandbox.
 	Memory map[string]map[Operation]Memory `json:"memory,omitempty"`
+	// Bandwidth holds, per target and throughput row, MiB/s over a few
+	// transfers.
+	Bandwidth map[string]map[Operation]Bandwidth `json:"bandwidth,omitempty"`
 	// Notes explain targets that were skipped and how each was set up.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -220,6 +223,7 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupDirty, r.dirtySnapshots},
 		{GroupMemory, r.memory},
 		{GroupChurn, r.churn},
+		{GroupNetwork, r.network},
 	}
 	for _, p := range phases {
 		if !r.cfg.runs(p.group) {

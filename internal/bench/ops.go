@@ -26,6 +26,9 @@ const (
 	OpChurn       Operation = "churn"
 	OpMemIdle     Operation = "memory_idle"
 	OpMemFork     Operation = "memory_fork_child"
+	OpProxyGet    Operation = "proxy_get_small"
+	OpProxyDown   Operation = "proxy_download_mibps"
+	OpProxyUp     Operation = "proxy_upload_mibps"
 )
 
 // Kind says what a row's values are.
@@ -33,9 +36,10 @@ type Kind int
 
 // The kinds of rows.
 const (
-	KindTime   Kind = iota // latency samples in ms: p50 / p95 / max
-	KindRate               // a throughput in cycles per second
-	KindMemory             // PSS in MiB per sandbox
+	KindTime      Kind = iota // latency samples in ms: p50 / p95 / max
+	KindRate                  // a throughput in cycles per second
+	KindMemory                // PSS in MiB per sandbox
+	KindBandwidth             // MiB/s, median of a few transfers
 )
 
 type opInfo struct {
@@ -62,6 +66,9 @@ var ops = map[Operation]opInfo{
 	OpChurn:       {"churn: create+exec+kill cycles/s", KindRate, GroupChurn},
 	OpMemIdle:     {"memory per idle sandbox (PSS MiB)", KindMemory, GroupMemory},
 	OpMemFork:     {"memory per fork child (PSS MiB)", KindMemory, GroupMemory},
+	OpProxyGet:    {"request through the proxy (small GET)", KindTime, GroupNetwork},
+	OpProxyDown:   {"throughput sandbox → proxy (MiB/s)", KindBandwidth, GroupNetwork},
+	OpProxyUp:     {"throughput proxy → sandbox upload (MiB/s)", KindBandwidth, GroupNetwork},
 }
 
 // Label is how the table names the row.
@@ -82,6 +89,7 @@ var Operations = []Operation{
 	OpSnapshot, OpSnapshot64, OpSnapshot256,
 	OpRestore, OpFork4, OpFork16,
 	OpChurn, OpMemIdle, OpMemFork,
+	OpProxyGet, OpProxyDown, OpProxyUp,
 }
 
 // Groups of rows that can be chosen with Config.Only.
@@ -94,10 +102,11 @@ const (
 	GroupDirty    = "dirty"    // snapshots with 64 and 256 MiB dirty
 	GroupMemory   = "memory"   // PSS per idle sandbox and per fork child
 	GroupChurn    = "churn"    // create+exec+kill throughput
+	GroupNetwork  = "network"  // HTTP through the proxy to a server in a sandbox
 )
 
 // Groups lists every group in the order they run.
-var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn}
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork}
 
 // ParseGroups turns a comma-separated list of groups into a set; empty
 // means all of them.

@@ -9,8 +9,9 @@ import (
 
 // WriteTable prints rep as a table: per row, each target's value (times
 // as p50 / p95 / max in ms, churn in cycles/s, memory in PSS MiB per
-// sandbox), then agentenv's value divided by each raw target's. Rows no
-// target measured are left out; "-" marks a target that has no such row.
+// sandbox, throughput in MiB/s), then agentenv's value divided by each raw
+// target's. Rows no target measured are left out; "-" marks a target that
+// has no such row.
 func WriteTable(w io.Writer, rep Report) error {
 	fmt.Fprintf(w, "template %s; %d iterations", rep.Template, rep.Iterations)
 	if rep.Warmup > 0 {
@@ -24,6 +25,9 @@ func WriteTable(w io.Writer, rep Report) error {
 	}
 	if rep.Memory != nil {
 		fmt.Fprintf(w, "; memory with %d sandboxes", rep.Density)
+	}
+	if rep.Bandwidth != nil {
+		fmt.Fprintf(w, "; throughput as the median of %d transfers of %d MiB", netTransfers, netMiB)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "times in ms as p50 / p95 / max; churn in cycles/s; memory in MiB PSS per sandbox (mean); ratios compare p50s, rates and MiB")
@@ -82,6 +86,9 @@ func value(rep Report, target string, op Operation) (float64, bool) {
 	case KindMemory:
 		m, ok := rep.Memory[target][op]
 		return m.PssMiB, ok && m.Sandboxes > 0
+	case KindBandwidth:
+		b, ok := rep.Bandwidth[target][op]
+		return b.MedianMiBps, ok && b.N > 0
 	default:
 		s, ok := rep.Stats[target][op]
 		return s.P50Ms, ok && s.N > 0
@@ -106,6 +113,8 @@ func cellOf(rep Report, target string, op Operation, ok bool) string {
 		return num(rep.Churn[target].PerSecond) + "/s"
 	case KindMemory:
 		return num(rep.Memory[target][op].PssMiB)
+	case KindBandwidth:
+		return num(rep.Bandwidth[target][op].MedianMiBps)
 	default:
 		return cell(rep.Stats[target][op])
 	}

@@ -28,10 +28,12 @@ raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip):
   dirty     snapshots with 64 and 256 MiB of dirty memory
   memory    PSS per idle sandbox and per fork child (needs root)
   churn     create+exec+kill cycles per second, 8 in flight
+  network   agentenv only: small GET to httpd in a sandbox through the proxy,
+            64 MiB down from it and up to envd (MiB/s, median of 3)
 
 crun has no pause, snapshot or fork: its column is empty there. Prints p50 /
-p95 / max in ms (cycles/s for churn, MiB for memory) and agentenv's value over
-each raw runtime's. --only picks groups, e.g. --only pause,snapshot.`,
+p95 / max in ms (cycles/s for churn, MiB for memory, MiB/s for throughput)
+and agentenv's value over each raw runtime's. --only picks groups, e.g. --only pause,snapshot.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

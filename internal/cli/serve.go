@@ -52,6 +52,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.Int64Var(&cfg.SnapshotPolicy.MaxBytes, "snapshot-max-bytes", 50<<30, "keep snapshots within this many bytes, deleting the oldest unused (0: no limit)")
 	f.StringVar(&cfg.Runtime, "runtime", "go", "how to drive gVisor: go (its Go packages in-process) or cli (the runsc binary per call)")
 	f.BoolVar(&cfg.ReadyTemplates, "ready-templates", false, "create sandboxes by restoring a snapshot of each booted template instead of booting (faster only with an in-process runtime)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 4, "containers per ready template created in advance, waiting for a restore (with --ready-templates and --runtime go)")
 	f.IntVar(&cfg.SlotPool, "slot-pool", 8, "network slots kept ready ahead of creates")
 	f.IntVar(&cfg.Limits.MaxFork, "max-fork", cfg.Limits.MaxFork, "most children of one fork (up to 100)")
 	f.BoolVar(&debug, "debug", false, "log every request")

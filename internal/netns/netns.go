@@ -228,6 +228,23 @@ func addressSandboxSide(h *netlink.Handle) error {
 		State: netlink.NUD_PERMANENT, IP: GatewayIP, HardwareAddr: gatewayMAC})
 }
 
+// Readdress gives eth0 its internal address and route again after a
+// runtime created a sandbox in the slot without starting it (it took them
+// away), so that a later restore finds them.
+func (m *Manager) Readdress(_ context.Context, slot Slot) error {
+	ns, err := vnetns.GetFromPath(slot.Path())
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return addressSandboxSide(h)
+}
+
 // Activate brings up the namespace's side of both veth pairs once the
 // sandbox has taken eth0 over: from then on the host reaches the sandbox
 // at slot.SandboxIP and the sandbox's traffic leaves through the host.

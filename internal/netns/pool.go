@@ -107,9 +107,14 @@ func (p *Pool) Put(ctx context.Context, s Slot) error {
 	if keep && errEgress == nil {
 		if err := p.m.Recycle(ctx, s); err == nil {
 			p.mu.Lock()
-			p.ready = append(p.ready, s)
+			keep = !p.closed && len(p.ready) < p.size
+			if keep {
+				p.ready = append(p.ready, s)
+			}
 			p.mu.Unlock()
-			return nil
+			if keep {
+				return nil
+			}
 		} else {
 			p.log.Warn("recycle network slot failed; deleting it", "slot", s.Index, "err", err)
 		}
@@ -157,8 +162,16 @@ func (p *Pool) Run(ctx context.Context) {
 				break
 			}
 			p.mu.Lock()
-			p.ready = append(p.ready, s)
+			if len(p.ready) < p.size && !p.closed {
+				p.ready = append(p.ready, s)
+				s = Slot{}
+			}
 			p.mu.Unlock()
+			if s.Namespace != "" {
+				// Filled meanwhile by a recycled slot.
+				p.m.Delete(ctx, s)
+				p.unreserve(s.Index)
+			}
 		}
 	}
 }

@@ -89,6 +89,13 @@ type Checkpointer interface {
 	Restore(ctx context.Context, spec Spec, dir string) error
 }
 
+// Preparer is implemented by runtimes that can create a sandbox ahead of
+// time, without starting it, for a later Restore with the same spec ID to
+// restore into (saving the sandbox's start-up on the restore path).
+type Preparer interface {
+	Prepare(ctx context.Context, spec Spec) error
+}
+
 // Watcher is implemented by runtimes that can report a sandbox's exit
 // (crash, out of memory, init process gone) without polling.
 type Watcher interface {

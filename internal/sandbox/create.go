@@ -12,6 +12,7 @@ import (
 
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
+	"agentenv/internal/netns"
 	"agentenv/internal/runtime"
 	"agentenv/internal/snapshot"
 )
@@ -108,6 +109,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()
 	}
+	var warm *warmEntry
+	if src != nil && src.ready {
+		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB); warm != nil {
+			sb.ID = warm.id
+			warm.release() // the sandbox holds the template itself
+		}
+	}
 	var restoreDir string
 	if src != nil {
 		dir, done, releaseSnap, err := m.d.Snapshots.Acquire(src.snap.ID)
@@ -140,8 +148,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return Sandbox{}, err
 	}
 
-	slot, err := m.d.Slots.Get(ctx)
-	if err != nil {
+	var slot netns.Slot
+	if warm != nil {
+		slot = warm.slot
+		cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
+	} else if slot, err = m.d.Slots.Get(ctx); err != nil {
 		return fail(err)
 	}
 	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
@@ -220,7 +231,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	}
 	cl.keep()
 	m.watch(e)
-	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "took", time.Since(now).Round(time.Millisecond),
+	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "warm", warm != nil, "took", time.Since(now).Round(time.Millisecond),
 		"slot", tSlot.Round(time.Millisecond), "start", tStart.Round(time.Millisecond), "network", tActive.Round(time.Millisecond), "envd", tEnvd.Round(time.Millisecond))
 	return e.sb, nil
 }

@@ -36,6 +36,9 @@ type Deps struct {
 	// ReadyTemplates makes creates restore a snapshot of a booted
 	// template instead of booting (see MakeReady).
 	ReadyTemplates bool
+	// WarmPool is how many containers per ready template wait for a
+	// restore (see RunWarm).
+	WarmPool int
 	// Dir holds one directory per sandbox (record, bundle, logs).
 	Dir    string
 	Limits Limits
@@ -49,6 +52,8 @@ type Manager struct {
 
 	mu       sync.Mutex
 	boxes    map[string]*entry
+	warm     map[string][]warmEntry
+	warmKick chan struct{}
 	slots    map[int]bool
 	lost     map[string]Sandbox
 	closed   bool
@@ -82,10 +87,12 @@ func New(d Deps) (*Manager, error) {
 		d.Log = slog.Default()
 	}
 	return &Manager{
-		d:      d,
-		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
-		boxes:  map[string]*entry{},
-		lost:   map[string]Sandbox{},
+		d:        d,
+		client:   &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		boxes:    map[string]*entry{},
+		warm:     map[string][]warmEntry{},
+		warmKick: make(chan struct{}, 1),
+		lost:     map[string]Sandbox{},
 	}, nil
 }
 

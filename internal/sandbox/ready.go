@@ -35,6 +35,7 @@ func (m *Manager) dropReady(template string) {
 	if m.d.Snapshots == nil {
 		return
 	}
+	m.dropWarmOf(template)
 	for _, sn := range m.d.Snapshots.ListAll() {
 		if sn.Internal && sn.Name == readyPrefix+template {
 			if err := m.d.Snapshots.Delete(sn.ID); err != nil {

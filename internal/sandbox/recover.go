@@ -30,6 +30,12 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		if id == "lost" {
 			continue
 		}
+		if _, err := os.Stat(filepath.Join(m.dir(id), warmMarker)); err == nil {
+			// A warm container of the last run: its container and slot go
+			// as strays below.
+			os.RemoveAll(m.dir(id))
+			continue
+		}
 		known[id] = true
 		sb, rerr := m.readRecord(id)
 		if rerr != nil {

@@ -51,7 +51,7 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
-		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool, ReadyTemplates: true, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
+		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -47,6 +47,9 @@ type Config struct {
 	Runtime string
 	// ReadyTemplates restores a snapshot of each booted template on create.
 	ReadyTemplates bool
+	// WarmPool is how many containers per ready template wait for a
+	// restore.
+	WarmPool int
 	// SlotPool is how many network slots are kept ready.
 	SlotPool int
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
@@ -100,7 +103,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates,
+		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
 		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
 	})
 	if err != nil {
@@ -132,7 +135,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}()
 	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
 	go slots.Run(poolCtx)
-	defer func() { stopPool(); slots.Close() }()
+	warmDone := make(chan struct{})
+	go func() { mgr.RunWarm(poolCtx); close(warmDone) }()
+	defer func() { stopPool(); <-warmDone; slots.Close() }()
 
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
