@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -143,11 +144,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	// The client's timeout (Connect-Timeout-Ms) is the command's lifetime,
 	// even after the client disconnects; a cancelled request alone leaves
 	// the process running (background commands).
+	var timedOut atomic.Bool
 	if dl, ok := ctx.Deadline(); ok {
-		t := time.AfterFunc(time.Until(dl), func() { p.signal(syscall.SIGKILL) })
+		t := time.AfterFunc(time.Until(dl), func() {
+			timedOut.Store(true)
+			p.signal(syscall.SIGKILL)
+		})
 		go func() { <-p.done; t.Stop() }()
 	}
-	return pump(ctx, p, ch, keepalive(req.Header()), send)
+	return pump(ctx, p, ch, keepalive(req.Header()), send, timedOut.Load)
 }
 
 func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.ConnectRequest], stream *connect.ServerStream[pb.ConnectResponse]) error {
@@ -161,12 +166,15 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 	if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: p.pid}}}); err != nil {
 		return err
 	}
-	return pump(ctx, p, ch, keepalive(req.Header()), send)
+	return pump(ctx, p, ch, keepalive(req.Header()), send, nil)
 }
 
 // pump forwards a process's events to a stream until the process ends, the
 // client goes away or a send fails.
-func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, every time.Duration, send func(*pb.ProcessEvent) error) error {
+// timedOut, when not nil, reports whether the stream's own deadline killed
+// the process: then the stream ends with deadline_exceeded (what the E2B
+// SDK reports as a timeout), not with the end event of the killed process.
+func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, every time.Duration, send func(*pb.ProcessEvent) error, timedOut func() bool) error {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -187,6 +195,9 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, every time.Dur
 				default:
 				}
 				break
+			}
+			if timedOut != nil && timedOut() {
+				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command's timeout passed: it was killed"))
 			}
 			p.mu.Lock()
 			end := p.end
