@@ -183,6 +183,9 @@ func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
 	for _, c := range append(cgs, cgs2...) {
 		out = append(out, "cgroup "+c)
 	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(b), sb.SandboxID) {
+		out = append(out, "mount")
+	}
 	if _, err := os.Stat(filepath.Join(e.dataDir, "sandboxes", sb.SandboxID)); err == nil {
 		out = append(out, "sandbox directory")
 	}
