@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"agentenv/internal/childproc"
 	"bytes"
 	"context"
 	"fmt"
@@ -149,7 +150,7 @@ func nft(ctx context.Context, ruleset string) error {
 	cmd.Stdin = strings.NewReader(ruleset)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		return fmt.Errorf("nft: %w: %s (is the nftables package installed? run make setup)", err, strings.TrimSpace(out.String()))
 	}
 	return nil

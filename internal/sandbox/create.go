@@ -40,6 +40,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 		return m.create(ctx, req, &source{snap: sn, hold: true})
 	}
+	if !req.pooled {
+		if sb, ok := m.takeHot(ctx, req); ok {
+			return sb, nil
+		}
+	}
 	if sn, ok := m.readySnapshot(req.Template); ok {
 		sb, err := m.create(ctx, req, &source{snap: sn, ready: true})
 		if err == nil || !errors.Is(err, errRestore) {
@@ -221,8 +226,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	}
 
 	e.mu.Lock()
-	err = m.move(e, StateRunning)
-	if err == nil {
+	if req.pooled {
+		err = m.move(e, StatePooled)
+	} else if err = m.move(e, StateRunning); err == nil {
 		m.armTimer(e)
 	}
 	e.mu.Unlock()

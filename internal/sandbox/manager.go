@@ -54,6 +54,8 @@ type Manager struct {
 	boxes    map[string]*entry
 	warm     map[string][]warmEntry
 	warmKick chan struct{}
+	hot      map[string][]string
+	hotKick  chan struct{}
 	slots    map[int]bool
 	lost     map[string]Sandbox
 	closed   bool
@@ -92,6 +94,8 @@ func New(d Deps) (*Manager, error) {
 		boxes:    map[string]*entry{},
 		warm:     map[string][]warmEntry{},
 		warmKick: make(chan struct{}, 1),
+		hot:      map[string][]string{},
+		hotKick:  make(chan struct{}, 1),
 		lost:     map[string]Sandbox{},
 	}, nil
 }

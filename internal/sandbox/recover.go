@@ -46,6 +46,13 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			lost = append(lost, sb)
 			continue
 		}
+		if sb.State == StatePooled {
+			// Booted for the hot pool of the last run; nobody has it.
+			if err := m.teardown(ctx, sb); err != nil {
+				m.d.Log.Error("remove pooled sandbox of the last run", "sandbox", sb.ID, "err", err)
+			}
+			continue
+		}
 		if reason := m.alive(ctx, sb); reason != "" {
 			sb.Reason = reason
 			m.markLost(ctx, sb, reason)

@@ -25,13 +25,16 @@ const (
 	StateCreating State = "creating"
 	StateRunning  State = "running"
 	StatePaused   State = "paused"
-	StateKilling  State = "killing"
-	StateLost     State = "lost"
+	// StatePooled: booted ahead of demand, not yet handed to anyone.
+	StatePooled  State = "pooled"
+	StateKilling State = "killing"
+	StateLost    State = "lost"
 )
 
 // transitions lists the allowed moves of the state machine.
 var transitions = map[State][]State{
-	StateCreating: {StateRunning, StateKilling},
+	StateCreating: {StateRunning, StatePooled, StateKilling},
+	StatePooled:   {StateRunning, StateKilling},
 	StateRunning:  {StatePaused, StateKilling},
 	StatePaused:   {StateRunning, StateKilling},
 	StateKilling:  {},
@@ -87,7 +90,9 @@ type Network struct {
 // CreateRequest describes a new sandbox.
 type CreateRequest struct {
 	// Network defaults to internet on when nil.
-	Network  *Network
+	Network *Network
+	// pooled boots a sandbox for the hot pool (state pooled, no timer).
+	pooled   bool
 	Template string
 	Timeout  time.Duration
 	Metadata map[string]string
@@ -107,6 +112,9 @@ type Limits struct {
 	MaxSandboxes   int
 	// Nproc caps processes per user inside a sandbox (contains fork bombs).
 	Nproc int
+	// HotPool is how many booted, idle sandboxes per template wait to be
+	// handed out (0: none).
+	HotPool int
 	// MaxFork caps the children of one fork; ForkParallel is how many
 	// restores run at once.
 	MaxFork      int

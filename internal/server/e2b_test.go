@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"agentenv/internal/childproc"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +27,7 @@ func TestE2BSDK(t *testing.T) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
-	out, err := cmd.CombinedOutput()
+	out, err := childproc.CombinedOutput(cmd)
 	t.Logf("node --test output:\n%s", out)
 	if err != nil {
 		t.Fatalf("e2b SDK tests failed: %v", err)

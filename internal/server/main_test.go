@@ -51,7 +51,7 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
-		APIKey: testKey, Limits: sandbox.DefaultLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
+		APIKey: testKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -74,6 +74,14 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	}
 	e.client = client.New(e.api, e.proxy, testKey)
 	return e
+}
+
+// testLimits are the defaults plus a hot pool of 2, so that the tests also
+// exercise sandboxes handed out from it.
+func testLimits() sandbox.Limits {
+	l := sandbox.DefaultLimits()
+	l.HotPool = 2
+	return l
 }
 
 func logWriter(dir string) io.Writer {

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"agentenv/internal/childproc"
 	"context"
 	"fmt"
 	"io"
@@ -27,7 +28,7 @@ func fakeInternet(t *testing.T) string {
 	const ns = "agentenv-test-inet"
 	run := func(args ...string) {
 		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		if out, err := childproc.CombinedOutput(exec.Command(args[0], args[1:]...)); err != nil {
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
 	}
@@ -49,7 +50,7 @@ func fakeInternet(t *testing.T) string {
 	www := t.TempDir()
 	os.WriteFile(filepath.Join(www, "index.html"), []byte("hello from the fake internet\n"), 0o644)
 	srv := exec.Command("ip", "netns", "exec", ns, "/bin/busybox", "httpd", "-f", "-p", "10.123.7.2:7777", "-h", www)
-	if err := srv.Start(); err != nil {
+	if err := childproc.Start(srv); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
@@ -274,14 +275,15 @@ func TestManySandboxesLeaveNoNetworkBehind(t *testing.T) {
 	// Slots are recycled into the pool, not deleted: what remains is at
 	// most the pool's ready slots, with no policy rules (a refill may be
 	// settling: give it a moment).
-	limit := testSlotPool + 2 + len(e.liveSandboxes(t))
+	limit := testSlotPool + 4 + len(e.liveSandboxes(t))
 	for i := 0; i < 50 && len(namespaces("tst")) > limit; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
 	after := hostNetworkState(t, "tst")
 	ns := namespaces("tst")
-	// Warm containers (2 for the ready busybox template) hold a slot each.
-	if len(ns) > testSlotPool+2+len(e.liveSandboxes(t)) || strings.Contains(after, "slot-rules=[c") {
+	// Warm containers (2 for the ready busybox template) and hot-pool
+	// sandboxes (2) hold a slot each.
+	if len(ns) > testSlotPool+4+len(e.liveSandboxes(t)) || strings.Contains(after, "slot-rules=[c") {
 		t.Errorf("network left after %d creates and kills (pool keeps %d):\nbefore: %s\nafter:  %s", n, testSlotPool, before, after)
 	}
 }

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"agentenv/internal/childproc"
 	"context"
 	"fmt"
 	"net"
@@ -47,7 +48,7 @@ func (p *process) start(t *testing.T) *client.Client {
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	// If the test binary dies (timeout), the server goes with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
+	if err := childproc.Start(p.cmd); err != nil {
 		t.Fatal(err)
 	}
 	c := client.New("http://"+p.api, "http://"+p.proxy, testKey)

@@ -135,9 +135,10 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}()
 	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
 	go slots.Run(poolCtx)
-	warmDone := make(chan struct{})
+	warmDone, hotDone := make(chan struct{}), make(chan struct{})
 	go func() { mgr.RunWarm(poolCtx); close(warmDone) }()
-	defer func() { stopPool(); <-warmDone; slots.Close() }()
+	go func() { mgr.RunHot(poolCtx); close(hotDone) }()
+	defer func() { stopPool(); <-warmDone; <-hotDone; slots.Close() }()
 
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

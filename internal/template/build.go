@@ -1,6 +1,7 @@
 package template
 
 import (
+	"agentenv/internal/childproc"
 	"bufio"
 	"context"
 	"encoding/json"
@@ -143,7 +144,7 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 	// gVisor's EROFS reader maps only plain (not tail-packed, not
 	// compressed) file data: without noinline_data binaries fail to load
 	// with "bad address".
-	out, err := exec.CommandContext(ctx, "mkfs.erofs", "-E", "noinline_data", tmp, rootfs).CombinedOutput()
+	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.erofs", "-E", "noinline_data", tmp, rootfs))
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.erofs: %w: %s (is erofs-utils installed? run make setup)", err, lastLines(string(out)))
@@ -243,7 +244,7 @@ func copyFile(src, dst string, mode os.FileMode) error {
 // buildBusybox makes a tiny rootfs from the host's static busybox.
 func buildBusybox(rootfs string) error {
 	bb := "/bin/busybox"
-	out, err := exec.Command(bb, "--list").Output()
+	out, err := childproc.Output(exec.Command(bb, "--list"))
 	if err != nil {
 		return fmt.Errorf("busybox (package busybox-static; run make setup): %w", err)
 	}
@@ -278,7 +279,7 @@ func copyRootfs(ctx context.Context, src, dst string) error {
 	} else {
 		cmd = exec.CommandContext(ctx, "tar", "-xf", src, "-C", dst, "--numeric-owner")
 	}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := childproc.CombinedOutput(cmd); err != nil {
 		return errdefs.Invalid("unpack rootfs %q: %v: %s", src, err, lastLines(string(out)))
 	}
 	return nil
@@ -298,7 +299,7 @@ func debootstrap(ctx context.Context, req BuildRequest, rootfs string, progress 
 	cmd := exec.CommandContext(ctx, "debootstrap", args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
+	if err := childproc.Start(cmd); err != nil {
 		return fmt.Errorf("debootstrap (run make setup): %w", err)
 	}
 	var tailLines []string

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"agentenv/internal/childproc"
 	"context"
 	"errors"
 	"fmt"
@@ -59,7 +60,7 @@ func (g *Gvisor) Restore(ctx context.Context, spec runtime.Spec, dir string) (er
 	args := append(g.globalArgs(network), "restore", "--detach", "--bundle", bundle, "--image-path", dir, spec.ID)
 	cmd := exec.CommandContext(ctx, g.runsc, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		return fmt.Errorf("runsc restore %s: %w: %s", spec.ID, err, tail(logPath))
 	}
 	return nil

@@ -7,6 +7,7 @@
 package gvisor
 
 import (
+	"agentenv/internal/childproc"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -129,7 +130,7 @@ func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	args := append(g.globalArgs(network), "run", "--detach", "--bundle", bundle, spec.ID)
 	cmd := exec.CommandContext(ctx, g.runsc, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		return fmt.Errorf("runsc run %s: %w: %s", spec.ID, err, tail(logPath))
 	}
 	return nil
@@ -195,7 +196,7 @@ func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byt
 	cmd := exec.CommandContext(ctx, g.runsc, append([]string{"--root", g.root, "exec", id}, args...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	err := childproc.Run(cmd)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode(), out.Bytes(), nil
@@ -213,7 +214,7 @@ func (g *Gvisor) run(ctx context.Context, sub string, args ...string) ([]byte, e
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Stdin = nil
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		return nil, &runscError{sub: sub, err: err, stderr: strings.TrimSpace(stderr.String())}
 	}
 	return stdout.Bytes(), nil

@@ -1,6 +1,7 @@
 package gvisorgo
 
 import (
+	"agentenv/internal/childproc"
 	"context"
 	"errors"
 	"fmt"
@@ -103,6 +104,10 @@ func (g *Gvisor) spawn(conf *config.Config, id, bundle string, console *os.File)
 	}
 	spawnMu.Lock()
 	defer spawnMu.Unlock()
+	// gVisor moves this whole process through the new sandbox's cgroups:
+	// no child process of the server may start meanwhile.
+	childproc.Lock()
+	defer childproc.Unlock()
 	// container.New gives the sandbox os.Stdin/os.Stdout/os.Stderr as the
 	// application's stdio (sandbox.createSandboxProcess); the sandbox must
 	// never hold the server's stdio (a pipe there would never see EOF).

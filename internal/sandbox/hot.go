@@ -1,0 +1,151 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+)
+
+// The hot pool: per template, HotPool sandboxes are booted ahead of demand
+// and wait, idle, in state pooled (not listed, no timer). A create that
+// asks for the default limits takes one: envd gets the new sandbox's token
+// and environment through /init, the record gets its metadata, policy and
+// timeout, and it is running — no boot on the request's path.
+
+// takeHot hands out a pooled sandbox for req, if one fits.
+func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool) {
+	if m.d.Limits.HotPool <= 0 {
+		return Sandbox{}, false
+	}
+	if err := m.d.Limits.check(&req); err != nil {
+		return Sandbox{}, false // the normal path reports it
+	}
+	if req.Network == nil {
+		req.Network = &Network{AllowInternet: true}
+	}
+	if _, err := req.Network.egress(); err != nil || req.CPUs != m.d.Limits.DefaultCPUs || req.MemoryMB != m.d.Limits.DefaultMemMB {
+		return Sandbox{}, false
+	}
+	for {
+		m.mu.Lock()
+		ids := m.hot[req.Template]
+		if len(ids) == 0 {
+			m.mu.Unlock()
+			m.kickHot()
+			return Sandbox{}, false
+		}
+		id := ids[len(ids)-1]
+		m.hot[req.Template] = ids[:len(ids)-1]
+		e := m.boxes[id]
+		m.mu.Unlock()
+		m.kickHot()
+		if e == nil {
+			continue
+		}
+		sb, err := m.handOut(ctx, e, req)
+		if err != nil {
+			m.d.Log.Warn("pooled sandbox could not be handed out; killing it", "sandbox", id, "err", err)
+			m.Kill(context.WithoutCancel(ctx), id)
+			continue
+		}
+		return sb, true
+	}
+}
+
+func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (Sandbox, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State != StatePooled {
+		return Sandbox{}, errNotPooled
+	}
+	next := e.sb
+	next.AccessToken = newToken()
+	next.Metadata, next.EnvVars, next.Network = req.Metadata, req.EnvVars, *req.Network
+	next.TrafficToken = ""
+	if req.Network.PrivateTraffic {
+		next.TrafficToken = newToken()
+	}
+	now := time.Now().UTC()
+	next.StartedAt, next.EndAt = now, now.Add(req.Timeout)
+	if eg, err := req.Network.egress(); err == nil && !defaultNetwork(*req.Network) {
+		if err := m.d.Net.SetEgress(ctx, next.Slot, eg); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if err := m.rekey(ctx, next, e.sb.AccessToken, readyEnv(next)); err != nil {
+		return Sandbox{}, err
+	}
+	e.sb = next
+	if err := m.move(e, StateRunning); err != nil {
+		return Sandbox{}, err
+	}
+	m.armTimer(e)
+	m.d.Log.Info("sandbox running", "sandbox", next.ID, "template", next.Template, "hot", true, "took", time.Since(now).Round(time.Microsecond))
+	return e.sb, nil
+}
+
+func defaultNetwork(n Network) bool {
+	return n.AllowInternet && len(n.AllowOut) == 0 && len(n.DenyOut) == 0
+}
+
+type hotError string
+
+func (e hotError) Error() string { return string(e) }
+
+const errNotPooled = hotError("sandbox is no longer pooled")
+
+func (m *Manager) kickHot() {
+	select {
+	case m.hotKick <- struct{}{}:
+	default:
+	}
+}
+
+// RunHot keeps HotPool booted sandboxes per template until ctx ends, then
+// kills them.
+func (m *Manager) RunHot(ctx context.Context) {
+	defer m.drainHot()
+	if m.d.Limits.HotPool <= 0 {
+		<-ctx.Done()
+		return
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		for _, t := range m.d.Templates.List() {
+			for ctx.Err() == nil {
+				m.mu.Lock()
+				n := len(m.hot[t.Name])
+				m.mu.Unlock()
+				if n >= m.d.Limits.HotPool {
+					break
+				}
+				sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
+				if err != nil {
+					m.d.Log.Warn("boot a sandbox for the hot pool", "template", t.Name, "err", err)
+					break
+				}
+				m.mu.Lock()
+				m.hot[t.Name] = append(m.hot[t.Name], sb.ID)
+				m.mu.Unlock()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.hotKick:
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Manager) drainHot() {
+	m.mu.Lock()
+	all := m.hot
+	m.hot = map[string][]string{}
+	m.mu.Unlock()
+	for _, ids := range all {
+		for _, id := range ids {
+			m.Kill(context.Background(), id)
+		}
+	}
+}
