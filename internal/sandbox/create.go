@@ -38,6 +38,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		if err != nil {
 			return Sandbox{}, err
 		}
+		if sn.Runtime != m.d.Runtime.Version() {
+			// gVisor restores only what its own build checkpointed.
+			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
+		}
 		return m.create(ctx, req, &source{snap: sn, hold: true})
 	}
 	if !req.pooled {

@@ -17,11 +17,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
 	"agentenv/internal/runtime/ocispec"
+	"agentenv/internal/runtime/runscbin"
 )
 
 // Config configures the runtime.
@@ -67,13 +67,8 @@ func New(cfg Config) (*Gvisor, error) {
 		return nil, err
 	}
 	g := &Gvisor{runsc: path, root: cfg.Root, cgroups: cfg.Cgroups, parent: cfg.CgroupParent}
-	out, err := exec.Command(path, "--version").Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s --version: %w", path, err)
-	}
-	g.version = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	if st, err := os.Stat(path); err == nil {
-		g.version += fmt.Sprintf(" (size %d, mtime %s)", st.Size(), st.ModTime().UTC().Format(time.RFC3339))
+	if g.version, err = runscbin.Version(path); err != nil {
+		return nil, err
 	}
 	return g, nil
 }

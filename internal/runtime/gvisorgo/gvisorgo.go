@@ -37,7 +37,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"gvisor.dev/gvisor/runsc/config"
 	"gvisor.dev/gvisor/runsc/container"
@@ -45,6 +44,7 @@ import (
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/runscbin"
 )
 
 // gvisorModule is the module whose version must match the runsc binary's;
@@ -125,13 +125,8 @@ func New(cfg Config) (*Gvisor, error) {
 	}
 	// The same version string as the CLI runtime's, since snapshots record it
 	// and the checkpoint format is the runsc binary's, not ours.
-	out, err := exec.Command(path, "--version").Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s --version: %w", path, err)
-	}
-	g.version = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	if st, err := os.Stat(path); err == nil {
-		g.version += fmt.Sprintf(" (size %d, mtime %s)", st.Size(), st.ModTime().UTC().Format(time.RFC3339))
+	if g.version, err = runscbin.Version(path); err != nil {
+		return nil, err
 	}
 	return g, nil
 }
