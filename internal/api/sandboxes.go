@@ -211,11 +211,9 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// Connect never shortens a sandbox's life.
-		if time.Now().Add(d).After(sb.EndAt) {
-			if sb, err = s.cfg.Sandboxes.SetTimeout(id, d); err != nil {
-				writeError(w, err)
-				return
-			}
+		if sb, err = s.cfg.Sandboxes.Extend(id, d); err != nil {
+			writeError(w, err)
+			return
 		}
 	}
 	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
@@ -286,17 +284,9 @@ func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	id := r.PathValue("id")
-	sb, err := s.cfg.Sandboxes.Get(id)
-	if err != nil {
+	if _, err := s.cfg.Sandboxes.Extend(r.PathValue("id"), d); err != nil {
 		writeError(w, err)
 		return
-	}
-	if sb.State == sandbox.StateRunning && time.Now().Add(d).After(sb.EndAt) {
-		if _, err := s.cfg.Sandboxes.SetTimeout(id, d); err != nil {
-			writeError(w, err)
-			return
-		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -232,12 +232,7 @@ func addressSandboxSide(h *netlink.Handle) error {
 // runtime created a sandbox in the slot without starting it (it took them
 // away), so that a later restore finds them.
 func (m *Manager) Readdress(_ context.Context, slot Slot) error {
-	ns, err := vnetns.GetFromPath(slot.Path())
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := handleIn(slot)
 	if err != nil {
 		return err
 	}
@@ -253,12 +248,7 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 	// (or by a probe before the link was up) makes the next connection
 	// wait a full ARP retry (~1 s): start clean.
 	flushNeighbours(nil, slot.HostIf)
-	ns, err := vnetns.GetFromPath(slot.Path())
-	if err != nil {
-		return fmt.Errorf("open network namespace %s: %w", slot.Namespace, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := handleIn(slot)
 	if err != nil {
 		return err
 	}
@@ -505,4 +495,14 @@ func flushNeighbours(h *netlink.Handle, link string) {
 	for _, n := range neighs {
 		h.NeighDel(&n)
 	}
+}
+
+// handleIn returns a netlink handle working inside a slot's namespace.
+func handleIn(slot Slot) (*netlink.Handle, error) {
+	ns, err := vnetns.GetFromPath(slot.Path())
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace %s: %w", slot.Namespace, err)
+	}
+	defer ns.Close()
+	return netlink.NewHandleAt(ns)
 }

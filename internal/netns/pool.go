@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 
 	"agentenv/internal/errdefs"
 )
@@ -203,12 +202,7 @@ func (p *Pool) drain() {
 // namespace side loses its addresses, eth0 gets the internal
 // address back (the runtime removed it), connection tracking is flushed.
 func (m *Manager) Recycle(_ context.Context, s Slot) error {
-	ns, err := vnetns.GetFromPath(s.Path())
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := handleIn(s)
 	if err != nil {
 		return err
 	}

@@ -93,12 +93,7 @@ func (e hotError) Error() string { return string(e) }
 
 const errNotPooled = hotError("sandbox is no longer pooled")
 
-func (m *Manager) kickHot() {
-	select {
-	case m.hotKick <- struct{}{}:
-	default:
-	}
-}
+func (m *Manager) kickHot() { kick(m.hotKick) }
 
 // RunHot keeps HotPool booted sandboxes per template until ctx ends, then
 // kills them.

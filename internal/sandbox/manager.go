@@ -521,3 +521,17 @@ func (m *Manager) TrafficToken(id string) string {
 	}
 	return sb.TrafficToken
 }
+
+// Extend makes a running sandbox live at least d from now; it never
+// shortens its life (E2B's connect and refresh). Other states are left as
+// they are.
+func (m *Manager) Extend(id string, d time.Duration) (Sandbox, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if sb.State != StateRunning || !time.Now().Add(d).After(sb.EndAt) {
+		return sb, nil
+	}
+	return m.SetTimeout(id, d)
+}

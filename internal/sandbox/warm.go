@@ -43,9 +43,12 @@ func (m *Manager) takeWarm(template string, cpus, memMB int) *warmEntry {
 	return nil
 }
 
-func (m *Manager) kickWarm() {
+func (m *Manager) kickWarm() { kick(m.warmKick) }
+
+// kick wakes a refill loop without blocking (one pending wake-up is enough).
+func kick(ch chan struct{}) {
 	select {
-	case m.warmKick <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -95,14 +95,20 @@ func (g *Gvisor) globalArgs(network string) []string {
 }
 
 // Create implements runtime.Runtime.
-func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) (err error) {
+func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) error {
+	return g.start(ctx, spec, "run", "--detach")
+}
+
+// start runs `runsc <sub> <args> --bundle B ID` for a new sandbox (run or
+// restore). On error nothing of the sandbox is left behind.
+func (g *Gvisor) start(ctx context.Context, spec runtime.Spec, sub string, args ...string) (err error) {
 	if spec.ID == "" || spec.Dir == "" || spec.Image == "" {
 		return errdefs.Invalid("runtime spec needs an ID, a directory and an image")
 	}
 	defer func() {
 		if err != nil {
 			if derr := g.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
-				err = errors.Join(err, fmt.Errorf("clean up after failed create: %w", derr))
+				err = errors.Join(err, fmt.Errorf("clean up after failed %s: %w", sub, derr))
 			}
 		}
 	}()
@@ -122,11 +128,11 @@ func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return err
 	}
 	defer logf.Close()
-	args := append(g.globalArgs(network), "run", "--detach", "--bundle", bundle, spec.ID)
-	cmd := exec.CommandContext(ctx, g.runsc, args...)
+	full := append(append(g.globalArgs(network), sub), args...)
+	cmd := exec.CommandContext(ctx, g.runsc, append(full, "--bundle", bundle, spec.ID)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := childproc.Run(cmd); err != nil {
-		return fmt.Errorf("runsc run %s: %w: %s", spec.ID, err, tail(logPath))
+		return fmt.Errorf("runsc %s %s: %w: %s", sub, spec.ID, err, tail(logPath))
 	}
 	return nil
 }

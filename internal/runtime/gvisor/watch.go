@@ -1,13 +1,10 @@
 package gvisor
 
 import (
+	"agentenv/internal/runtime/pidfd"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-
-	"golang.org/x/sys/unix"
 
 	"agentenv/internal/runtime"
 )
@@ -31,33 +28,9 @@ func (g *Gvisor) Exited(ctx context.Context, id string) (<-chan struct{}, error)
 	if st.Pid <= 0 {
 		return nil, fmt.Errorf("sandbox %s has no process (status %s)", id, st.Status)
 	}
-	fd, err := unix.PidfdOpen(st.Pid, unix.PIDFD_NONBLOCK)
+	done, err := pidfd.Watch(st.Pid, false)
 	if err != nil {
-		return nil, fmt.Errorf("pidfd of sandbox %s (pid %d): %w", id, st.Pid, err)
+		return nil, fmt.Errorf("watch sandbox %s: %w", id, err)
 	}
-	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", st.Pid))
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer f.Close()
-		first := true
-		// A pidfd becomes readable when the process exits; returning false
-		// parks this goroutine in the poller until then.
-		err := rc.Read(func(uintptr) bool {
-			if first {
-				first = false
-				return false
-			}
-			return true
-		})
-		if err != nil && !errors.Is(err, os.ErrClosed) {
-			return
-		}
-	}()
 	return done, nil
 }

@@ -2,6 +2,7 @@ package gvisorgo
 
 import (
 	"agentenv/internal/childproc"
+	"agentenv/internal/runtime/pidfd"
 	"context"
 	"errors"
 	"fmt"
@@ -155,7 +156,7 @@ func (g *Gvisor) adopt(id string, c *container.Container) {
 		pids = append(pids, gp)
 	}
 	for _, pid := range pids {
-		done, err := watchPid(pid, true)
+		done, err := pidfd.Watch(pid, true)
 		if err != nil {
 			// Cannot happen for our own child; if it does, State falls back
 			// to runsc's checks and the process stays a zombie until we exit.

@@ -1,0 +1,55 @@
+// Package pidfd watches host processes for their exit through pidfds parked
+// in Go's network poller, so that no thread is blocked per watched process.
+// Both gVisor drivers use it to notice a sandbox that dies on its own. It
+// must not do anything else.
+package pidfd
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Watch returns a channel closed when process pid exits. It waits on a
+// pidfd in Go's network poller, so no thread is blocked per sandbox. With
+// reap, pid must be a child of this process and is reaped once it exits.
+func Watch(pid int, reap bool) (<-chan struct{}, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd of pid %d: %w", pid, err)
+	}
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer f.Close()
+		first := true
+		// A pidfd becomes readable when the process exits; returning false
+		// parks this goroutine in the poller until then.
+		_ = rc.Read(func(uintptr) bool {
+			if first {
+				first = false
+				return false
+			}
+			return true
+		})
+		if reap {
+			_ = rc.Control(func(fd uintptr) {
+				var info unix.Siginfo
+				for {
+					err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG, nil)
+					if err != unix.EINTR {
+						return
+					}
+				}
+			})
+		}
+	}()
+	return done, nil
+}
