@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 DATA_DIR ?= /var/lib/agentenv
 
-.PHONY: setup build demo test test-short bench clean
+.PHONY: setup build demo test test-short fuzz bench clean
 
 setup:
 	@scripts/setup.sh
@@ -21,6 +21,12 @@ demo: setup build
 # sandboxes and the official e2b SDK test (needs root and `make setup`).
 test: setup build
 	AGENTENV_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 30m ./...
+	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+# Every fuzz target (parsers of client input) for FUZZTIME each.
+FUZZTIME ?= 10s
+fuzz:
+	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # Unit tests only (no root, no runsc).
 test-short:

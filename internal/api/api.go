@@ -80,6 +80,7 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates/{name}", s.getTemplate)
 	auth("DELETE /templates/{name}", s.deleteTemplate)
 	auth("POST /agentenv/templates", s.buildTemplate)
+	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))
 	}))

@@ -231,14 +231,17 @@ func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {
 	return out
 }
 
+// networkUpdate is the body of PUT /sandboxes/{id}/network.
+type networkUpdate struct {
+	AllowOut            *[]string `json:"allowOut"`
+	DenyOut             *[]string `json:"denyOut"`
+	AllowInternetAccess *bool     `json:"allow_internet_access"`
+}
+
 // updateNetwork changes the egress policy of a running sandbox (E2B's
 // PUT /sandboxes/{id}/network). Fields left out keep their value.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		AllowOut            *[]string `json:"allowOut"`
-		DenyOut             *[]string `json:"denyOut"`
-		AllowInternetAccess *bool     `json:"allow_internet_access"`
-	}
+	var req networkUpdate
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return

@@ -91,7 +91,23 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := template.Validate(req); err != nil {
+	s.streamBuild(w, r, req)
+}
+
+// uploadTemplate builds a template from a rootfs tarball (plain or gzip)
+// sent as the request body, streaming progress as buildTemplate does.
+func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request) {
+	// The body is read while progress is written: Go's HTTP/1 server would
+	// otherwise close it at the first response write.
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.streamBuild(w, r, template.BuildRequest{Name: r.PathValue("name"), Upload: r.Body})
+}
+
+func (s *Server) streamBuild(w http.ResponseWriter, r *http.Request, req template.BuildRequest) {
+	if err := s.cfg.Templates.Validate(req); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -43,7 +43,9 @@ func Root() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", envOr("AGENTENV_SERVER", "http://127.0.0.1:3000"), "API server URL (env AGENTENV_SERVER)")
 	pf.StringVar(&g.proxy, "proxy", envOr("AGENTENV_PROXY", ""), "sandbox proxy URL (env AGENTENV_PROXY; default: the server's host, port 3001)")
-	pf.StringVar(&g.apiKey, "api-key", os.Getenv("AGENTENV_API_KEY"), "API key (env AGENTENV_API_KEY; default: read from --data-dir)")
+	// The default stays empty so that help never prints a secret; client()
+	// reads the environment at run time.
+	pf.StringVar(&g.apiKey, "api-key", "", "API key (default: env AGENTENV_API_KEY, else the key file in --data-dir)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("AGENTENV_DATA_DIR", "/var/lib/agentenv"), "data directory (env AGENTENV_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.AddCommand(serveCmd(g), sandboxCmd(g), templateCmd(g), snapshotCmd(g), benchCmd(g))
@@ -60,6 +62,9 @@ func envOr(k, def string) string {
 // client builds an API client from the global flags.
 func (g *globals) client() (*client.Client, error) {
 	key := g.apiKey
+	if key == "" {
+		key = os.Getenv("AGENTENV_API_KEY")
+	}
 	if key == "" {
 		b, err := os.ReadFile(filepath.Join(g.dataDir, "api-key"))
 		if err != nil {

@@ -10,12 +10,14 @@ import (
 
 	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
+	"agentenv/internal/template"
 )
 
 func serveCmd(g *globals) *cobra.Command {
 	cfg := server.Config{Limits: sandbox.DefaultLimits()}
 	var debug bool
 	var maxTimeout time.Duration
+	var uploadMB int64
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API server, the sandbox proxy and the sandboxes on this machine",
@@ -28,6 +30,7 @@ func serveCmd(g *globals) *cobra.Command {
 			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("AGENTENV_API_KEY")
 			cfg.Limits.MaxTimeout = maxTimeout
+			cfg.TemplateOptions.MaxUploadBytes = uploadMB << 20
 			if cfg.Limits.MaxFork < 1 || cfg.Limits.MaxFork > 100 {
 				return fmt.Errorf("--max-fork %d: give 1..100", cfg.Limits.MaxFork)
 			}
@@ -56,6 +59,10 @@ func serveCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.WarmPool, "warm-pool", 4, "containers per ready template created in advance, waiting for a restore (with --ready-templates and --runtime go)")
 	f.IntVar(&cfg.SlotPool, "slot-pool", 8, "network slots kept ready ahead of creates")
 	f.IntVar(&cfg.Limits.MaxFork, "max-fork", cfg.Limits.MaxFork, "most children of one fork (up to 100)")
+	f.StringVar(&cfg.TemplateOptions.ImportDir, "import-dir", "", "host directory whose rootfs directories and tarballs template builds may import (`template build --import`); none by default: clients upload")
+	f.StringVar(&cfg.TemplateOptions.DebianMirror, "debian-mirror", "", "Debian mirror for template builds (default: this host's apt mirror); its signatures are checked")
+	f.StringVar(&cfg.TemplateOptions.DebianKeyring, "debian-keyring", template.DefaultKeyring, "keyring the Debian mirror's Release files must be signed with")
+	f.Int64Var(&uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
 	f.BoolVar(&debug, "debug", false, "log every request")
 	return cmd
 }

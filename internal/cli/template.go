@@ -1,15 +1,17 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"agentenv/internal/client"
+	"agentenv/internal/template"
 )
 
 func templateCmd(g *globals) *cobra.Command {
@@ -20,9 +22,9 @@ func templateCmd(g *globals) *cobra.Command {
 
 func templateBuild(g *globals) *cobra.Command {
 	var req client.BuildRequest
-	var packages string
+	var packages, upload string
 	cmd := &cobra.Command{
-		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL)",
+		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL | --import PATH)",
 		Short: "Build a template on the server, showing progress",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -34,10 +36,17 @@ func templateBuild(g *globals) *cobra.Command {
 			if packages != "" {
 				req.Packages = strings.Split(packages, ",")
 			}
-			if req.Rootfs != "" {
-				if req.Rootfs, err = filepath.Abs(req.Rootfs); err != nil {
+			var tarball io.Reader
+			if upload != "" {
+				if req.Debian != "" || req.Rootfs != "" {
+					return fmt.Errorf("give one source: --debian, --rootfs or --import")
+				}
+				r, closeFn, err := openUpload(cmd.Context(), upload)
+				if err != nil {
 					return err
 				}
+				defer closeFn()
+				tarball = r
 			}
 			bar := progressbar.NewOptions(100,
 				progressbar.OptionSetWriter(os.Stderr),
@@ -49,14 +58,20 @@ func templateBuild(g *globals) *cobra.Command {
 			if g.json {
 				bar = progressbar.NewOptions(100, progressbar.OptionSetVisibility(false))
 			}
-			t, err := c.BuildTemplate(cmd.Context(), req, func(p client.BuildProgress) {
+			show := func(p client.BuildProgress) {
 				msg := p.Message
 				if len(msg) > 40 {
 					msg = msg[:40]
 				}
 				bar.Describe(fmt.Sprintf("%-9s %-40s", p.Phase, msg))
 				bar.Set(int(p.Percent))
-			})
+			}
+			var t client.Template
+			if tarball != nil {
+				t, err = c.UploadTemplate(cmd.Context(), req.Name, tarball, show)
+			} else {
+				t, err = c.BuildTemplate(cmd.Context(), req, show)
+			}
 			bar.Finish()
 			if err != nil {
 				return err
@@ -71,9 +86,28 @@ func templateBuild(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&req.Debian, "debian", "", "Debian suite to debootstrap (e.g. bookworm)")
 	f.StringVar(&packages, "packages", "", "comma-separated Debian packages to include")
-	f.StringVar(&req.Mirror, "mirror", "", "Debian mirror (default: the server's apt mirror)")
-	f.StringVar(&req.Rootfs, "rootfs", "", "root filesystem directory or tarball on the server's machine")
+	f.StringVar(&upload, "rootfs", "", "root filesystem directory or tarball (.tar, .tar.gz) on this machine, uploaded to the server")
+	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
 	return cmd
+}
+
+// openUpload returns a tar stream of a rootfs directory (written as it is
+// read) or the tarball file itself.
+func openUpload(ctx context.Context, path string) (io.Reader, func(), error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--rootfs: %w", err)
+	}
+	if !st.IsDir() {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--rootfs: %w", err)
+		}
+		return f, func() { f.Close() }, nil
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(template.WriteTar(ctx, pw, path)) }()
+	return pr, func() { pr.Close() }, nil
 }
 
 func templateList(g *globals) *cobra.Command {

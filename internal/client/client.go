@@ -108,10 +108,16 @@ func (c *Client) send(ctx context.Context, method, path string, body any) (*http
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("X-API-Key", c.APIKey)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return c.roundTrip(req)
+}
+
+// roundTrip sends an API request with the key and turns error answers into
+// *Error.
+func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
+	req.Header.Set("X-API-Key", c.APIKey)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the agentenv server at %s (is `agentenv serve` running? set --server or AGENTENV_SERVER): %w", c.API, err)
@@ -185,8 +191,8 @@ type BuildRequest struct {
 	Name     string   `json:"name"`
 	Debian   string   `json:"debian,omitempty"`
 	Packages []string `json:"packages,omitempty"`
-	Mirror   string   `json:"mirror,omitempty"`
-	Rootfs   string   `json:"rootfs,omitempty"`
+	// Rootfs is a directory or tarball inside the server's --import-dir.
+	Rootfs string `json:"rootfs,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.
@@ -202,6 +208,25 @@ func (c *Client) BuildTemplate(ctx context.Context, req BuildRequest, progress f
 	if err != nil {
 		return Template{}, err
 	}
+	return readBuildStream(resp, progress)
+}
+
+// UploadTemplate builds a template from a rootfs tar stream (plain or
+// gzip), calling progress for each step.
+func (c *Client) UploadTemplate(ctx context.Context, name string, tarball io.Reader, progress func(BuildProgress)) (Template, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.API+"/agentenv/templates/"+url.PathEscape(name)+"/rootfs", tarball)
+	if err != nil {
+		return Template{}, err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.roundTrip(req)
+	if err != nil {
+		return Template{}, err
+	}
+	return readBuildStream(resp, progress)
+}
+
+func readBuildStream(resp *http.Response, progress func(BuildProgress)) (Template, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

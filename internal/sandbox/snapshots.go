@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,6 +98,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	}
 	if len(req.Name) > 128 {
 		return snapshot.Snapshot{}, errdefs.Invalid("snapshot name is longer than 128 characters")
+	}
+	if !req.internal && strings.HasPrefix(req.Name, readyPrefix) {
+		return snapshot.Snapshot{}, errdefs.Invalid("snapshot name %q: names starting with %q are reserved for the server's ready templates; choose another name", req.Name, readyPrefix)
 	}
 	e, err := m.entry(id)
 	if err != nil {

@@ -65,6 +65,7 @@ func TestBadInput(t *testing.T) {
 		{"bad template name", "POST", "/agentenv/templates", testKey, `{"name":"../evil","busybox":true}`, 400},
 		{"template without source", "POST", "/agentenv/templates", testKey, `{"name":"nosource"}`, 400},
 		{"template relative rootfs", "POST", "/agentenv/templates", testKey, `{"name":"rel","rootfs":"some/dir"}`, 400},
+		{"template client mirror", "POST", "/agentenv/templates", testKey, `{"name":"mir","debian":"bookworm","mirror":"http://127.0.0.1:9/x"}`, 400},
 		{"template bad package", "POST", "/agentenv/templates", testKey, `{"name":"pk","debian":"bookworm","packages":["a;rm -rf /"]}`, 400},
 		{"delete template in use", "DELETE", "/templates/busybox", testKey, ``, 409},
 		{"delete unknown template", "DELETE", "/templates/nope", testKey, ``, 404},

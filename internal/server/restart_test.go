@@ -100,8 +100,16 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	testenv.NeedRunsc(t)
 	dir := t.TempDir()
 	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir, api: freePort(t), proxy: freePort(t)}
+	// A data dir made beforehand with a lax mode (as `make demo` used to)
+	// is made root-only by the server (security finding 8).
+	os.Chmod(dir, 0o755)
 	c := p.start(t)
 	ctx := context.Background()
+	for _, d := range []string{dir, filepath.Join(dir, "templates")} {
+		if st, err := os.Stat(d); err != nil || st.Mode().Perm() != 0o700 {
+			t.Errorf("%s: got mode %v (%v), want 0700", d, st.Mode().Perm(), err)
+		}
+	}
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
 			if sbs, err := c.ListSandboxes(ctx, nil); err == nil {

@@ -57,7 +57,10 @@ type Config struct {
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
 	// cgroups cannot be managed).
 	NoCgroups bool
-	Log       *slog.Logger
+	// TemplateOptions are the operator's choices for template builds
+	// (import directory, Debian mirror and keyring, upload limit).
+	TemplateOptions template.Options
+	Log             *slog.Logger
 }
 
 // Run serves until ctx ends. ready, if not nil, is called with the bound
@@ -68,6 +71,11 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 		return errors.New("agentenv serve needs root (network namespaces, cgroups, gVisor): run it with sudo")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	// Whoever made it, the data dir (API key, templates, snapshots) is for
+	// root alone.
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	key, err := apiKey(cfg, log)
@@ -83,7 +91,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 		return err
 	}
 	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
-	templates, err := template.Open(filepath.Join(cfg.DataDir, "templates"), envdPath, log)
+	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, cfg.TemplateOptions, log)
 	if err != nil {
 		return err
 	}

@@ -388,7 +388,8 @@ func (s *Store) GC(p Policy) []string {
 			tooOld := p.MaxAge > 0 && time.Since(sn.CreatedAt) > p.MaxAge
 			tooMany := p.MaxCount > 0 && len(all) > p.MaxCount
 			tooBig := p.MaxBytes > 0 && total > p.MaxBytes
-			ready := strings.HasPrefix(sn.Name, "ready:")
+			// Only the server's own ready snapshots are kept regardless.
+			ready := sn.Internal && strings.HasPrefix(sn.Name, "ready:")
 			if (sn.Internal && !ready) || (!ready && (tooOld || tooMany || tooBig)) {
 				victim = sn
 				break

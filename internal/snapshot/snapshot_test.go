@@ -114,6 +114,8 @@ func TestGC(t *testing.T) {
 	fresh := add("fresh", time.Minute, false)
 	leftover := add("fork-leftover", time.Minute, true)
 	ready := add("ready:busybox", 48*time.Hour, true)
+	// A user's snapshot with a reserved-looking name gets no exemption.
+	fakeReady := add("ready:mine", 48*time.Hour, false)
 	_, _, release, err := s.Acquire(inUse.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +123,7 @@ func TestGC(t *testing.T) {
 	defer release()
 
 	deleted := s.GC(Policy{MaxAge: 24 * time.Hour})
-	want := map[string]bool{old.ID: true, leftover.ID: true}
+	want := map[string]bool{old.ID: true, leftover.ID: true, fakeReady.ID: true}
 	if len(deleted) != len(want) {
 		t.Errorf("GC deleted %v, want %v", deleted, want)
 	}

@@ -25,7 +25,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err := ValidName(req.Name); err != nil {
 		return Template{}, err
 	}
-	source, err := checkSource(req)
+	source, err := s.checkSource(req)
 	if err != nil {
 		return Template{}, err
 	}
@@ -61,10 +61,13 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		progress(Progress{Phase: "rootfs", Percent: 10, Message: "busybox"})
 		err = buildBusybox(rootfs)
 	case req.Debian != "":
-		err = debootstrap(ctx, req, rootfs, progress)
+		err = s.debootstrap(ctx, req, rootfs, progress)
+	case req.Upload != nil:
+		progress(Progress{Phase: "rootfs", Percent: 10, Message: "unpacking the uploaded rootfs"})
+		err = s.extract(ctx, req.Upload, rootfs, progress)
 	default:
-		progress(Progress{Phase: "rootfs", Percent: 10, Message: "copying " + req.Rootfs})
-		err = copyRootfs(ctx, req.Rootfs, rootfs)
+		progress(Progress{Phase: "rootfs", Percent: 10, Message: "importing " + req.Rootfs})
+		err = s.importRootfs(ctx, req.Rootfs, rootfs, progress)
 	}
 	if err != nil {
 		return Template{}, err
@@ -75,16 +78,21 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	}
 
 	final := filepath.Join(s.dir, req.Name)
-	old := final + ".old"
-	os.RemoveAll(old)
-	if err := os.Rename(final, old); err != nil && !errors.Is(err, os.ErrNotExist) {
+	// The previous build moves aside under a name no template can have
+	// (names never start with '.'), so no other template is touched.
+	old, err := os.MkdirTemp(s.dir, ".old-"+req.Name+"-")
+	if err != nil {
+		return Template{}, err
+	}
+	defer os.RemoveAll(old)
+	prev := filepath.Join(old, "t")
+	if err := os.Rename(final, prev); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Template{}, err
 	}
 	if err := os.Rename(staging, final); err != nil {
-		os.Rename(old, final)
+		os.Rename(prev, final)
 		return Template{}, err
 	}
-	os.RemoveAll(old)
 	s.mu.Lock()
 	s.templates[t.Name] = &t
 	s.mu.Unlock()
@@ -92,12 +100,28 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	return t, nil
 }
 
+func (s *Store) checkSource(req BuildRequest) (string, error) {
+	source, err := checkSource(req)
+	if err != nil || req.Rootfs == "" {
+		return source, err
+	}
+	if _, err := s.importPath(req.Rootfs); err != nil {
+		return "", err
+	}
+	return source, nil
+}
+
+// checkSource validates what a request can be checked for without the
+// store's options.
 func checkSource(req BuildRequest) (string, error) {
 	n := 0
 	source := ""
 	if req.Busybox {
 		n++
 		source = "busybox"
+	}
+	if req.Mirror != "" {
+		return "", errdefs.Invalid("mirror: the Debian mirror is the server operator's choice (agentenv serve --debian-mirror URL); API clients cannot set it: leave it out")
 	}
 	if req.Debian != "" {
 		n++
@@ -113,21 +137,43 @@ func checkSource(req BuildRequest) (string, error) {
 	}
 	if req.Rootfs != "" {
 		n++
-		source = "rootfs:" + req.Rootfs
-		if !filepath.IsAbs(req.Rootfs) {
-			return "", errdefs.Invalid("rootfs %q: give an absolute path on the server's machine", req.Rootfs)
-		}
-		if _, err := os.Stat(req.Rootfs); err != nil {
-			return "", errdefs.Invalid("rootfs %q: %v", req.Rootfs, err)
+		source = "import:" + req.Rootfs
+		if strings.IndexByte(req.Rootfs, 0) >= 0 {
+			return "", errdefs.Invalid("rootfs %q: invalid path", req.Rootfs)
 		}
 	}
+	if req.Upload != nil {
+		n++
+		source = "upload"
+	}
 	if n != 1 {
-		return "", errdefs.Invalid("give exactly one source: --debian SUITE, --rootfs PATH (directory or tarball) or busybox")
+		return "", errdefs.Invalid("give exactly one source: --debian SUITE, --rootfs DIR|TARBALL (uploaded by the CLI), --import PATH (inside the server's --import-dir) or busybox")
 	}
 	if len(req.Packages) > 0 && req.Debian == "" {
 		return "", errdefs.Invalid("--packages needs --debian")
 	}
 	return source, nil
+}
+
+// importPath resolves a client-given path inside the operator's import
+// directory, following symlinks, and refuses anything that ends outside.
+func (s *Store) importPath(p string) (string, error) {
+	if s.opts.ImportDir == "" {
+		return "", errdefs.Invalid("rootfs %q: this server imports no host paths (its operator set no --import-dir); upload the rootfs instead: agentenv template build NAME --rootfs DIR|TARBALL", p)
+	}
+	full := p
+	if !filepath.IsAbs(p) {
+		full = filepath.Join(s.opts.ImportDir, p)
+	}
+	resolved, err := filepath.EvalSymlinks(full)
+	if err != nil {
+		return "", errdefs.Invalid("rootfs %q: not found in the server's import directory", p)
+	}
+	rel, err := filepath.Rel(s.opts.ImportDir, resolved)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+		return "", errdefs.Invalid("rootfs %q: only paths inside the server's import directory can be imported", p)
+	}
+	return resolved, nil
 }
 
 // finish bakes envd and the sandbox conventions into dir/rootfs and writes
@@ -163,49 +209,49 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 }
 
 // prepareRootfs installs envd and what the E2B SDK expects: /bin/bash, a
-// user named "user" with a home, a world-writable /tmp.
+// user named "user" with a home, a world-writable /tmp. The tree may come
+// from a client: every path is resolved inside it (os.Root), so a symlink
+// such as home/user -> /victim fails the build instead of reaching the host.
 func prepareRootfs(rootfs, envd string) error {
-	if err := copyFile(envd, filepath.Join(rootfs, EnvdPath), 0o755); err != nil {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := copyInto(root, envd, strings.TrimPrefix(EnvdPath, "/"), 0o755); err != nil {
 		return err
 	}
 	for _, d := range []string{"tmp", "proc", "dev", "sys", "etc", "root", "home/user", "bin"} {
-		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+		if err := root.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	if err := os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777|os.ModeSticky); err != nil {
+	if err := root.Chmod("tmp", 0o777|os.ModeSticky); err != nil {
 		return err
 	}
-	if _, err := os.Lstat(filepath.Join(rootfs, "bin/bash")); errors.Is(err, os.ErrNotExist) {
+	if _, err := root.Lstat("bin/bash"); errors.Is(err, os.ErrNotExist) {
 		// busybox has no bash applet: a script hands bash's arguments to sh,
 		// which accepts the SDK's `-l -c CMD`.
-		if err := os.WriteFile(filepath.Join(rootfs, "bin/bash"), []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n"), 0o755); err != nil {
+		if err := root.WriteFile("bin/bash", []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n"), 0o755); err != nil {
 			return err
 		}
 	}
-	if err := ensureLine(filepath.Join(rootfs, "etc/passwd"), "root:", "root:x:0:0:root:/root:/bin/sh"); err != nil {
-		return err
+	for _, l := range []struct{ file, prefix, line string }{
+		{"etc/passwd", "root:", "root:x:0:0:root:/root:/bin/sh"},
+		{"etc/group", "root:", "root:x:0:"},
+		{"etc/passwd", "user:", "user:x:1000:1000:user:/home/user:/bin/bash"},
+		{"etc/group", "user:", "user:x:1000:"},
+		{"etc/hosts", "127.0.0.1", "127.0.0.1\tlocalhost"},
+	} {
+		if err := ensureLine(root, l.file, l.prefix, l.line); err != nil {
+			return err
+		}
 	}
-	if err := ensureLine(filepath.Join(rootfs, "etc/group"), "root:", "root:x:0:"); err != nil {
-		return err
-	}
-	if err := ensureLine(filepath.Join(rootfs, "etc/passwd"), "user:", "user:x:1000:1000:user:/home/user:/bin/bash"); err != nil {
-		return err
-	}
-	if err := ensureLine(filepath.Join(rootfs, "etc/group"), "user:", "user:x:1000:"); err != nil {
-		return err
-	}
-	if err := os.Chown(filepath.Join(rootfs, "home/user"), 1000, 1000); err != nil {
-		return err
-	}
-	if err := ensureLine(filepath.Join(rootfs, "etc/hosts"), "127.0.0.1", "127.0.0.1\tlocalhost"); err != nil {
-		return err
-	}
-	return nil
+	return root.Chown("home/user", 1000, 1000)
 }
 
-func ensureLine(path, prefix, line string) error {
-	b, err := os.ReadFile(path)
+func ensureLine(root *os.Root, name, prefix, line string) error {
+	b, err := root.ReadFile(name)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -218,7 +264,32 @@ func ensureLine(path, prefix, line string) error {
 		b = append(b, '\n')
 	}
 	b = append(b, line+"\n"...)
-	return os.WriteFile(path, b, 0o644)
+	return root.WriteFile(name, b, 0o644)
+}
+
+// copyInto copies the host file src to name inside root, replacing what
+// is there (a symlink is replaced, not followed).
+func copyInto(root *os.Root, src, name string, mode os.FileMode) error {
+	if err := replaceable(root, name); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return root.Chmod(name, mode)
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {
@@ -268,34 +339,58 @@ func buildBusybox(rootfs string) error {
 	return nil
 }
 
-func copyRootfs(ctx context.Context, src, dst string) error {
-	st, err := os.Stat(src)
+// extract unpacks an uploaded rootfs tar stream.
+func (s *Store) extract(ctx context.Context, r io.Reader, rootfs string, progress func(Progress)) error {
+	skipped, err := ExtractTar(ctx, r, rootfs, s.opts.MaxUploadBytes)
 	if err != nil {
-		return errdefs.Invalid("rootfs %q: %v", src, err)
+		return err
 	}
-	var cmd *exec.Cmd
-	if st.IsDir() {
-		cmd = exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", dst)
-	} else {
-		cmd = exec.CommandContext(ctx, "tar", "-xf", src, "-C", dst, "--numeric-owner")
-	}
-	if out, err := childproc.CombinedOutput(cmd); err != nil {
-		return errdefs.Invalid("unpack rootfs %q: %v: %s", src, err, lastLines(string(out)))
+	if skipped > 0 {
+		progress(Progress{Phase: "rootfs", Percent: 50, Message: fmt.Sprintf("skipped %d device nodes/FIFOs", skipped)})
 	}
 	return nil
 }
 
-// debootstrap builds a Debian rootfs and turns its log lines into progress.
-func debootstrap(ctx context.Context, req BuildRequest, rootfs string, progress func(Progress)) error {
-	mirror := req.Mirror
-	if mirror == "" {
-		mirror = DefaultMirror()
+// importRootfs reads a directory or tarball from the operator's import
+// directory through the same extraction as an upload.
+func (s *Store) importRootfs(ctx context.Context, p, rootfs string, progress func(Progress)) error {
+	src, err := s.importPath(p)
+	if err != nil {
+		return err
 	}
-	args := []string{"--variant=minbase"}
+	st, err := os.Stat(src)
+	if err != nil {
+		return errdefs.Invalid("rootfs %q: %v", p, err)
+	}
+	if !st.IsDir() {
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return s.extract(ctx, f, rootfs, progress)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(WriteTar(ctx, pw, src)) }()
+	err = s.extract(ctx, pr, rootfs, progress)
+	pr.CloseWithError(errors.New("extraction ended"))
+	return err
+}
+
+// debootstrap builds a Debian rootfs from the operator's mirror and turns
+// its log lines into progress. Package scripts run as root in a chroot on
+// the host, so only packages signed by the operator's keyring may be
+// installed: --force-check-gpg makes a missing or bad signature fatal
+// (without it, debootstrap goes on unsigned when it has no key for a suite).
+func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string, progress func(Progress)) error {
+	if _, err := os.Stat(s.opts.DebianKeyring); err != nil {
+		return fmt.Errorf("debian keyring %s: %w (install debian-archive-keyring, or set serve --debian-keyring)", s.opts.DebianKeyring, errdefs.ErrUnavailable)
+	}
+	args := []string{"--variant=minbase", "--force-check-gpg", "--keyring=" + s.opts.DebianKeyring}
 	if len(req.Packages) > 0 {
 		args = append(args, "--include="+strings.Join(req.Packages, ","))
 	}
-	args = append(args, req.Debian, rootfs, mirror)
+	args = append(args, req.Debian, rootfs, s.opts.DebianMirror)
 	cmd := exec.CommandContext(ctx, "debootstrap", args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -391,11 +486,11 @@ var (
 )
 
 // Validate checks a build request without building anything.
-func Validate(req BuildRequest) error {
+func (s *Store) Validate(req BuildRequest) error {
 	if err := ValidName(req.Name); err != nil {
 		return err
 	}
-	_, err := checkSource(req)
+	_, err := s.checkSource(req)
 	return err
 }
 

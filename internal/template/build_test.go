@@ -2,6 +2,7 @@ package template_test
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -71,7 +72,7 @@ func noStaging(t *testing.T, dir string) {
 	t.Helper()
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".build-") || strings.HasSuffix(e.Name(), ".old") {
+		if strings.HasPrefix(e.Name(), ".build-") || strings.HasPrefix(e.Name(), ".old-") {
 			t.Errorf("build left %s behind", e.Name())
 		}
 	}
@@ -196,7 +197,19 @@ func writeTar(t *testing.T, path string, entries []tarEntry) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	tw := tar.NewWriter(f)
+	writeTarTo(t, f, entries)
+}
+
+func tarBytes(t *testing.T, entries []tarEntry) *bytes.Reader {
+	t.Helper()
+	var b bytes.Buffer
+	writeTarTo(t, &b, entries)
+	return bytes.NewReader(b.Bytes())
+}
+
+func writeTarTo(t *testing.T, w io.Writer, entries []tarEntry) {
+	t.Helper()
+	tw := tar.NewWriter(w)
 	for _, e := range entries {
 		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Size: int64(len(e.body)), Linkname: e.link, Uid: e.uid, Gid: e.uid}
 		if err := tw.WriteHeader(h); err != nil {
@@ -224,12 +237,17 @@ func TestBuildFromTarball(t *testing.T) {
 		{name: "srv/", typ: tar.TypeDir, mode: 0o755},
 		{name: "srv/owned", typ: tar.TypeReg, mode: 0o600, body: "x", uid: 4242},
 	})
-	tpl, err := s.Build(context.Background(), template.BuildRequest{Name: "fromtar", Rootfs: tarball}, noProgress)
+	f, err := os.Open(tarball)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tpl, err := s.Build(context.Background(), template.BuildRequest{Name: "fromtar", Upload: f}, noProgress)
 	if err != nil {
 		t.Fatalf("Build: %v", err)
 	}
-	if tpl.Source != "rootfs:"+tarball {
-		t.Errorf("got source %q, want rootfs:%s", tpl.Source, tarball)
+	if tpl.Source != "upload" {
+		t.Errorf("got source %q, want upload", tpl.Source)
 	}
 	rootfs := filepath.Join(dir, "fromtar", "rootfs")
 	fileContains(t, filepath.Join(rootfs, "bin", "hello"), "echo hi")
@@ -255,11 +273,7 @@ func TestBuildFromTarball(t *testing.T) {
 
 func TestBuildFailureLeavesNothing(t *testing.T) {
 	s, dir, _ := newStore(t)
-	bad := filepath.Join(t.TempDir(), "broken.tar")
-	if err := os.WriteFile(bad, []byte("this is not a tarball"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := s.Build(context.Background(), template.BuildRequest{Name: "broken", Rootfs: bad}, noProgress)
+	_, err := s.Build(context.Background(), template.BuildRequest{Name: "broken", Upload: strings.NewReader("this is not a tarball")}, noProgress)
 	if !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("Build from a broken tarball: got %v, want ErrInvalid", err)
 	}

@@ -43,18 +43,44 @@ type Progress struct {
 	Message string  `json:"message,omitempty"`
 }
 
-// BuildRequest says what to build. Exactly one source is set.
+// BuildRequest says what to build. Exactly one source is set. It comes
+// from API clients, who may hold a key but not the host: nothing in it may
+// name a host resource beyond the operator's Options.
 type BuildRequest struct {
 	Name string `json:"name"`
-	// Debian suite (e.g. bookworm), built with debootstrap.
+	// Debian suite (e.g. bookworm), built with debootstrap from the
+	// operator's mirror with signatures checked.
 	Debian   string   `json:"debian,omitempty"`
 	Packages []string `json:"packages,omitempty"`
-	Mirror   string   `json:"mirror,omitempty"`
-	// Rootfs is a directory or a tarball on the server's machine.
+	// Mirror is refused: the mirror is the operator's choice
+	// (Options.DebianMirror). It is kept to answer with a clear error.
+	Mirror string `json:"mirror,omitempty"`
+	// Rootfs is a directory or a tarball inside the operator's
+	// Options.ImportDir (a path relative to it, or an absolute one inside).
 	Rootfs string `json:"rootfs,omitempty"`
 	// Busybox builds the tiny busybox template from the host's busybox-static.
 	Busybox bool `json:"busybox,omitempty"`
+	// Upload is a rootfs tar stream (plain or gzip) sent by the client.
+	Upload io.Reader `json:"-"`
 }
+
+// Options are the operator's choices for template builds.
+type Options struct {
+	// ImportDir is the only host directory builds may read a rootfs from
+	// (BuildRequest.Rootfs); empty: none.
+	ImportDir string
+	// DebianMirror is the mirror debootstrap uses (default: the host's apt
+	// mirror). Its Release files must be signed by a key in DebianKeyring.
+	DebianMirror string
+	// DebianKeyring is the keyring signatures are checked against (default:
+	// /usr/share/keyrings/debian-archive-keyring.gpg).
+	DebianKeyring string
+	// MaxUploadBytes bounds the file data of an uploaded rootfs (0: 8 GiB).
+	MaxUploadBytes int64
+}
+
+// DefaultKeyring is Debian's archive keyring (package debian-archive-keyring).
+const DefaultKeyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
@@ -71,6 +97,7 @@ type Store struct {
 	dir      string
 	envd     string
 	envdHash string
+	opts     Options
 	log      *slog.Logger
 
 	mu        sync.Mutex
@@ -79,17 +106,46 @@ type Store struct {
 	building  map[string]bool
 }
 
-// Open loads the templates stored under dir. envd is the path of the envd
-// binary baked into every image.
+// Open loads the templates stored under dir with the default Options (no
+// import directory). envd is the path of the envd binary baked into every
+// image.
 func Open(dir, envd string, log *slog.Logger) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	return OpenWithOptions(dir, envd, Options{}, log)
+}
+
+// OpenWithOptions is Open with the operator's build options.
+func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, error) {
+	// Templates are the operator's and their users': no other host user
+	// reads them.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if opts.DebianMirror == "" {
+		opts.DebianMirror = DefaultMirror()
+	}
+	if opts.DebianKeyring == "" {
+		opts.DebianKeyring = DefaultKeyring
+	}
+	if opts.MaxUploadBytes <= 0 {
+		opts.MaxUploadBytes = 8 << 30
+	}
+	if opts.ImportDir != "" {
+		d, err := filepath.EvalSymlinks(opts.ImportDir)
+		if err != nil {
+			return nil, fmt.Errorf("import dir: %w", err)
+		}
+		if opts.ImportDir, err = filepath.Abs(d); err != nil {
+			return nil, err
+		}
 	}
 	hash, err := fileHash(envd)
 	if err != nil {
 		return nil, fmt.Errorf("envd binary %s: %w (run `make build`)", envd, err)
 	}
-	s := &Store{dir: dir, envd: envd, envdHash: hash, log: log,
+	s := &Store{dir: dir, envd: envd, envdHash: hash, opts: opts, log: log,
 		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -100,7 +156,7 @@ func Open(dir, envd string, log *slog.Logger) (*Store, error) {
 			continue
 		}
 		if !nameRE.MatchString(e.Name()) {
-			// A build that died half-way: remove it.
+			// A build that died half-way (".build-*", ".old-*"): remove it.
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 			continue
 		}

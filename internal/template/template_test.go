@@ -2,6 +2,10 @@ package template_test
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -46,29 +50,53 @@ func TestValidName(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	dir := t.TempDir()
+	imports := filepath.Join(dir, "imports")
+	os.MkdirAll(filepath.Join(imports, "tree"), 0o755)
+	os.WriteFile(filepath.Join(dir, "secret"), []byte("host secret"), 0o600)
+	os.Symlink(filepath.Join(dir, "secret"), filepath.Join(imports, "escape"))
+	os.Symlink("tree", filepath.Join(imports, "inside"))
+	envd := filepath.Join(dir, "envd")
+	os.WriteFile(envd, []byte("envd"), 0o755)
+	store, err := template.OpenWithOptions(filepath.Join(dir, "templates"), envd, template.Options{ImportDir: imports}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noImports, err := template.Open(filepath.Join(dir, "templates2"), envd, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name string
-		req  template.BuildRequest
-		ok   bool
+		name  string
+		store *template.Store
+		req   template.BuildRequest
+		ok    bool
 	}{
-		{"busybox", template.BuildRequest{Name: "bb", Busybox: true}, true},
-		{"debian", template.BuildRequest{Name: "deb", Debian: "bookworm"}, true},
-		{"debian with packages", template.BuildRequest{Name: "deb", Debian: "bookworm", Packages: []string{"python3", "libc6-dev", "g++"}}, true},
-		{"rootfs directory", template.BuildRequest{Name: "r", Rootfs: dir}, true},
-		{"bad name", template.BuildRequest{Name: "Bad", Busybox: true}, false},
-		{"no source", template.BuildRequest{Name: "x"}, false},
-		{"two sources", template.BuildRequest{Name: "x", Busybox: true, Debian: "bookworm"}, false},
-		{"bad suite", template.BuildRequest{Name: "x", Debian: "Bookworm"}, false},
-		{"suite with slash", template.BuildRequest{Name: "x", Debian: "../bookworm"}, false},
-		{"bad package", template.BuildRequest{Name: "x", Debian: "bookworm", Packages: []string{"vim;rm -rf /"}}, false},
-		{"option as package", template.BuildRequest{Name: "x", Debian: "bookworm", Packages: []string{"--foo"}}, false},
-		{"packages without debian", template.BuildRequest{Name: "x", Busybox: true, Packages: []string{"vim"}}, false},
-		{"relative rootfs", template.BuildRequest{Name: "x", Rootfs: "some/dir"}, false},
-		{"missing rootfs", template.BuildRequest{Name: "x", Rootfs: dir + "/missing.tar"}, false},
+		{"busybox", store, template.BuildRequest{Name: "bb", Busybox: true}, true},
+		{"debian", store, template.BuildRequest{Name: "deb", Debian: "bookworm"}, true},
+		{"debian with packages", store, template.BuildRequest{Name: "deb", Debian: "bookworm", Packages: []string{"python3", "libc6-dev", "g++"}}, true},
+		{"import relative", store, template.BuildRequest{Name: "r", Rootfs: "tree"}, true},
+		{"import absolute inside", store, template.BuildRequest{Name: "r", Rootfs: filepath.Join(imports, "tree")}, true},
+		{"import symlink inside", store, template.BuildRequest{Name: "r", Rootfs: "inside"}, true},
+		{"upload", store, template.BuildRequest{Name: "r", Upload: strings.NewReader("")}, true},
+		{"bad name", store, template.BuildRequest{Name: "Bad", Busybox: true}, false},
+		{"no source", store, template.BuildRequest{Name: "x"}, false},
+		{"two sources", store, template.BuildRequest{Name: "x", Busybox: true, Debian: "bookworm"}, false},
+		{"upload and import", store, template.BuildRequest{Name: "x", Rootfs: "tree", Upload: strings.NewReader("")}, false},
+		{"bad suite", store, template.BuildRequest{Name: "x", Debian: "Bookworm"}, false},
+		{"suite with slash", store, template.BuildRequest{Name: "x", Debian: "../bookworm"}, false},
+		{"client mirror", store, template.BuildRequest{Name: "x", Debian: "jammy", Mirror: "http://127.0.0.1:1/evil"}, false},
+		{"bad package", store, template.BuildRequest{Name: "x", Debian: "bookworm", Packages: []string{"vim;rm -rf /"}}, false},
+		{"option as package", store, template.BuildRequest{Name: "x", Debian: "bookworm", Packages: []string{"--foo"}}, false},
+		{"packages without debian", store, template.BuildRequest{Name: "x", Busybox: true, Packages: []string{"vim"}}, false},
+		{"host path outside imports", store, template.BuildRequest{Name: "x", Rootfs: dir}, false},
+		{"dot-dot out of imports", store, template.BuildRequest{Name: "x", Rootfs: "../secret"}, false},
+		{"symlink out of imports", store, template.BuildRequest{Name: "x", Rootfs: "escape"}, false},
+		{"missing import", store, template.BuildRequest{Name: "x", Rootfs: "missing.tar"}, false},
+		{"import without import dir", noImports, template.BuildRequest{Name: "x", Rootfs: "/etc"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := template.Validate(tt.req)
+			err := tt.store.Validate(tt.req)
 			if (err == nil) != tt.ok {
 				t.Fatalf("Validate(%+v) = %v, want ok=%v", tt.req, err, tt.ok)
 			}
