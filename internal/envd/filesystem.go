@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -25,20 +26,37 @@ type filesystemService struct {
 	watchers *watcherSet
 }
 
-func fsError(err error, path string) error {
+// fsError maps the error of a user's file operation (op on path) to a
+// Connect error that says what failed.
+func fsError(err error, a account, op, path string) error {
+	var ce *connect.Error
 	switch {
+	case errors.As(err, &ce):
+		return ce
+	case errors.Is(err, errNUL):
+		return connect.NewError(connect.CodeInvalidArgument, err)
 	case errors.Is(err, fs.ErrNotExist):
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("path %q does not exist", path))
 	case errors.Is(err, fs.ErrExist):
 		return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("path %q already exists", path))
 	case errors.Is(err, fs.ErrPermission):
-		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("permission denied: %q", path))
+		return connect.NewError(connect.CodePermissionDenied, errors.New(deniedMessage(err, a, op, path)))
 	case errors.Is(err, syscall.ENOTDIR):
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", path))
 	case errors.Is(err, syscall.ENOTEMPTY):
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("directory %q is not empty", path))
 	}
-	return connect.NewError(connect.CodeInternal, err)
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s %q as user %q: %w", op, path, a.Name, err))
+}
+
+// deniedMessage says which user was refused what, where, and what to do.
+func deniedMessage(err error, a account, op, path string) string {
+	msg := fmt.Sprintf("permission denied: user %q cannot %s %q", a.Name, op, path)
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Path != path {
+		msg += fmt.Sprintf(" (refused at %q)", pe.Path)
+	}
+	return msg + `; use a path that user may access, or make the request as user "root"`
 }
 
 // entryInfo describes path (not following a final symlink).
@@ -91,144 +109,154 @@ func groupName(gid uint32) string {
 	return strconv.Itoa(int(gid))
 }
 
+// request resolves the user of a Connect request and a path of it.
+func request(h http.Header, path string) (account, string, error) {
+	acct, err := connectUser(h)
+	if err != nil {
+		return account{}, "", err
+	}
+	p, err := resolvePath(path, acct)
+	if err != nil {
+		return account{}, "", connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	return acct, p, nil
+}
+
 func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, path, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	path := resolvePath(req.Msg.GetPath(), acct)
-	e, err := entryInfo(path)
+	var e *pb.EntryInfo
+	err = asUser(acct, func() (err error) {
+		e, err = entryInfo(path)
+		return err
+	})
 	if err != nil {
-		return nil, fsError(err, path)
+		return nil, fsError(err, acct, "stat", path)
 	}
 	return connect.NewResponse(&pb.StatResponse{Entry: e}), nil
 }
 
 func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, path, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	path := resolvePath(req.Msg.GetPath(), acct)
-	if st, err := os.Stat(path); err == nil {
-		if st.IsDir() {
-			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %q already exists", path))
+	var e *pb.EntryInfo
+	err = asUser(acct, func() (err error) {
+		if st, err := os.Stat(path); err == nil {
+			if st.IsDir() {
+				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %q already exists", path))
+			}
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q exists and is not a directory", path))
 		}
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q exists and is not a directory", path))
-	}
-	if err := mkdirAllAs(path, acct); err != nil {
-		return nil, fsError(err, path)
-	}
-	e, err := entryInfo(path)
+		// As the user: the new directories are theirs, and where the
+		// user may not create one, neither does envd.
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			return err
+		}
+		e, err = entryInfo(path)
+		return err
+	})
 	if err != nil {
-		return nil, fsError(err, path)
+		return nil, fsError(err, acct, "create directory", path)
 	}
 	return connect.NewResponse(&pb.MakeDirResponse{Entry: e}), nil
 }
 
-// mkdirAllAs creates path and any missing parents, owned by the user.
-func mkdirAllAs(path string, a account) error {
-	var missing []string
-	for p := path; p != "/" && p != "."; p = filepath.Dir(p) {
-		if _, err := os.Lstat(p); err == nil {
-			break
-		}
-		missing = append(missing, p)
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		if err := os.Lchown(missing[i], int(a.UID), int(a.GID)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, src, err := request(req.Header(), req.Msg.GetSource())
 	if err != nil {
 		return nil, err
 	}
-	src := resolvePath(req.Msg.GetSource(), acct)
-	dst := resolvePath(req.Msg.GetDestination(), acct)
-	if _, err := os.Lstat(src); err != nil {
-		return nil, fsError(err, src)
-	}
-	if err := mkdirAllAs(filepath.Dir(dst), acct); err != nil {
-		return nil, fsError(err, dst)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		return nil, fsError(err, dst)
-	}
-	e, err := entryInfo(dst)
+	dst, err := resolvePath(req.Msg.GetDestination(), acct)
 	if err != nil {
-		return nil, fsError(err, dst)
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	var e *pb.EntryInfo
+	err = asUser(acct, func() (err error) {
+		if _, err := os.Lstat(src); err != nil {
+			return fsError(err, acct, "move", src)
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(src, dst); err != nil {
+			return err
+		}
+		e, err = entryInfo(dst)
+		return err
+	})
+	if err != nil {
+		return nil, fsError(err, acct, "move "+strconv.Quote(src)+" to", dst)
 	}
 	return connect.NewResponse(&pb.MoveResponse{Entry: e}), nil
 }
 
 func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, path, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	path := resolvePath(req.Msg.GetPath(), acct)
-	if _, err := os.Lstat(path); err != nil {
-		return nil, fsError(err, path)
 	}
 	if path == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	if err := os.RemoveAll(path); err != nil {
-		return nil, fsError(err, path)
+	err = asUser(acct, func() error {
+		if _, err := os.Lstat(path); err != nil {
+			return err
+		}
+		return os.RemoveAll(path)
+	})
+	if err != nil {
+		return nil, fsError(err, acct, "remove", path)
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
 }
 
 func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRequest]) (*connect.Response[pb.ListDirResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, root, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	root := resolvePath(req.Msg.GetPath(), acct)
 	depth := int(req.Msg.GetDepth())
 	if depth <= 0 {
 		depth = 1
 	}
-	st, err := os.Stat(root)
-	if err != nil {
-		return nil, fsError(err, root)
-	}
-	if !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
-	}
 	out := &pb.ListDirResponse{}
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err = asUser(acct, func() error {
+		st, err := os.Stat(root)
 		if err != nil {
-			if p == root {
-				return err
+			return err
+		}
+		if !st.IsDir() {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
+		}
+		return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if p == root {
+					return err
+				}
+				return nil // an entry vanished or is unreadable: skip it
 			}
-			return nil // an entry vanished or is unreadable: skip it
-		}
-		if p == root {
+			if p == root {
+				return nil
+			}
+			rel, _ := filepath.Rel(root, p)
+			level := strings.Count(rel, string(filepath.Separator)) + 1
+			e, err := entryInfo(p)
+			if err != nil {
+				return nil
+			}
+			out.Entries = append(out.Entries, e)
+			if d.IsDir() && level >= depth {
+				return filepath.SkipDir
+			}
 			return nil
-		}
-		rel, _ := filepath.Rel(root, p)
-		level := strings.Count(rel, string(filepath.Separator)) + 1
-		e, err := entryInfo(p)
-		if err != nil {
-			return nil
-		}
-		out.Entries = append(out.Entries, e)
-		if d.IsDir() && level >= depth {
-			return filepath.SkipDir
-		}
-		return nil
+		})
 	})
 	if err != nil {
-		return nil, fsError(err, root)
+		return nil, fsError(err, acct, "list", root)
 	}
 	return connect.NewResponse(out), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"sort"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	pb "agentenv/internal/envd/gen/processpb"
 	"agentenv/internal/envd/gen/processpb/processpbconnect"
@@ -226,10 +228,34 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 	cmd.Env = ps.s.environ(acct, cfg.GetEnvs())
 	cmd.Dir = acct.Home
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
-		cmd.Dir = resolvePath(cfg.GetCwd(), acct)
+		dir, err := resolvePath(cfg.GetCwd(), acct)
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("working directory: %w", err))
+		}
+		cmd.Dir = dir
 	}
-	if st, err := os.Stat(cmd.Dir); err != nil || !st.IsDir() {
+	err := asUser(acct, func() error {
+		st, err := os.Stat(cmd.Dir)
+		if err == nil && !st.IsDir() {
+			return syscall.ENOTDIR
+		}
+		if err != nil {
+			return err
+		}
+		// The command's chdir needs search permission; its failure would
+		// only say "fork/exec: permission denied".
+		if err := unix.Access(cmd.Dir, unix.X_OK); err != nil {
+			return &fs.PathError{Op: "chdir", Path: cmd.Dir, Err: err}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return nil, connect.NewError(connect.CodePermissionDenied, errors.New(deniedMessage(err, acct, "enter working directory", cmd.Dir)))
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("working directory %q does not exist", cmd.Dir))
+	case err != nil:
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("working directory %q: %w", cmd.Dir, err))
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if os.Getuid() == 0 && acct.UID != 0 {

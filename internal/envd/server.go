@@ -184,23 +184,54 @@ func fileUser(r *http.Request) (account, error) {
 	return lookupUser(name)
 }
 
+// writeFileError answers with the error of a user's file operation (op on
+// path): its HTTP status (otherwise when none fits better), and a message
+// that says what failed.
+func writeFileError(w http.ResponseWriter, err error, a account, op, path string, otherwise int) {
+	status, msg := fileStatus(err, a, op, path, otherwise)
+	writeError(w, status, msg)
+}
+
+func fileStatus(err error, a account, op, path string, otherwise int) (int, string) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("upload larger than the limit of %d bytes: split it into smaller files", mbe.Limit)
+	case errors.Is(err, errNUL):
+		return http.StatusBadRequest, err.Error()
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden, deniedMessage(err, a, op, path)
+	case errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound, fmt.Sprintf("path %q does not exist", path)
+	case errors.Is(err, syscall.ENOSPC):
+		return http.StatusInsufficientStorage, "not enough space in the sandbox: " + err.Error()
+	case errors.Is(err, errIsDir), errors.Is(err, syscall.ENOTDIR):
+		return http.StatusBadRequest, err.Error()
+	}
+	return otherwise, fmt.Sprintf("%s %q as user %q: %v", op, path, a.Name, err)
+}
+
+var errIsDir = errors.New("is a directory, not a file")
+
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	acct, err := fileUser(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	path := resolvePath(r.URL.Query().Get("path"), acct)
-	f, err := os.Open(path)
+	path, err := resolvePath(r.URL.Query().Get("path"), acct)
 	if err != nil {
-		status := http.StatusInternalServerError
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			status = http.StatusNotFound
-		case errors.Is(err, fs.ErrPermission):
-			status = http.StatusForbidden
-		}
-		writeError(w, status, fmt.Sprintf("cannot read %q: %v", path, errors.Unwrap(err)))
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	// Only the open runs as the user: the descriptor keeps its access.
+	var f *os.File
+	err = asUser(acct, func() (err error) {
+		f, err = os.Open(path)
+		return err
+	})
+	if err != nil {
+		writeFileError(w, err, acct, "read", path, http.StatusInternalServerError)
 		return
 	}
 	defer f.Close()
@@ -229,6 +260,19 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, s.maxUpload)
 	target := r.URL.Query().Get("path")
 	var written []entry
+	write := func(p string, body io.Reader) bool {
+		path, err := resolvePath(p, acct)
+		if err == nil {
+			err = writeFileAs(path, body, acct)
+		}
+		if err != nil {
+			// Most other failures are the body's (malformed gzip...).
+			writeFileError(w, err, acct, "write", path, http.StatusBadRequest)
+			return false
+		}
+		written = append(written, entry{Name: filepath.Base(path), Type: "file", Path: path})
+		return true
+	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if ct == "multipart/form-data" {
 		mr := multipart.NewReader(r.Body, params["boundary"])
@@ -238,7 +282,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 				break
 			}
 			if err != nil {
-				s.uploadError(w, err)
+				writeFileError(w, err, acct, "read the upload for", target, http.StatusBadRequest)
 				return
 			}
 			if part.FormName() != "file" {
@@ -256,13 +300,11 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusBadRequest, "no path: give ?path= or a file name in the multipart part")
 				return
 			}
-			e, err := writeFileAs(resolvePath(p, acct), part, acct)
+			ok := write(p, part)
 			part.Close()
-			if err != nil {
-				s.uploadError(w, err)
+			if !ok {
 				return
 			}
-			written = append(written, e)
 		}
 	} else {
 		if target == "" {
@@ -279,68 +321,59 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 			defer zr.Close()
 			body = zr
 		}
-		e, err := writeFileAs(resolvePath(target, acct), body, acct)
-		if err != nil {
-			s.uploadError(w, err)
+		if !write(target, body) {
 			return
 		}
-		written = append(written, e)
 	}
 	writeJSON(w, http.StatusOK, written)
 }
 
-func (s *Server) uploadError(w http.ResponseWriter, err error) {
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("upload larger than the limit of %d bytes: split it into smaller files", mbe.Limit))
-	case errors.Is(err, fs.ErrPermission):
-		writeError(w, http.StatusForbidden, err.Error())
-	case errors.Is(err, syscall.ENOSPC):
-		writeError(w, http.StatusInsufficientStorage, "not enough space in the sandbox: "+err.Error())
-	default:
-		writeError(w, http.StatusBadRequest, err.Error())
-	}
-}
-
-// writeFileAs writes r to path atomically (temp file + rename), creating
-// parent directories, all owned by the user.
-func writeFileAs(path string, r io.Reader, a account) (entry, error) {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		return entry{}, fmt.Errorf("path %q is a directory", path)
-	}
+// writeFileAs writes r to path atomically (a temporary file renamed over
+// it). Every path step (parents created, the temporary file, the rename)
+// runs as the user, so what the user may not create or replace is refused
+// and what is created is the user's; the data is copied in between.
+func writeFileAs(path string, r io.Reader, a account) error {
 	dir := filepath.Dir(path)
-	if err := mkdirAllAs(dir, a); err != nil {
-		return entry{}, fmt.Errorf("create %s: %w", dir, err)
-	}
-	tmp, err := os.CreateTemp(dir, ".envd-upload-*")
+	var tmp *os.File
+	err := asUser(a, func() error {
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			return fmt.Errorf("path %q %w", path, errIsDir)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		f, err := os.CreateTemp(dir, ".envd-upload-*")
+		if err != nil {
+			// Name the directory, not the temporary file's pattern.
+			return &fs.PathError{Op: "create", Path: dir, Err: errors.Unwrap(err)}
+		}
+		tmp = f
+		return nil
+	})
 	if err != nil {
-		return entry{}, err
+		return err
 	}
 	ok := false
 	defer func() {
+		tmp.Close()
 		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			asUser(a, func() error { return os.Remove(tmp.Name()) })
 		}
 	}()
 	if _, err := io.Copy(tmp, r); err != nil {
-		return entry{}, err
+		return err
 	}
 	if err := tmp.Chmod(0o644); err != nil {
-		return entry{}, err
-	}
-	if err := tmp.Chown(int(a.UID), int(a.GID)); err != nil {
-		return entry{}, err
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return entry{}, err
+		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return entry{}, err
+	if err := asUser(a, func() error { return os.Rename(tmp.Name(), path) }); err != nil {
+		return err
 	}
 	ok = true
-	return entry{Name: filepath.Base(path), Type: "file", Path: path}, nil
+	return nil
 }
 
 // TrimToken removes the access token variable from a list of environment

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"os/user"
@@ -22,6 +23,10 @@ type account struct {
 	Name string
 	UID  uint32
 	GID  uint32
+	// Groups are the supplementary groups (from /etc/group), the user's
+	// own gid included.
+	Groups []uint32
+	// Home is absolute and clean.
 	Home string
 }
 
@@ -35,15 +40,29 @@ func lookupUser(name string) (account, error) {
 	}
 	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	home := u.HomeDir
-	if home == "" {
-		home = "/"
+	a := account{Name: u.Username, UID: uint32(uid), GID: uint32(gid), Home: cleanHome(u.HomeDir)}
+	if ids, err := u.GroupIds(); err == nil {
+		for _, id := range ids {
+			if g, err := strconv.ParseUint(id, 10, 32); err == nil {
+				a.Groups = append(a.Groups, uint32(g))
+			}
+		}
 	}
-	return account{Name: u.Username, UID: uint32(uid), GID: uint32(gid), Home: home}, nil
+	return a, nil
 }
 
+// cleanHome makes a home directory from /etc/passwd usable as the base of
+// relative paths: absolute, clean, "/" if missing or relative.
+func cleanHome(home string) string {
+	if !filepath.IsAbs(home) || strings.IndexByte(home, 0) >= 0 {
+		return "/"
+	}
+	return filepath.Clean(home)
+}
+
+// credential is the user's for a command: no group of envd's is kept.
 func (a account) credential() *syscall.Credential {
-	return &syscall.Credential{Uid: a.UID, Gid: a.GID, NoSetGroups: true}
+	return &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}
 }
 
 // userFromHeader reads the user name the E2B SDK sends as HTTP basic auth
@@ -70,17 +89,25 @@ func connectUser(h http.Header) (account, error) {
 	return a, nil
 }
 
+// errNUL is returned for a path no system call could take.
+var errNUL = errors.New("path contains a NUL byte")
+
 // resolvePath makes path absolute: relative paths and "~" are taken from
 // the user's home, as E2B does. The result is always clean; ".." cannot go
-// above "/" (and "/" is the sandbox's own root).
-func resolvePath(path string, a account) string {
+// above "/" (and "/" is the sandbox's own root). It says nothing about
+// access: the file operation itself runs as the user (see asUser).
+func resolvePath(path string, a account) (string, error) {
+	if strings.IndexByte(path, 0) >= 0 {
+		return "", fmt.Errorf("%w: %q", errNUL, path)
+	}
+	home := cleanHome(a.Home)
 	switch {
 	case path == "" || path == "~":
-		return a.Home
+		return home, nil
 	case strings.HasPrefix(path, "~/"):
-		path = filepath.Join(a.Home, path[2:])
+		path = filepath.Join(home, path[2:])
 	case !filepath.IsAbs(path):
-		path = filepath.Join(a.Home, path)
+		path = filepath.Join(home, path)
 	}
-	return filepath.Clean(path)
+	return filepath.Clean(path), nil
 }

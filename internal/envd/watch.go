@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,7 +19,9 @@ import (
 )
 
 // watch follows one directory (optionally its subdirectories) with inotify.
+// Watches are added, and entries described, as the user who asked.
 type watch struct {
+	acct         account
 	root         string
 	recursive    bool
 	includeEntry bool
@@ -32,32 +35,42 @@ type watch struct {
 const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_DELETE |
 	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF
 
-func newWatch(root string, recursive, includeEntry bool) (*watch, error) {
-	st, err := os.Stat(root)
-	if err != nil {
-		return nil, fsError(err, root)
-	}
-	if !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
-	}
+func newWatch(acct account, root string, recursive, includeEntry bool) (*watch, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("inotify: %w", err))
 	}
-	w := &watch{root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
+	w := &watch{acct: acct, root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
 		dirs: map[int]string{}, events: make(chan *pb.FilesystemEvent, 1024), stop: make(chan struct{})}
-	if err := w.add(root); err != nil {
+	err = asUser(acct, func() error {
+		st, err := os.Stat(root)
+		if err != nil {
+			return err
+		}
+		if !st.IsDir() {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
+		}
+		return w.add(root, true)
+	})
+	if err != nil {
 		unix.Close(fd)
-		return nil, connect.NewError(connect.CodeInternal, err)
+		return nil, fsError(err, acct, "watch", root)
 	}
 	go w.loop()
 	return w, nil
 }
 
-func (w *watch) add(dir string) error {
-	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
+// add watches dir and, when recursive, its subdirectories. Only the root
+// may be reached through a symlink: a subdirectory swapped for one between
+// its event and this call is not followed.
+func (w *watch) add(dir string, root bool) error {
+	mask := uint32(watchMask)
+	if !root {
+		mask |= unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
+	}
+	wd, err := unix.InotifyAddWatch(w.fd, dir, mask)
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", dir, err)
+		return &fs.PathError{Op: "watch", Path: dir, Err: err}
 	}
 	w.dirs[wd] = dir
 	if !w.recursive {
@@ -69,7 +82,7 @@ func (w *watch) add(dir string) error {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			w.add(filepath.Join(dir, e.Name()))
+			w.add(filepath.Join(dir, e.Name()), false)
 		}
 	}
 	return nil
@@ -122,9 +135,7 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 		return
 	}
 	full := filepath.Join(dir, name)
-	if w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
-		w.add(full)
-	}
+	newDir := w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0
 	var t pb.EventType
 	switch {
 	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
@@ -145,10 +156,16 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 	}
 	rel, _ := filepath.Rel(w.root, full)
 	ev := &pb.FilesystemEvent{Name: rel, Type: t}
-	if w.includeEntry {
-		if e, err := entryInfo(full); err == nil {
-			ev.Entry = e
-		}
+	if newDir || w.includeEntry {
+		asUser(w.acct, func() error {
+			if newDir {
+				w.add(full, false)
+			}
+			if w.includeEntry {
+				ev.Entry, _ = entryInfo(full)
+			}
+			return nil
+		})
 	}
 	select {
 	case w.events <- ev:
@@ -157,11 +174,11 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 }
 
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], stream *connect.ServerStream[pb.WatchDirResponse]) error {
-	acct, err := connectUser(req.Header())
+	acct, path, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return err
 	}
-	w, err := newWatch(resolvePath(req.Msg.GetPath(), acct), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return err
 	}
@@ -197,11 +214,11 @@ type watcherSet struct {
 }
 
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[pb.CreateWatcherRequest]) (*connect.Response[pb.CreateWatcherResponse], error) {
-	acct, err := connectUser(req.Header())
+	acct, path, err := request(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	w, err := newWatch(resolvePath(req.Msg.GetPath(), acct), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return nil, err
 	}
