@@ -152,16 +152,18 @@ func TestPathsStayInsideSandbox(t *testing.T) {
 	if b, err := e.client.ReadFile(ctx, sb, "../../etc/shadow"); err == nil {
 		t.Fatalf("read ../../etc/shadow returned %d bytes; want not found inside the sandbox", len(b))
 	}
-	const escape = "../../../../etc/agentenv-escape-test"
+	// The default user may write /tmp (not /etc): the write lands in the
+	// sandbox's /tmp, never the host's.
+	const escape = "../../../../tmp/agentenv-escape-test"
 	if err := e.client.WriteFile(ctx, sb, escape, bytes.NewReader([]byte("inside"))); err != nil {
 		t.Fatalf("write %s: %v", escape, err)
 	}
-	if _, err := os.Stat("/etc/agentenv-escape-test"); err == nil {
-		os.Remove("/etc/agentenv-escape-test")
-		t.Fatal("a write to ../../../../etc in the sandbox created a file on the host")
+	if _, err := os.Stat("/tmp/agentenv-escape-test"); err == nil {
+		os.Remove("/tmp/agentenv-escape-test")
+		t.Fatal("a write to ../../../../tmp in the sandbox created a file on the host")
 	}
-	if res := e.sh(t, sb, "cat /etc/agentenv-escape-test"); string(res.Stdout) != "inside" {
-		t.Errorf("the file should be inside the sandbox at /etc/agentenv-escape-test; cat gave %q", res.Stdout)
+	if res := e.sh(t, sb, "cat /tmp/agentenv-escape-test"); string(res.Stdout) != "inside" {
+		t.Errorf("the file should be inside the sandbox at /tmp/agentenv-escape-test; cat gave %q", res.Stdout)
 	}
 }
 

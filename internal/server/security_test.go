@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -101,10 +102,11 @@ func TestTemplateBuildCannotReachHost(t *testing.T) {
 	if string(b) != "10.9.9.9 victim\n" || stAfter.Mode() != stBefore.Mode() {
 		t.Errorf("host files changed by an upload: hosts %q, dir mode %v -> %v", b, stBefore.Mode(), stAfter.Mode())
 	}
+	var ce *client.Error
 	if err == nil {
 		t.Logf("upload with links out built (links stay links)")
-	} else {
-		t.Logf("upload with links out refused: %v", err)
+	} else if !errors.As(err, &ce) || ce.Status != http.StatusBadRequest {
+		t.Errorf("upload with links out: got %v, want it built or refused with 400", err)
 	}
 }
 

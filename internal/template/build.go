@@ -182,6 +182,10 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 	rootfs := filepath.Join(dir, "rootfs")
 	progress(Progress{Phase: "configure", Percent: 85, Message: "installing envd"})
 	if err := prepareRootfs(rootfs, s.envd); err != nil {
+		if strings.Contains(err.Error(), "escapes") {
+			// os.Root refused a symlink that leads out of the tree.
+			return errdefs.Invalid("rootfs: %v: the paths agentenv sets up (/home/user, /tmp, /etc/passwd, /etc/group, /etc/hosts, /bin/bash, /.agentenv) must not be symlinks leading outside the root", err)
+		}
 		return fmt.Errorf("prepare rootfs: %w", err)
 	}
 	progress(Progress{Phase: "image", Percent: 90, Message: "writing EROFS image"})
