@@ -15,11 +15,29 @@ import (
 // pidfd in Go's network poller, so no thread is blocked per sandbox. With
 // reap, pid must be a child of this process and is reaped once it exits.
 func Watch(pid int, reap bool) (<-chan struct{}, error) {
+	f, err := Open(pid)
+	if err != nil {
+		return nil, err
+	}
+	return WatchFile(f, reap)
+}
+
+// Open returns a pidfd of process pid, non-blocking (as WatchFile needs it)
+// and close-on-exec.
+func Open(pid int) (*os.File, error) {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("pidfd of pid %d: %w", pid, err)
 	}
-	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))
+	return os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid)), nil
+}
+
+// WatchFile is Watch on a pidfd opened elsewhere (by Open, possibly in
+// another process that passed it over a unix socket: a pidfd names its
+// process for good, so unlike a PID it cannot name another process once
+// the first is reaped). It takes ownership of f. With reap, the process is
+// reaped if it is a child of this process by the time it exits.
+func WatchFile(f *os.File, reap bool) (<-chan struct{}, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
