@@ -1,35 +1,20 @@
-// Package childproc starts the server's child processes at moments when
-// the server is in its own cgroups. gVisor's in-process create (cgroup v1)
-// moves the whole server into the new sandbox's cgroups for a few tens of
-// milliseconds; a child started then would stay in the sandbox's cgroups
-// (counted against its limits, killed with it). The runtime holds Exclusive
-// around such moves; everyone else starts children through Start.
-// It must not do anything else.
+// Package childproc starts the server's child processes. It once kept them
+// from starting while gVisor's in-process create had moved the whole server
+// into a new sandbox's cgroups (cgroup v1); creates now run in worker
+// processes (internal/runtime/gvisorgo), so these are plain os/exec calls,
+// kept so that callers need not change at once. New code may use os/exec
+// directly. It must not do anything else.
 package childproc
 
 import (
 	"bytes"
 	"os/exec"
-	"sync"
 )
 
-var mu sync.RWMutex
+// Start is cmd.Start.
+func Start(cmd *exec.Cmd) error { return cmd.Start() }
 
-// Lock is held by code that moves this process between cgroups; no child
-// starts meanwhile.
-func Lock() { mu.Lock() }
-
-// Unlock ends Lock.
-func Unlock() { mu.Unlock() }
-
-// Start starts cmd outside any cgroup move.
-func Start(cmd *exec.Cmd) error {
-	mu.RLock()
-	defer mu.RUnlock()
-	return cmd.Start()
-}
-
-// Run starts cmd outside any cgroup move and waits for it.
+// Run starts cmd and waits for it.
 func Run(cmd *exec.Cmd) error {
 	if err := Start(cmd); err != nil {
 		return err

@@ -8,13 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"agentenv/internal/client"
+	"agentenv/internal/runtime/gvisorgo"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
 	"agentenv/internal/testenv"
@@ -123,10 +123,9 @@ func (e *env) stop() error {
 	}
 }
 
-// See cmd/agentenv: the main thread must never change namespaces.
-func init() { goruntime.LockOSThread() }
-
 func TestMain(m *testing.M) {
+	// As in cmd/agentenv: this binary is also the gVisor runtime's worker.
+	gvisorgo.WorkerMain()
 	code := m.Run()
 	if shared != nil {
 		ctx := context.Background()

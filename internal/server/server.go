@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -89,6 +90,10 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	rt, err := newRuntime(cfg)
 	if err != nil {
 		return err
+	}
+	if c, ok := rt.(io.Closer); ok {
+		// Last: stops the gVisor workers once nothing creates sandboxes.
+		defer c.Close()
 	}
 	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
 	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, cfg.TemplateOptions, log)
@@ -251,7 +256,7 @@ func newRuntime(cfg Config) (runtime.Runtime, error) {
 	case "cli":
 		return gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups})
 	case "go", "":
-		return gvisorgo.New(gvisorgo.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups})
+		return gvisorgo.New(gvisorgo.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups, Log: cfg.Log})
 	}
 	return nil, fmt.Errorf("--runtime %q: use go (in-process) or cli", cfg.Runtime)
 }

@@ -38,6 +38,7 @@ func benchRuntimes(b *testing.B, cgroups bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { goRT.Close() })
 	cliRT, err := gvisor.New(gvisor.Config{Runsc: e.runsc, Root: env.cliRoot, Cgroups: cgroups})
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +104,7 @@ func (e benchEnv) runscCmd(s runtime.Spec, args ...string) error {
 	cmd := exec.Command(e.runsc, append(global, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc %s: %w%s", args[0], err, consoleTail(s.Dir))
+		return fmt.Errorf("runsc %s: %w%s", args[0], err, logTails(s.Dir))
 	}
 	return nil
 }

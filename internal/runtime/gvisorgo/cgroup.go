@@ -19,8 +19,8 @@ const cgroupRoot = "/sys/fs/cgroup"
 // removes them only if the sandbox process was started, so a create that
 // fails early (a missing image, say) leaves them behind; `runsc create`
 // does the same. Only directories named by our own cgroup path are touched.
-func (g *Gvisor) removeCgroups(id string) error {
-	rel := g.cgroupPath(id)
+func (s settings) removeCgroups(id string) error {
+	rel := s.cgroupPath(id)
 	if rel == "" {
 		return nil
 	}
@@ -68,9 +68,9 @@ func rmdirCgroup(dir string) error {
 }
 
 // killTasks kills what is left in a sandbox's cgroup whose container state
-// is gone: the processes of a create that a crash of the server cut short.
-// The calling process is never killed (in-process creates pass through the
-// sandbox's cgroups).
+// is gone: the processes of a create that a crash cut short. The calling
+// process is never killed (a worker passes through the sandbox's cgroups
+// while it creates the sandbox).
 func killTasks(dir string) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {

@@ -28,6 +28,7 @@ var shared struct {
 }
 
 func TestMain(m *testing.M) {
+	WorkerMain()
 	code := m.Run()
 	if shared.dir != "" {
 		os.RemoveAll(shared.dir)
@@ -64,13 +65,23 @@ func newEnv(tb testing.TB) testEnv {
 	return testEnv{image: shared.image, dir: tb.TempDir(), runsc: runsc}
 }
 
-// newRuntime returns a runtime on a state directory of its own.
+// newRuntime returns a runtime on a state directory of its own, closed
+// when the test ends (after the sandboxes of e.spec are destroyed).
 func (e testEnv) newRuntime(tb testing.TB, root string) *Gvisor {
 	tb.Helper()
-	g, err := New(Config{Runsc: e.runsc, Root: filepath.Join(e.dir, root), Cgroups: true})
+	return e.newRuntimeConfig(tb, Config{Root: filepath.Join(e.dir, root)})
+}
+
+// newRuntimeConfig is newRuntime with more settings; runsc and cgroups are
+// set here.
+func (e testEnv) newRuntimeConfig(tb testing.TB, cfg Config) *Gvisor {
+	tb.Helper()
+	cfg.Runsc, cfg.Cgroups = e.runsc, true
+	g, err := New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { g.Close() })
 	return g
 }
 

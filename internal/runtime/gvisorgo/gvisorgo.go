@@ -1,42 +1,44 @@
 // Package gvisorgo implements runtime.Runtime on gVisor by calling gVisor's
-// own Go packages (runsc/container, runsc/sandbox) in-process instead of
-// spawning the runsc CLI per operation, which costs a 48 MB Go process and a
-// new control connection each time.
+// own Go packages (runsc/container, runsc/sandbox) instead of spawning the
+// runsc CLI per operation, which costs a 48 MB Go process and a new control
+// connection each time.
 //
 // The sandbox and gofer processes are still re-executions of the pinned
 // static runsc binary (specutils.ExePath), and all state lives in runsc's
 // --root layout, so `runsc --root R list/state/delete --force` work on
 // sandboxes made here and this package works on sandboxes made by the CLI.
 //
+// Two kinds of process use it:
+//   - the server (the embedding process) runs the fast control calls on
+//     running sandboxes: state, pause, resume, exec, checkpoint, destroy.
+//     None of them touches process-wide state.
+//   - long-lived workers, re-executions of the server's own binary (see
+//     WorkerMain, pool.go, worker.go), create and restore sandboxes. Those
+//     calls borrow their process's stdio, cgroup membership (cgroup v1),
+//     namespaces and descriptor table, so each runs in a worker, one at a
+//     time per worker, several workers at once. Sandbox processes are the
+//     workers' children; the server watches them through pidfds.
+//
 // The API of runsc/container is not a stable interface: every use of it stays
 // in this package, which must be built against exactly the gVisor version of
 // the runsc binary (New checks). It must not know about templates, networks
 // or the API.
-//
-// Running gVisor's client code in-process has process-wide effects that the
-// runsc CLI used to absorb; the embedding server must accept them:
-//   - sandbox processes are children of this process: the package reaps
-//     them (watch.go), and nothing else in the process may wait for
-//     arbitrary children (wait4(-1)).
-//   - sandbox creation is serialized process-wide (spawn.go): it swaps
-//     os.Stdin/os.Stdout/os.Stderr for a moment, and with cgroups on a
-//     cgroup v1 host gVisor moves this whole process into the new sandbox's
-//     cgroup while it starts the sandbox process.
-//   - gVisor's first sandbox start sets CLOEXEC on every open descriptor of
-//     this process and raises RLIMIT_MEMLOCK to unlimited, and its log goes
-//     to slog's default logger at debug level instead of stderr.
 package gvisorgo
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	goruntime "runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"gvisor.dev/gvisor/runsc/config"
 	"gvisor.dev/gvisor/runsc/container"
@@ -54,7 +56,7 @@ const (
 	gvisorVersion = "v0.0.0-20260905035102-160fafc42237"
 )
 
-// Config configures the runtime. It has the same fields as
+// Config configures the runtime. Its first fields are those of
 // internal/runtime/gvisor.Config so the server can switch between the two.
 type Config struct {
 	// Runsc is the path of the pinned static runsc binary. The sandbox
@@ -66,23 +68,47 @@ type Config struct {
 	// Without it, sandboxes run with --ignore-cgroups and no limits.
 	Cgroups      bool
 	CgroupParent string
+	// Workers is the number of worker processes, i.e. how many creates and
+	// restores run at once. Zero means one per CPU, at least 2.
+	Workers int
+	// RequestTimeout bounds one create or restore in a worker; a worker
+	// that takes longer is killed and the request fails. Zero means 2m.
+	RequestTimeout time.Duration
+	// Log receives the workers' own diagnostics (their stderr) and their
+	// restarts. Nil means slog.Default().
+	Log *slog.Logger
+
+	// testOnlyExitAfterSpawn makes workers exit right after container.New,
+	// so tests can see what a worker's death in the middle of a create
+	// leaves.
+	testOnlyExitAfterSpawn bool
 }
 
-// Gvisor is the in-process gVisor runtime. It is safe for concurrent use.
+// settings are what the server and its workers both need to drive runsc;
+// the server sends them to each worker it starts.
+type settings struct {
+	Runsc   string `json:"runsc"`
+	Root    string `json:"root"`
+	Cgroups bool   `json:"cgroups"`
+	Parent  string `json:"cgroup_parent"`
+
+	TestOnlyExitAfterSpawn bool `json:"test_only_exit_after_spawn,omitempty"`
+}
+
+// Gvisor is the gVisor runtime driven through gVisor's Go packages. It is
+// safe for concurrent use. Close stops its workers.
 type Gvisor struct {
-	runsc   string
-	root    string
-	cgroups bool
-	parent  string
+	settings
 	version string
 	// opConf is the configuration for operations on running sandboxes
 	// (exec, checkpoint), which only read it. Starting a sandbox takes a
 	// fresh one, as gVisor may change it from the spec's annotations.
 	opConf *config.Config
+	pool   *pool
 
 	mu sync.Mutex
-	// children holds the sandboxes whose processes this process started
-	// (and so must reap), by ID.
+	// children holds the sandboxes whose processes a worker of this runtime
+	// started, by ID, with a watch on their pidfd.
 	children map[string]*child
 }
 
@@ -92,11 +118,19 @@ var (
 	_ runtime.Checkpointer = (*Gvisor)(nil)
 	_ runtime.Watcher      = (*Gvisor)(nil)
 	_ runtime.Execer       = (*Gvisor)(nil)
+	_ runtime.Preparer     = (*Gvisor)(nil)
+	_ io.Closer            = (*Gvisor)(nil)
 )
 
-// New checks that runsc is the build this package was compiled against and
-// returns the runtime.
+// New checks that runsc is the build this package was compiled against,
+// starts the workers and returns the runtime. The calling program must
+// call WorkerMain first thing in main (and in TestMain).
 func New(cfg Config) (*Gvisor, error) {
+	if os.Getenv(workerEnv) != "" {
+		// This process was started as a worker but its main did not call
+		// WorkerMain: going on would start workers of workers.
+		return nil, fmt.Errorf("gvisorgo: this program does not call gvisorgo.WorkerMain at the top of main (or TestMain): %w", errdefs.ErrUnavailable)
+	}
 	if cfg.Runsc == "" {
 		cfg.Runsc = "runsc"
 	}
@@ -119,7 +153,11 @@ func New(cfg Config) (*Gvisor, error) {
 	if err := setupProcess(path); err != nil {
 		return nil, err
 	}
-	g := &Gvisor{runsc: path, root: cfg.Root, cgroups: cfg.Cgroups, parent: cfg.CgroupParent, children: map[string]*child{}}
+	g := &Gvisor{
+		settings: settings{Runsc: path, Root: cfg.Root, Cgroups: cfg.Cgroups, Parent: cfg.CgroupParent,
+			TestOnlyExitAfterSpawn: cfg.testOnlyExitAfterSpawn},
+		children: map[string]*child{},
+	}
 	if g.opConf, err = g.conf("none"); err != nil {
 		return nil, err
 	}
@@ -128,8 +166,29 @@ func New(cfg Config) (*Gvisor, error) {
 	if g.version, err = runscbin.Version(path); err != nil {
 		return nil, err
 	}
+	n := cfg.Workers
+	if n <= 0 {
+		n = max(goruntime.NumCPU(), 2)
+	}
+	timeout := cfg.RequestTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if g.pool, err = startPool(g.settings, n, timeout, log); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
+
+// Close stops the workers. Sandboxes keep running (their processes are
+// re-parented, as after `runsc create`) and stay usable by another
+// runtime on the same state directory. Creates and restores fail after
+// Close; the other calls keep working.
+func (g *Gvisor) Close() error { return g.pool.close() }
 
 // checkBuild refuses a runsc binary built from another gVisor version than
 // the one linked into this process: the control protocol and state file
@@ -160,11 +219,11 @@ func (g *Gvisor) Version() string { return g.version }
 
 // conf returns a fresh runsc configuration, as the CLI would build it from
 // its global flags (--root, --platform, --network, --ignore-cgroups).
-func (g *Gvisor) conf(network string) (*config.Config, error) {
+func (s settings) conf(network string) (*config.Config, error) {
 	fs := flag.NewFlagSet("runsc", flag.ContinueOnError)
 	config.RegisterFlags(fs)
-	set := map[string]string{"root": g.root, "platform": "systrap", "network": network}
-	if !g.cgroups {
+	set := map[string]string{"root": s.Root, "platform": "systrap", "network": network}
+	if !s.Cgroups {
 		set["ignore-cgroups"] = "true"
 	}
 	for k, v := range set {
@@ -175,29 +234,43 @@ func (g *Gvisor) conf(network string) (*config.Config, error) {
 	return config.NewFromFlags(fs)
 }
 
-func (g *Gvisor) cgroupPath(id string) string {
-	if !g.cgroups {
+func (s settings) cgroupPath(id string) string {
+	if !s.Cgroups {
 		return ""
 	}
-	return "/" + g.parent + "/" + id
+	return "/" + s.Parent + "/" + id
 }
 
-// Create implements runtime.Runtime.
-func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) (err error) {
-	c, conf, err := g.prepare(ctx, spec)
+// Create implements runtime.Runtime: a worker creates and starts the
+// sandbox.
+func (g *Gvisor) Create(ctx context.Context, spec runtime.Spec) error {
+	return g.call(ctx, request{Op: opCreate, Spec: spec})
+}
+
+// call checks a request's spec, runs it in a worker and records the sandbox
+// process the worker started.
+func (g *Gvisor) call(ctx context.Context, req request) error {
+	if req.Spec.ID == "" || req.Spec.Dir == "" || req.Spec.Image == "" {
+		return errdefs.Invalid("runtime spec needs an ID, a directory and an image")
+	}
+	if err := validID(req.Spec.ID); err != nil {
+		return err
+	}
+	resp, pidfd, err := g.pool.call(ctx, req)
+	if errors.Is(err, errWorker) {
+		// The worker died or hung: it did not clean up after itself.
+		if cerr := g.cleanUp(context.WithoutCancel(ctx), req.Spec.ID); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up after the worker: %w", cerr))
+		}
+	}
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			if derr := g.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
-				err = errors.Join(err, fmt.Errorf("clean up after failed create: %w", derr))
-			}
-		}
-	}()
-	if err := c.Start(conf); err != nil {
-		return fmt.Errorf("start sandbox %s: %w%s", spec.ID, err, consoleTail(spec.Dir))
+	if err := resp.err(); err != nil {
+		closeFile(pidfd)
+		return err
 	}
+	g.watch(req.Spec.ID, resp.Pid, pidfd)
 	return nil
 }
 
@@ -208,22 +281,20 @@ func (g *Gvisor) load(id string, check bool) (*container.Container, error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
-	c, err := container.Load(g.root, container.FullID{SandboxID: id, ContainerID: id}, container.LoadOpts{Exact: true, SkipCheck: true})
+	c, err := g.loadContainer(id)
 	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, errdefs.NotFound("sandbox %s", id)
-		}
-		return nil, fmt.Errorf("load sandbox %s: %w", id, err)
+		return nil, err
 	}
 	if ch := g.child(id); ch != nil && ch.pid == c.Sandbox.Pid.Load() {
 		if ch.exited() {
-			// Its process is gone and reaped: never signal the recorded
-			// PID, which the kernel may have given to another process.
+			// Its process is gone (and reaped by its worker): never signal
+			// the recorded PID, which the kernel may have given to another
+			// process.
 			c.Sandbox.Pid.Store(0)
 			c.GoferPid.Store(0)
 			c.Status = container.Stopped
 		}
-		// Otherwise it runs: our reaper would have seen it exit. The root
+		// Otherwise it runs: its pidfd would have said so. The root
 		// container's end ends the sandbox process, so no RPC is needed
 		// (it costs milliseconds while the sandbox is busy starting).
 		return c, nil
@@ -293,9 +364,9 @@ func (g *Gvisor) Destroy(ctx context.Context, id string) error {
 
 // List implements runtime.Runtime.
 func (g *Gvisor) List(ctx context.Context) ([]string, error) {
-	ids, err := container.List(g.root)
+	ids, err := container.List(g.Root)
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", g.root, err)
+		return nil, fmt.Errorf("list %s: %w", g.Root, err)
 	}
 	out := make([]string, 0, len(ids))
 	for _, id := range ids {
@@ -329,17 +400,4 @@ func (g *Gvisor) Resume(ctx context.Context, id string) error {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	return nil
-}
-
-// consoleTail returns the end of the sandbox's console log for an error
-// message, or "".
-func consoleTail(dir string) string {
-	b, err := os.ReadFile(consolePath(dir))
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return ": " + strings.TrimSpace(string(b))
 }

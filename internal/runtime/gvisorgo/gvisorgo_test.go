@@ -29,6 +29,7 @@ func TestConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { g.Close() })
 		return g
 	})
 }

@@ -3,11 +3,19 @@ package gvisorgo
 // Tests here need neither root nor gVisor.
 
 import (
+	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/pidfd"
 	"agentenv/internal/testenv"
 )
 
@@ -52,5 +60,78 @@ func TestValidID(t *testing.T) {
 		if got := validID(tc.id) == nil; got != tc.want {
 			t.Errorf("validID(%q) ok = %v, want %v", tc.id, got, tc.want)
 		}
+	}
+}
+
+// TestFrames sends requests and responses over a socketpair as the server
+// and a worker do: large frames arrive whole, a pidfd arrives with its
+// response, and errors keep their errdefs class.
+func TestFrames(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "socket")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	server, worker := conn(fds[0]), conn(fds[1])
+
+	big := request{Op: opCreate, Spec: runtime.Spec{ID: "x", Env: []string{strings.Repeat("A", 1<<20)}}}
+	go writeFrame(server, big, nil)
+	var got request
+	if f, err := readFrame(worker, &got); err != nil || f != nil {
+		t.Fatalf("read request: file %v, err %v", f, err)
+	}
+	if got.Op != big.Op || len(got.Spec.Env) != 1 || got.Spec.Env[0] != big.Spec.Env[0] {
+		t.Errorf("request changed on the way: op %q, %d env entries", got.Op, len(got.Spec.Env))
+	}
+
+	pfd, err := pidfd.Open(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		writeFrame(worker, response{Pid: os.Getpid()}, pfd)
+		pfd.Close()
+		writeFrame(worker, errorResponse(errdefs.Conflict("sandbox x exists")), nil)
+	}()
+	var resp response
+	f, err := readFrame(server, &resp)
+	if err != nil || f == nil || resp.Pid != os.Getpid() {
+		t.Fatalf("read response: pid %d, file %v, err %v", resp.Pid, f, err)
+	}
+	var info unix.Siginfo
+	// A pidfd of this process: waiting on it must say "not a child", not
+	// "bad descriptor".
+	if err := unix.Waitid(unix.P_PIDFD, int(f.Fd()), &info, unix.WEXITED|unix.WNOHANG, nil); !errors.Is(err, unix.ECHILD) {
+		t.Errorf("waitid on the received pidfd: %v, want ECHILD", err)
+	}
+	f.Close()
+	if _, err := readFrame(server, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if err := resp.err(); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "sandbox x exists") {
+		t.Errorf("error over the socket: %v, want the conflict", err)
+	}
+
+	worker.Close()
+	if _, err := readFrame(server, &resp); !errors.Is(err, io.EOF) {
+		t.Errorf("read after the peer closed: %v, want EOF", err)
+	}
+}
+
+// TestNewInWorkerRefused: a program started as a worker that does not call
+// WorkerMain must not start workers of its own.
+func TestNewInWorkerRefused(t *testing.T) {
+	t.Setenv(workerEnv, "1")
+	if _, err := New(Config{Runsc: "/bin/true", Root: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "WorkerMain") {
+		t.Errorf("New in a worker's environment: %v, want a refusal naming WorkerMain", err)
 	}
 }
