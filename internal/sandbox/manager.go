@@ -150,7 +150,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		NetNS:    sb.Slot.Path(),
 		CPUs:     float64(sb.CPUs),
 		MemoryMB: int64(sb.MemoryMB),
-		Pids:     int64(m.d.Limits.Nproc),
+		Pids:     m.d.Limits.nproc(sb.MemoryMB),
 		Hostname: "e2b",
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -153,5 +154,34 @@ func TestReservedSnapshotNames(t *testing.T) {
 	status, body := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", testKey, strings.NewReader(`{"name":"ready:busybox"}`))
 	if msg, _ := body["message"].(string); status != http.StatusBadRequest || !strings.Contains(msg, "reserved") {
 		t.Errorf("got %d %v, want 400 saying the name is reserved", status, body)
+	}
+}
+
+// TestManyProcessesDoNotKillTheSandbox: a user starting processes until
+// the limit must see forks fail inside the sandbox, not the sandbox die
+// because the host memory cgroup was hit first (finding 7: 900 sleeps of
+// "user" killed a 512 MiB sandbox).
+func TestManyProcessesDoNotKillTheSandbox(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.create(t, client.CreateRequest{Timeout: 300})
+	cg := "/sys/fs/cgroup/memory/agentenv/" + sb.SandboxID + "/memory.usage_in_bytes"
+	usage := func() int64 {
+		b, _ := os.ReadFile(cg)
+		var n int64
+		fmt.Sscan(string(b), &n)
+		return n
+	}
+	before := usage()
+	res := e.sh(t, sb, `i=0; while [ $i -lt 200 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done; echo ok`)
+	mid := usage()
+	t.Logf("host memory of the sandbox: %d MiB idle, %d MiB with 200 sleeps (%.0f KiB each): %s", before>>20, mid>>20, float64(mid-before)/200/1024, res.Stdout)
+	res = e.sh(t, sb, `i=0; while [ $i -lt 1000 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done; echo ok`)
+	t.Logf("after 1000 more: %d MiB; %q / %q", usage()>>20, res.Stdout, res.Stderr)
+	if !strings.Contains(string(res.Stderr), "fork") && !strings.Contains(string(res.Stderr), "Resource") {
+		t.Errorf("starting 1200 processes: stderr %q, want forks refused inside the sandbox", res.Stderr)
+	}
+	res = e.sh(t, sb, `echo alive`)
+	if string(res.Stdout) != "alive\n" {
+		t.Fatalf("sandbox after many processes: got %q, want alive", res.Stdout)
 	}
 }
