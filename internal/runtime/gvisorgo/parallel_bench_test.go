@@ -3,7 +3,10 @@ package gvisorgo
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,12 +17,17 @@ import (
 // through the control socket) with 1, 2, 4 and 8 cycles in flight, each
 // cycle destroying its sandbox after the timed part. It reports the p50 and
 // p95 of a cycle's timed part and the cycles completed per second of wall
-// time (destroys included). Run it as root, e.g.:
+// time (destroys included). GVISORGO_BENCH_WORKERS sets the number of
+// workers (default: Config's). Run it as root, e.g.:
 //
 //	go test -run '^$' -bench CreateParallel -benchtime 40x ./internal/runtime/gvisorgo/
 func BenchmarkCreateParallel(b *testing.B) {
 	e := newEnv(b)
-	g := e.newRuntime(b, "root")
+	cfg := Config{Root: filepath.Join(e.dir, "root")}
+	if v := os.Getenv("GVISORGO_BENCH_WORKERS"); v != "" {
+		cfg.Workers, _ = strconv.Atoi(v)
+	}
+	g := e.newRuntimeConfig(b, cfg)
 	ctx := context.Background()
 	for _, n := range []int{1, 2, 4, 8} {
 		b.Run(fmt.Sprintf("inflight=%d", n), func(b *testing.B) {

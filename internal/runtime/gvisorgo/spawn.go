@@ -20,12 +20,6 @@ import (
 	"agentenv/internal/runtime/ocispec"
 )
 
-// maxSpawnAttempts bounds the attempts of container.New when the sandbox
-// process died before signalling that it had booted. The one known cause
-// (the descriptor collision described in worker.go) cannot happen in a
-// worker; the sandbox's own log says what happened (runscLogPath).
-const maxSpawnAttempts = 2
-
 func consolePath(dir string) string { return filepath.Join(dir, "console.log") }
 
 // runscLogPath is where the sandbox process writes its fatal errors and
@@ -111,30 +105,18 @@ func (w *worker) spawn(conf *config.Config, id, bundle string, console *os.File)
 	os.Stdin, os.Stdout, os.Stderr = null, console, console
 	defer func() { os.Stdin, os.Stdout, os.Stderr = stdin, stdout, stderr }()
 
-	for attempt := 1; ; attempt++ {
-		// container.New modifies the spec it gets: read a fresh one each time.
-		spec, err := specutils.ReadSpec(bundle, conf)
-		if err != nil {
-			return nil, fmt.Errorf("read spec: %w", err)
-		}
-		if err := specutils.FixConfig(conf, spec); err != nil {
-			return nil, fmt.Errorf("apply spec annotations: %w", err)
-		}
-		c, err := container.New(conf, container.Args{ID: id, Spec: spec, BundleDir: bundle})
-		if err == nil {
-			return c, nil
-		}
-		// container.New destroys what it made on failure, except the
-		// cgroups; a retry would find them and take them for the caller's
-		// (then never removing them).
-		if attempt < maxSpawnAttempts && strings.Contains(err.Error(), "cannot read client sync file") {
-			if cerr := w.removeCgroups(id); cerr == nil {
-				w.log("sandbox %s died while booting, trying again%s", id, logTails(filepath.Dir(console.Name())))
-				continue
-			}
-		}
-		return nil, err
+	// container.New modifies the spec it gets: read it back from the bundle.
+	spec, err := specutils.ReadSpec(bundle, conf)
+	if err != nil {
+		return nil, fmt.Errorf("read spec: %w", err)
 	}
+	if err := specutils.FixConfig(conf, spec); err != nil {
+		return nil, fmt.Errorf("apply spec annotations: %w", err)
+	}
+	// No retry when the sandbox dies while booting ("cannot read client
+	// sync file: EOF"): the one known cause cannot happen in a worker (see
+	// worker.go), and the error quotes the sandbox's own log (logTails).
+	return container.New(conf, container.Args{ID: id, Spec: spec, BundleDir: bundle})
 }
 
 // logTails returns the ends of the sandbox's own logs for an error

@@ -35,7 +35,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -240,10 +239,6 @@ func (s settings) loadContainer(id string) (*container.Container, error) {
 		return nil, fmt.Errorf("load sandbox %s: %w", id, err)
 	}
 	return c, nil
-}
-
-func (w *worker) log(format string, args ...any) {
-	slog.Warn(fmt.Sprintf(format, args...))
 }
 
 // reserveStdioFDs occupies the descriptor numbers that sandbox processes
