@@ -9,37 +9,66 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 const firewallTable = "agentenv"
 
 // InstallFirewall (re)installs the host rules that fence sandboxes in:
+//   - only this server opens connections to its sandboxes: new connections
+//     to its range must come from a socket of the server's user (root)
+//     with its mark (Mark, MarkSocket), so other host users and processes
+//     cannot reach a sandbox's ports directly (they are refused at once);
 //   - a sandbox may answer connections the host opened to it (envd, the
 //     proxy), but may not open connections to the host itself;
-//   - sandboxes cannot reach each other;
+//   - sandboxes cannot reach each other or anything else in this server's
+//     range, whatever their egress policy says;
 //   - what a sandbox may reach beyond the host is its egress policy
-//     (SetEgress), jumped to from the forward chain per slot;
+//     (SetEgress), jumped to from the forward chain per slot; by default it
+//     excludes the host's networks and private ranges (see Blocked);
 //   - its traffic leaves the host masqueraded.
 //
 // Each server has its own table (by tag); replacing it is atomic, so calling
-// it again at every start is safe. Egress needs IPv4 forwarding on the host,
-// which this turns on.
+// it again at every start is safe. The host's own addresses and connected
+// subnets are read here, at start: networks added later are not blocked
+// until the next start. Egress needs IPv4 forwarding on the host, which
+// this turns on.
 func (m *Manager) InstallFirewall(ctx context.Context) error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("enable IPv4 forwarding: %w", err)
 	}
+	host, err := hostNetworks()
+	if err != nil {
+		return fmt.Errorf("read the host's addresses and routes: %w", err)
+	}
+	blocked := append(append([]netip.Prefix(nil), defaultBlocked...), host...)
 	ruleset := fmt.Sprintf(`table inet %[1]s {}
 delete table inet %[1]s
 table inet %[1]s {
+	set blocked {
+		type ipv4_addr; flags interval; auto-merge;
+		elements = %[5]s
+	}
 	chain input {
 		type filter hook input priority -10; policy accept;
 		iifname "%[2]s*" ct state established,related accept
 		iifname "%[2]s*" drop
 	}
+	chain output {
+		type filter hook output priority -10; policy accept;
+		ip daddr %[3]s meta mark %#[4]x meta skuid %[6]d accept
+		ip daddr %[3]s ct state established,related accept
+		ip daddr %[3]s meta l4proto tcp reject with tcp reset
+		ip daddr %[3]s reject with icmpx type admin-prohibited
+	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
+		iifname "%[2]s*" oifname "%[2]s*" drop
+		iifname "%[2]s*" ip daddr %[3]s drop
 		oifname "%[2]s*" ct state established,related accept
-		oifname "%[2]s*" iifname != "%[2]s*" drop
+		oifname "%[2]s*" drop
 		iifname "%[2]s*" ct state established,related accept
 		iifname "%[2]s*" jump egress
 		iifname "%[2]s*" drop
@@ -55,8 +84,14 @@ table inet %[1]s {
 		ip saddr %[3]s oifname != "%[2]s*" masquerade
 	}
 }
-`, m.table(), m.ifName, m.CIDR())
-	return nft(ctx, ruleset)
+`, m.table(), m.ifName, m.CIDR(), m.Mark(), prefixSet(blocked), os.Geteuid())
+	if err := nft(ctx, ruleset); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.blocked = blocked
+	m.mu.Unlock()
+	return nil
 }
 
 func (m *Manager) table() string {
@@ -68,81 +103,38 @@ func (m *Manager) RemoveFirewall(ctx context.Context) error {
 	return nft(ctx, fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\n", m.table()))
 }
 
-// Egress is what a sandbox may reach beyond the host. Allow wins over Deny,
-// Deny over Internet: with Internet off, only Allow is reachable; with it
-// on, everything but Deny. Other sandboxes are reachable only if listed in
-// Allow (by their host-side address); the host itself never is.
-type Egress struct {
-	Internet bool
-	Allow    []netip.Prefix
-	Deny     []netip.Prefix
-}
-
-// ParsePrefixes reads CIDRs or plain IPv4 addresses.
-func ParsePrefixes(list []string) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(list))
-	for _, s := range list {
-		if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
-			out = append(out, p.Masked())
-			continue
+// Mark is the socket mark (SO_MARK) of this server's own connections to
+// its sandboxes; the firewall refuses new connections to the range without
+// it. It is 0xae000000 with the tag's number (base 37, below 2^16) spread
+// over bits 0-11 and 20-23: servers with different tags have different
+// marks, and the bits kube-proxy (0xc000) and Tailscale (0x40000 and
+// 0x80000 under 0xff0000) test stay clear. Setting a mark needs
+// CAP_NET_ADMIN (or CAP_NET_RAW since Linux 5.17, which ping may have:
+// hence the firewall also wants the socket owned by the server's user).
+func (m *Manager) Mark() uint32 {
+	n := uint32(0)
+	for _, c := range m.tag {
+		d := uint32(c-'a') + 1
+		if c >= '0' && c <= '9' {
+			d = uint32(c-'0') + 27
 		}
-		a, err := netip.ParseAddr(s)
-		if err != nil || !a.Is4() {
-			return nil, fmt.Errorf("%q is not an IPv4 address or CIDR", s)
-		}
-		out = append(out, netip.PrefixFrom(a, 32))
+		n = n*37 + d
 	}
-	return out, nil
+	return 0xae000000 | (n>>12)<<20 | n&0xfff
 }
 
-func prefixSet(ps []netip.Prefix) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
+// MarkSocket gives a socket the server's mark (Mark). Use it as the
+// Control of the net.Dialer of every connection the server opens to a
+// sandbox: without it the firewall refuses the connection.
+func (m *Manager) MarkSocket(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(m.Mark()))
+	})
+	if err == nil && serr != nil {
+		err = fmt.Errorf("set the socket mark for connections to sandboxes (needs CAP_NET_ADMIN): %w", serr)
 	}
-	return "{ " + strings.Join(s, ", ") + " }"
-}
-
-// SetEgress installs (or replaces) the egress policy of a slot. The slot's
-// own chain also drops anything not sent from the slot's address, so a
-// sandbox cannot pass for another.
-func (m *Manager) SetEgress(ctx context.Context, slot Slot, e Egress) error {
-	chain := "slot" + fmt.Sprint(slot.Index)
-	var b strings.Builder
-	fmt.Fprintf(&b, "add chain inet %s %s\nflush chain inet %s %s\n", m.table(), chain, m.table(), chain)
-	rule := func(format string, args ...any) {
-		fmt.Fprintf(&b, "add rule inet %s %s %s\n", m.table(), chain, fmt.Sprintf(format, args...))
-	}
-	rule("ip saddr != %s drop", slot.SandboxIP)
-	if len(e.Allow) > 0 {
-		rule("ip daddr %s accept", prefixSet(e.Allow))
-	}
-	rule("oifname \"%s*\" drop", m.ifName)
-	if len(e.Deny) > 0 {
-		rule("ip daddr %s drop", prefixSet(e.Deny))
-	}
-	if e.Internet {
-		rule("accept")
-	} else {
-		rule("drop")
-	}
-	// Jumped to through the slots map: one nft call per create, no lookup.
-	fmt.Fprintf(&b, "add element inet %s slots { \"%s\" : jump %s }\n", m.table(), slot.HostIf, chain)
-	return nft(ctx, b.String())
-}
-
-// ClearEgress removes a slot's policy (when its sandbox is gone). It is
-// idempotent: without the map element (a half-made slot), only the chain
-// is removed, if there is one.
-func (m *Manager) ClearEgress(ctx context.Context, slot Slot) error {
-	chain := "slot" + fmt.Sprint(slot.Index)
-	t := m.table()
-	dropChain := fmt.Sprintf("add chain inet %[1]s %[2]s\ndelete chain inet %[1]s %[2]s\n", t, chain)
-	err := nft(ctx, fmt.Sprintf("delete element inet %s slots { \"%s\" }\n", t, slot.HostIf)+dropChain)
-	if err != nil {
-		return nft(ctx, dropChain)
-	}
-	return nil
+	return err
 }
 
 func nft(ctx context.Context, ruleset string) error {

@@ -24,12 +24,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -79,6 +81,9 @@ type Manager struct {
 	nsName string // namespace name prefix
 	ifName string // host interface name prefix
 	tag    string
+
+	mu      sync.Mutex
+	blocked []netip.Prefix // egress exclusions, read by InstallFirewall
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr

@@ -31,6 +31,15 @@ type Resolver interface {
 	Addr(sandboxID string, port int) (addr string, gone <-chan struct{}, err error)
 }
 
+// SandboxDialer is implemented by resolvers whose sandboxes accept only
+// connections the resolver opens (the host firewall refuses connections to
+// sandboxes without the server's socket mark). Without it, the proxy dials
+// addresses itself.
+type SandboxDialer interface {
+	// DialSandbox connects to an address Addr returned.
+	DialSandbox(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
 // TrafficTokens is implemented by resolvers whose sandboxes may require a
 // token on requests to their exposed ports.
 type TrafficTokens interface {
@@ -64,7 +73,10 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		log = slog.Default()
 	}
 	p := &Proxy{resolve: r, log: log}
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	if d, ok := r.(SandboxDialer); ok {
+		dial = d.DialSandbox
+	}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			host, portStr, err := net.SplitHostPort(addr)
@@ -79,7 +91,7 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			return dialer.DialContext(ctx, network, target)
+			return dial(ctx, network, target)
 		},
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     30 * time.Second,
@@ -112,44 +124,80 @@ type target struct {
 	port int
 }
 
-// ParseHost splits "<port>-<sandboxID>.<domain>" into its parts.
+// ParseHost splits "<port>-<sandboxID>.<domain>" (an optional ":port"
+// after the domain is ignored) into its parts. The port must be a decimal
+// number in 1..65535 without sign or leading zeros, and the ID a valid
+// sandbox ID (ValidID).
 func ParseHost(host string) (id string, port int, ok bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.Trim(host[i+1:], "0123456789") == "" {
+		host = host[:i]
 	}
 	label, _, _ := strings.Cut(host, ".")
 	ps, id, found := strings.Cut(label, "-")
-	if !found || id == "" {
+	if !found || !ValidID(id) {
 		return "", 0, false
 	}
-	port, err := strconv.Atoi(ps)
+	port, err := ParsePort(ps)
 	if err != nil {
 		return "", 0, false
 	}
 	return id, port, true
 }
 
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id := r.Header.Get("E2b-Sandbox-Id")
-	portStr := r.Header.Get("E2b-Sandbox-Port")
-	var port int
-	if id != "" {
-		var err error
-		port, err = strconv.Atoi(portStr)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("E2b-Sandbox-Port %q is not a port number", portStr))
-			return
-		}
-	} else {
-		var ok bool
-		id, port, ok = ParseHost(r.Host)
-		if !ok {
-			writeError(w, http.StatusBadRequest, "cannot tell which sandbox this is for: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, or use Host <port>-<sandboxID>.<domain>")
-			return
+// ParsePort reads a port number: decimal digits without sign or leading
+// zeros, in 1..65535.
+func ParsePort(s string) (int, error) {
+	if s == "" || len(s) > 5 || s[0] == '0' || strings.Trim(s, "0123456789") != "" {
+		return 0, fmt.Errorf("port %q is not a number in 1..65535", s)
+	}
+	port, _ := strconv.Atoi(s)
+	if port > 65535 {
+		return 0, fmt.Errorf("port %s out of range 1..65535", s)
+	}
+	return port, nil
+}
+
+// ValidID reports whether s can be a sandbox ID: 1 to 64 ASCII letters,
+// digits, '-' or '_'. Anything else cannot name a sandbox, so it is
+// refused before it reaches the resolver or a connection pool key.
+func ValidID(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
 		}
 	}
-	if port < 1 || port > 65535 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("port %d out of range 1..65535", port))
+	return true
+}
+
+// Target returns the sandbox and port a request is for: from the
+// E2b-Sandbox-Id and E2b-Sandbox-Port headers when the ID header is set,
+// else from the Host. The error says what is wrong with the request.
+func Target(h http.Header, host string) (id string, port int, err error) {
+	if id = h.Get("E2b-Sandbox-Id"); id != "" {
+		if !ValidID(id) {
+			return "", 0, fmt.Errorf("E2b-Sandbox-Id %q is not a sandbox ID", id)
+		}
+		port, err := ParsePort(h.Get("E2b-Sandbox-Port"))
+		if err != nil {
+			return "", 0, fmt.Errorf("E2b-Sandbox-Port: %w", err)
+		}
+		return id, port, nil
+	}
+	id, port, ok := ParseHost(host)
+	if !ok {
+		return "", 0, errors.New("cannot tell which sandbox this is for: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, or use Host <port>-<sandboxID>.<domain> with a port in 1..65535")
+	}
+	return id, port, nil
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, err := Target(r.Header, r.Host)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	_, gone, err := p.resolve.Addr(id, port)

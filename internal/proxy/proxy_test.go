@@ -44,6 +44,14 @@ func TestParseHost(t *testing.T) {
 		{"49983-.example.com", "", 0, false},
 		{"-iabc123.example.com", "", 0, false},
 		{"example.com.49983-iabc123", "", 0, false}, // only the first label counts
+		{"0-iabc123.example.com", "", 0, false},
+		{"65535-iabc123.example.com", "iabc123", 65535, true},
+		{"65536-iabc123.example.com", "", 0, false},
+		{"99999999999999999999-iabc123.example.com", "", 0, false},
+		{"+80-iabc123.example.com", "", 0, false},
+		{"080-iabc123.example.com", "", 0, false},
+		{"80-i/../x.example.com", "", 0, false},
+		{"80-a:b.example.com", "", 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.host, func(t *testing.T) {
@@ -136,6 +144,8 @@ func TestRouting(t *testing.T) {
 		{"port zero", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "0"}, http.StatusBadRequest},
 		{"port too big", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "65536"}, http.StatusBadRequest},
 		{"port too big in host", "70000-sb1.example.com", nil, http.StatusBadRequest},
+		{"port with a sign", "", map[string]string{"E2b-Sandbox-Id": "sb1", "E2b-Sandbox-Port": "+80"}, http.StatusBadRequest},
+		{"sandbox ID not an ID", "", map[string]string{"E2b-Sandbox-Id": "sb1/../x", "E2b-Sandbox-Port": "80"}, http.StatusBadRequest},
 		{"no routing at all", "example.com", nil, http.StatusBadRequest},
 		{"unknown sandbox by header", "", map[string]string{"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}, http.StatusBadGateway},
 		{"unknown sandbox by host", "49983-nope.example.com", nil, http.StatusBadGateway},

@@ -47,7 +47,10 @@ type Deps struct {
 
 // Manager creates, tracks and kills sandboxes.
 type Manager struct {
-	d      Deps
+	d Deps
+	// dialer opens every connection to a sandbox (client, proxy): it sets
+	// the server's socket mark, without which the firewall refuses them.
+	dialer *net.Dialer
 	client *http.Client
 
 	mu       sync.Mutex
@@ -88,9 +91,14 @@ func New(d Deps) (*Manager, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	if d.Net != nil {
+		dialer.Control = d.Net.MarkSocket
+	}
 	return &Manager{
 		d:        d,
-		client:   &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		dialer:   dialer,
+		client:   &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialer.DialContext}},
 		boxes:    map[string]*entry{},
 		warm:     map[string][]warmEntry{},
 		warmKick: make(chan struct{}, 1),
@@ -98,6 +106,13 @@ func New(d Deps) (*Manager, error) {
 		hotKick:  make(chan struct{}, 1),
 		lost:     map[string]Sandbox{},
 	}, nil
+}
+
+// DialSandbox connects to a sandbox's address (from Addr) with the
+// server's socket mark (netns.Manager.MarkSocket): the host firewall
+// refuses connections to sandboxes without it. The proxy dials with it.
+func (m *Manager) DialSandbox(ctx context.Context, network, addr string) (net.Conn, error) {
+	return m.dialer.DialContext(ctx, network, addr)
 }
 
 func (m *Manager) dir(id string) string { return filepath.Join(m.d.Dir, id) }

@@ -15,30 +15,49 @@ import (
 	"time"
 
 	"agentenv/internal/client"
+	"agentenv/internal/netns"
+	"agentenv/internal/proxy"
+	"agentenv/internal/sandbox"
 	"agentenv/internal/testenv"
 )
 
+// inet is the fake internet of a test: addresses served by an HTTP
+// server on port 7777 in a namespace the test made.
+type inet struct {
+	public    string // a public address (TEST-NET-2)
+	private   string // RFC 1918
+	metadata  string // the cloud metadata address, link-local
+	cgnat     string // shared address space (RFC 6598)
+	hostLocal string // 10.123.7.2, on the host's side of the link
+}
+
 // fakeInternet makes a network namespace standing in for the internet: a
-// veth to the host, 10.123.7.2/24 inside, and an HTTP server on port 7777
-// there. It returns the server's address. Traffic only ever goes to this
-// namespace.
-func fakeInternet(t *testing.T) string {
+// veth to the host (10.123.7.1 here, 10.123.7.2 there) and an HTTP server
+// on port 7777 there that answers on a public, a private, a link-local
+// (169.254.169.254) and a CGNAT address too. The host routes those to the
+// namespace only for packets from e's sandbox range (a policy rule), so
+// the host's own traffic to them (a real metadata service) is untouched.
+// Traffic only ever goes to this namespace.
+func fakeInternet(t *testing.T, e *env) inet {
 	t.Helper()
 	testenv.NeedCommand(t, "ip", "iproute2 (make setup)")
-	const ns = "agentenv-test-inet"
+	const ns, table = "agentenv-test-inet", "7120"
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := childproc.CombinedOutput(exec.Command(args[0], args[1:]...)); err != nil {
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
 	}
-	exec.Command("ip", "netns", "del", ns).Run()
-	exec.Command("ip", "link", "del", "tinet0").Run()
-	run("ip", "netns", "add", ns)
-	t.Cleanup(func() {
+	cleanup := func() {
+		for exec.Command("ip", "rule", "del", "pref", table).Run() == nil {
+		}
+		exec.Command("ip", "route", "flush", "table", table).Run()
 		exec.Command("ip", "link", "del", "tinet0").Run()
 		exec.Command("ip", "netns", "del", ns).Run()
-	})
+	}
+	cleanup()
+	run("ip", "netns", "add", ns)
+	t.Cleanup(cleanup)
 	run("ip", "link", "add", "tinet0", "type", "veth", "peer", "name", "tinet1")
 	run("ip", "link", "set", "tinet1", "netns", ns)
 	run("ip", "addr", "add", "10.123.7.1/24", "dev", "tinet0")
@@ -47,9 +66,15 @@ func fakeInternet(t *testing.T) string {
 	run("ip", "-n", ns, "link", "set", "tinet1", "up")
 	run("ip", "-n", ns, "link", "set", "lo", "up")
 	run("ip", "-n", ns, "route", "add", "default", "via", "10.123.7.1")
+	in := inet{public: "198.51.100.7", private: "10.123.9.7", metadata: "169.254.169.254", cgnat: "100.64.7.7", hostLocal: "10.123.7.2"}
+	for _, a := range []string{in.public, in.private, in.metadata, in.cgnat} {
+		run("ip", "-n", ns, "addr", "add", a+"/32", "dev", "lo")
+		run("ip", "route", "add", a+"/32", "via", "10.123.7.2", "dev", "tinet0", "table", table)
+	}
+	run("ip", "rule", "add", "pref", table, "from", e.cfg.NetworkCIDR, "lookup", table)
 	www := t.TempDir()
 	os.WriteFile(filepath.Join(www, "index.html"), []byte("hello from the fake internet\n"), 0o644)
-	srv := exec.Command("ip", "netns", "exec", ns, "/bin/busybox", "httpd", "-f", "-p", "10.123.7.2:7777", "-h", www)
+	srv := exec.Command("ip", "netns", "exec", ns, "/bin/busybox", "httpd", "-f", "-p", "7777", "-h", www)
 	if err := childproc.Start(srv); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +91,10 @@ func fakeInternet(t *testing.T) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return "10.123.7.2:7777"
+	for _, a := range []*string{&in.public, &in.private, &in.metadata, &in.cgnat, &in.hostLocal} {
+		*a = net.JoinHostPort(*a, "7777")
+	}
+	return in
 }
 
 // canReach reports whether sb can fetch http://addr/ within 3 s.
@@ -74,6 +102,28 @@ func canReach(t *testing.T, e *env, sb client.Sandbox, addr string) bool {
 	t.Helper()
 	res := e.sh(t, sb, fmt.Sprintf("timeout 3 wget -q -O - http://%s/ >/dev/null 2>&1 && echo yes || echo no", addr))
 	return strings.TrimSpace(string(res.Stdout)) == "yes"
+}
+
+// reachable reports which of addrs sb can fetch http://addr/ from within
+// 3 s, trying them all at once.
+func reachable(t *testing.T, e *env, sb client.Sandbox, addrs []string) map[string]bool {
+	t.Helper()
+	var script strings.Builder
+	for _, a := range addrs {
+		fmt.Fprintf(&script, "(timeout 3 wget -q -O - http://%[1]s/ >/dev/null 2>&1 && echo 'yes %[1]s' || echo 'no %[1]s') &\n", a)
+	}
+	script.WriteString("wait\n")
+	res := e.sh(t, sb, script.String())
+	got := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
+		if ans, addr, ok := strings.Cut(l, " "); ok {
+			got[addr] = ans == "yes"
+		}
+	}
+	if len(got) != len(addrs) {
+		t.Fatalf("reachability of %v: got answers %q", addrs, res.Stdout)
+	}
+	return got
 }
 
 // canConnect reports whether sb can open a TCP connection to addr.
@@ -85,7 +135,8 @@ func canConnect(t *testing.T, e *env, sb client.Sandbox, host string, port int) 
 
 func TestEgressPolicy(t *testing.T) {
 	e := sharedServer(t)
-	inet := fakeInternet(t)
+	in := fakeInternet(t, e)
+	inet := in.public
 	off := false
 	on := true
 	tests := []struct {
@@ -97,9 +148,9 @@ func TestEgressPolicy(t *testing.T) {
 	}{
 		{"default is on", nil, nil, nil, true},
 		{"internet off", &off, nil, nil, false},
-		{"off but allowed", &off, []string{"10.123.7.0/24"}, nil, true},
-		{"on but denied", &on, nil, []string{"10.123.7.2"}, false},
-		{"allow wins over deny", &on, []string{"10.123.7.2/32"}, []string{"10.123.0.0/16"}, true},
+		{"off but allowed", &off, []string{"198.51.100.0/24"}, nil, true},
+		{"on but denied", &on, nil, []string{"198.51.100.7"}, false},
+		{"allow wins over deny", &on, []string{"198.51.100.7/32"}, []string{"198.51.100.0/24"}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,12 +230,166 @@ func TestSandboxCannotReachHostOrOthers(t *testing.T) {
 			}
 		})
 	}
-	// The host itself can reach a's server (the proxy does).
-	c, err := net.DialTimeout("tcp", net.JoinHostPort(slotA.sandboxIP, "8080"), 3*time.Second)
+	// The server itself reaches a's server (the proxy does), with its
+	// socket mark.
+	if got, err := e.fetchMarked(t, slotA.sandboxIP, 8080); err != nil || got != "a\n" {
+		t.Errorf("the server's dialer cannot reach sandbox a's server: got %q (%v), want %q", got, err, "a\n")
+	}
+}
+
+// The proxy's dialer must be the manager's marked one.
+var _ proxy.SandboxDialer = (*sandbox.Manager)(nil)
+
+// markedDialer dials as the server does, with its socket mark.
+func (e *env) markedDialer(t *testing.T) *net.Dialer {
+	t.Helper()
+	m, err := netns.NewManager(e.cfg.NetworkCIDR, e.cfg.NetworkTag)
 	if err != nil {
-		t.Errorf("host cannot reach sandbox a's server: %v", err)
+		t.Fatal(err)
+	}
+	return &net.Dialer{Timeout: 3 * time.Second, Control: m.MarkSocket}
+}
+
+// fetchMarked gets http://ip:port/ straight from the sandbox's address
+// with the server's dialer, retrying while the server in the sandbox
+// starts.
+func (e *env) fetchMarked(t *testing.T, ip string, port int) (string, error) {
+	t.Helper()
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: e.markedDialer(t).DialContext, DisableKeepAlives: true}}
+	var err error
+	for i := 0; i < 50; i++ {
+		var resp *http.Response
+		if resp, err = hc.Get(fmt.Sprintf("http://%s/", net.JoinHostPort(ip, fmt.Sprint(port)))); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return string(b), nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "", err
+}
+
+// Only the server (its proxy and manager) opens connections to a
+// sandbox's ports: not another user of the host, not a root process
+// without the server's socket mark, not another sandbox whatever its
+// allowOut says. Replies still flow (the proxy serves the port).
+func TestPortsReachableOnlyThroughProxy(t *testing.T) {
+	e := sharedServer(t)
+	a := e.createRaw(t, map[string]any{"templateID": "busybox", "network": map[string]any{"allowPublicTraffic": false}})
+	status, body := e.rawRequest(t, "GET", "/sandboxes/"+a.SandboxID, testKey, nil)
+	token, _ := body["trafficAccessToken"].(string)
+	if status != 200 || token == "" {
+		t.Fatalf("sandbox with private traffic: status %d, no trafficAccessToken in %v", status, body)
+	}
+	e.sh(t, a, "mkdir -p /tmp/www && echo private > /tmp/www/index.html && httpd -p 8080 -h /tmp/www")
+	slotA := e.slotOf(t, a.SandboxID)
+	direct := net.JoinHostPort(slotA.sandboxIP, "8080")
+
+	// Positive controls: the server's own dialer and the proxy (with the
+	// token) reach the port.
+	if got, err := e.fetchMarked(t, slotA.sandboxIP, 8080); err != nil || got != "private\n" {
+		t.Fatalf("the server's dialer: got %q (%v), want %q", got, err, "private\n")
+	}
+	req, _ := http.NewRequest("GET", e.proxy+"/", nil)
+	req.Host = fmt.Sprintf("8080-%s.%s", a.SandboxID, strings.TrimPrefix(e.proxy, "http://"))
+	req.Header.Set("E2b-Traffic-Access-Token", token)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("through the proxy: %v", err)
 	} else {
-		c.Close()
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "private\n" {
+			t.Errorf("through the proxy with the token: got %d %q, want 200 %q", resp.StatusCode, b, "private\n")
+		}
+	}
+
+	t.Run("another host user", func(t *testing.T) {
+		testenv.NeedCommand(t, "setpriv", "util-linux")
+		testenv.NeedCommand(t, "curl", "curl")
+		asNobody := func(args ...string) (string, error) {
+			args = append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "curl", "-s", "-S", "-m", "3"}, args...)
+			out, err := childproc.CombinedOutput(exec.Command("setpriv", args...))
+			return string(out), err
+		}
+		if out, err := asNobody("http://" + direct + "/"); err == nil || strings.Contains(out, "private") {
+			t.Errorf("uid 65534 fetching http://%s/ directly: got %q (err %v), want it refused", direct, out, err)
+		}
+		// The same user through the proxy, with the token, is served.
+		out, err := asNobody("-H", "Host: "+req.Host, "-H", "E2b-Traffic-Access-Token: "+token, e.proxy+"/")
+		if err != nil || out != "private\n" {
+			t.Errorf("uid 65534 through the proxy: got %q (%v), want %q", out, err, "private\n")
+		}
+	})
+	t.Run("root process without the mark", func(t *testing.T) {
+		for _, port := range []string{"8080", "49983"} {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(slotA.sandboxIP, port), 3*time.Second)
+			if err == nil {
+				c.Close()
+				t.Errorf("unmarked connection to %s:%s succeeded, want it refused", slotA.sandboxIP, port)
+			}
+		}
+	})
+	t.Run("another sandbox allowed everything", func(t *testing.T) {
+		allow := []string{e.cfg.NetworkCIDR, slotA.sandboxIP, slotA.sandboxIP + "/32", "0.0.0.0/0"}
+		b := e.createRaw(t, map[string]any{"templateID": "busybox", "network": map[string]any{"allowOut": allow}})
+		for _, tc := range []struct {
+			host string
+			port int
+		}{{slotA.sandboxIP, 8080}, {slotA.sandboxIP, 49983}, {slotA.hostIP, portOf(t, e.api)}} {
+			if canConnect(t, e, b, tc.host, tc.port) {
+				t.Errorf("sandbox with allowOut %v connected to %s:%d", allow, tc.host, tc.port)
+			}
+		}
+		// Also when the policy is changed while running.
+		bodyJSON := fmt.Sprintf(`{"allowOut":[%q,%q],"allow_internet_access":false}`, e.cfg.NetworkCIDR, slotA.sandboxIP)
+		if status, body := e.rawRequest(t, "PUT", "/sandboxes/"+b.SandboxID+"/network", testKey, strings.NewReader(bodyJSON)); status != 204 {
+			t.Fatalf("update network: %d %v", status, body)
+		}
+		if canConnect(t, e, b, slotA.sandboxIP, 8080) {
+			t.Errorf("sandbox with allowOut %s connected to %s:8080", bodyJSON, slotA.sandboxIP)
+		}
+	})
+}
+
+// Default egress keeps a sandbox off the host's networks and the private
+// and special ranges (the metadata service included); allowOut opens them
+// when it names them, not through a catch-all like 0.0.0.0/0.
+func TestDefaultEgressBlocksPrivateNetworks(t *testing.T) {
+	e := sharedServer(t)
+	in := fakeInternet(t, e)
+	blocked := map[string]string{"RFC 1918": in.private, "metadata (169.254.169.254)": in.metadata, "CGNAT": in.cgnat, "RFC 1918 on a host link": in.hostLocal}
+	addrs := []string{in.public}
+	for _, a := range blocked {
+		addrs = append(addrs, a)
+	}
+	sb := e.create(t, client.CreateRequest{})
+	put := func(body string) {
+		t.Helper()
+		if status, resp := e.rawRequest(t, "PUT", "/sandboxes/"+sb.SandboxID+"/network", testKey, strings.NewReader(body)); status != 204 {
+			t.Fatalf("update network %s: %d %v", body, status, resp)
+		}
+	}
+	for _, step := range []struct {
+		update          string // PUT body, "" for the default policy
+		public, private bool
+	}{
+		{"", true, false},
+		// A catch-all does not name them.
+		{`{"allowOut":["0.0.0.0/0"]}`, true, false},
+		{`{"allowOut":["10.123.9.7","169.254.169.254/32","100.64.0.0/10","10.123.7.0/24"],"allow_internet_access":false}`, false, true},
+	} {
+		if step.update != "" {
+			put(step.update)
+		}
+		got := reachable(t, e, sb, addrs)
+		if got[in.public] != step.public {
+			t.Errorf("policy %q: reaches the public address %s = %v, want %v", step.update, in.public, got[in.public], step.public)
+		}
+		for name, a := range blocked {
+			if got[a] != step.private {
+				t.Errorf("policy %q: reaches %s at %s = %v, want %v", step.update, name, a, got[a], step.private)
+			}
+		}
 	}
 }
 
