@@ -36,6 +36,11 @@ func (c *child) exited() bool {
 // watch records the sandbox process a worker started for id, through the
 // pidfd the worker sent (f, owned here).
 func (g *Gvisor) watch(id string, pid int, f *os.File) {
+	if ch := g.child(id); ch != nil && ch.pid == pid && ch.done != nil && !ch.exited() {
+		// Restored into a sandbox Prepare made: already watched.
+		closeFile(f)
+		return
+	}
 	ch := &child{pid: pid}
 	if f != nil {
 		// Not reaped here: the worker that started it reaps it.
