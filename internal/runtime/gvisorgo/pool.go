@@ -45,6 +45,10 @@ type proc struct {
 	conn *net.UnixConn
 	// exited is closed once the process has exited and been reaped.
 	exited chan struct{}
+	// ready is set (under pool.mu) once the worker has answered the
+	// settings, dead once it has exited: a worker that dies ready is
+	// replaced by its watcher; one that dies before is start's failure.
+	ready, dead bool
 }
 
 // startPool starts n workers and returns once each has answered.
@@ -125,7 +129,8 @@ func (p *pool) start() (*proc, error) {
 	go p.watch(w)
 
 	var h hello
-	conn.SetDeadline(time.Now().Add(time.Minute))
+	// A program that does not call WorkerMain does not answer.
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	err = writeFrame(conn, p.settings, nil)
 	if err == nil {
 		_, err = readFrame(conn, &h)
@@ -135,6 +140,12 @@ func (p *pool) start() (*proc, error) {
 		w.kill()
 		<-w.exited
 		return nil, fmt.Errorf("gVisor worker %d did not start (%s): %w", w.pid, w.cmd.ProcessState, err)
+	}
+	p.mu.Lock()
+	w.ready = !w.dead
+	p.mu.Unlock()
+	if !w.ready {
+		return nil, fmt.Errorf("gVisor worker %d exited as it started (%s)", w.pid, w.cmd.ProcessState)
 	}
 	return w, nil
 }
@@ -158,9 +169,10 @@ func (p *pool) watch(w *proc) {
 	close(w.exited)
 	p.mu.Lock()
 	delete(p.procs, w)
-	closing := p.closing
+	w.dead = true
+	replace := w.ready && !p.closing
 	p.mu.Unlock()
-	if closing {
+	if !replace {
 		return
 	}
 	p.log.Warn("gVisor worker exited; starting another", "pid", w.pid, "status", err)
