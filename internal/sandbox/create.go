@@ -118,6 +118,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()
 	}
+	sb.Nproc = m.d.Limits.nproc(sb.MemoryMB)
+	if src != nil {
+		// A restore must run with the snapshot's process limit: gVisor
+		// refuses a spec whose rlimits differ from the checkpoint's.
+		sb.Nproc = src.snap.Nproc
+	}
 	var warm *warmEntry
 	if src != nil && src.ready {
 		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB); warm != nil {

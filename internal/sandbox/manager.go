@@ -165,7 +165,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		NetNS:    sb.Slot.Path(),
 		CPUs:     float64(sb.CPUs),
 		MemoryMB: int64(sb.MemoryMB),
-		Pids:     m.d.Limits.nproc(sb.MemoryMB),
+		Pids:     m.d.Limits.pids(sb.Nproc),
 		Hostname: "e2b",
 	}
 }

@@ -51,16 +51,20 @@ func canMove(from, to State) bool {
 
 // Sandbox is the persisted record of one sandbox.
 type Sandbox struct {
-	ID          string            `json:"sandboxID"`
-	Template    string            `json:"templateID"`
-	State       State             `json:"state"`
-	Metadata    map[string]string `json:"metadata,omitempty"`
-	EnvVars     map[string]string `json:"envVars,omitempty"`
-	CPUs        int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
-	StartedAt   time.Time         `json:"startedAt"`
-	EndAt       time.Time         `json:"endAt"`
-	AccessToken string            `json:"envdAccessToken"`
+	ID       string            `json:"sandboxID"`
+	Template string            `json:"templateID"`
+	State    State             `json:"state"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	EnvVars  map[string]string `json:"envVars,omitempty"`
+	CPUs     int               `json:"cpuCount"`
+	MemoryMB int               `json:"memoryMB"`
+	// Nproc is the process cap the sandbox started with (part of its
+	// spec, so a restore of its snapshots must use the same; 0 in records
+	// older than the field: Limits.Nproc).
+	Nproc       int64     `json:"nproc,omitempty"`
+	StartedAt   time.Time `json:"startedAt"`
+	EndAt       time.Time `json:"endAt"`
+	AccessToken string    `json:"envdAccessToken"`
 	// TrafficToken, when set, must accompany requests to the sandbox's
 	// exposed ports (not envd) through the proxy.
 	TrafficToken string     `json:"trafficAccessToken,omitempty"`
@@ -193,6 +197,15 @@ func (l Limits) nproc(memMB int) int64 {
 		n = byMem
 	}
 	return max(n, 32)
+}
+
+// pids is the process cap of a sandbox record: what it started with, or
+// the configured cap for records (and snapshots) older than that field.
+func (l Limits) pids(nproc int64) int64 {
+	if nproc > 0 {
+		return nproc
+	}
+	return int64(l.Nproc)
 }
 
 // checkTimeout validates a new timeout for a running sandbox.

@@ -122,7 +122,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal,
-		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
+		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {
 		return snapshot.Snapshot{}, err

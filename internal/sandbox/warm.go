@@ -118,7 +118,7 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 		return err
 	}
 	l := m.d.Limits
-	sb := Sandbox{ID: id, Template: template, Slot: slot, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB}
+	sb := Sandbox{ID: id, Template: template, Slot: slot, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB)}
 	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, id) })
 	if err := prep.Prepare(ctx, m.spec(sb, image)); err != nil {
 		return err

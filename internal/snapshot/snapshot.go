@@ -37,8 +37,10 @@ type Snapshot struct {
 	// Internal snapshots (made for a fork) are not listed.
 	Internal bool `json:"internal,omitempty"`
 	// What a restored sandbox inherits from the snapshotted one.
-	CPUs        int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
+	CPUs     int `json:"cpuCount"`
+	MemoryMB int `json:"memoryMB"`
+	// Nproc is the snapshotted sandbox's process cap (0: older snapshot).
+	Nproc       int64             `json:"nproc,omitempty"`
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"envdAccessToken,omitempty"`
 	// Files maps each checkpoint file name to its blob (sha256).
