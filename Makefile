@@ -35,5 +35,17 @@ test-short:
 bench: build
 	bin/agentenv bench
 
+# Churn alone, at 1, 2, 4, 8 and 16 in flight; and the density group with
+# the limits probe (DENSITY idle sandboxes per target: minutes, so not in
+# `make bench`). Like `make bench`, they measure the server the environment
+# names (AGENTENV_SERVER, AGENTENV_PROXY, AGENTENV_API_KEY).
+DENSITY ?= 1000
+.PHONY: bench-churn bench-density
+bench-churn: build
+	bin/agentenv bench --only churn
+
+bench-density: build
+	bin/agentenv bench --only density --density-sandboxes $(DENSITY)
+
 clean:
 	rm -rf bin

@@ -42,12 +42,24 @@ func (t *agentenvTarget) create(ctx context.Context) (string, error) {
 	return t.start(ctx, client.CreateRequest{TemplateID: t.template})
 }
 
+// densityLifetime is the timeout, in seconds, of the density group's
+// sandboxes: a thousand creates a few at a time take minutes, and the first
+// must still be up when the last has started.
+const densityLifetime = 1800
+
+// createIdle creates a sandbox that outlives the density group's creates.
+func (t *agentenvTarget) createIdle(ctx context.Context) (string, error) {
+	return t.start(ctx, client.CreateRequest{TemplateID: t.template, Timeout: densityLifetime})
+}
+
 // start creates a sandbox (booted from a template, or restored when
 // req.TemplateID names a snapshot) and returns once /bin/true has run in it.
 func (t *agentenvTarget) start(ctx context.Context, req client.CreateRequest) (string, error) {
-	// A short life, so that a sandbox this run fails to kill (the server
-	// went away, say) does not outlive it by much.
-	req.Timeout = 300
+	if req.Timeout == 0 {
+		// A short life, so that a sandbox this run fails to kill (the
+		// server went away, say) does not outlive it by much.
+		req.Timeout = 300
+	}
 	req.Metadata = map[string]string{benchLabel: t.run}
 	sb, err := t.c.CreateSandbox(ctx, req)
 	if err != nil {
@@ -125,10 +137,14 @@ func (t *agentenvTarget) close(ctx context.Context) error {
 	for _, sb := range listed {
 		ids[sb.SandboxID] = true
 	}
+	// Eight at a time: after an interrupted density run there may be a
+	// thousand.
+	var all []string
 	for id := range ids {
-		if err := t.killEventually(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("kill sandbox %s: %w", id, err))
-		}
+		all = append(all, id)
+	}
+	if err := forEach(ctx, all, 8, t.release); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(append(errs, t.closeSnapshots(ctx))...)
 }
@@ -159,6 +175,15 @@ func (t *agentenvTarget) closeSnapshots(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// release kills a sandbox, waiting out a create in flight; one already gone
+// is fine.
+func (t *agentenvTarget) release(ctx context.Context, id string) error {
+	if err := t.killEventually(ctx, id); err != nil {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // killEventually kills a sandbox, waiting out a create still in flight (the
@@ -272,6 +297,11 @@ func (t *agentenvTarget) pids(ctx context.Context, id string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	return t.pidsIn(ctx, procs, id)
+}
+
+// pidsIn is pids with the host's processes read already.
+func (t *agentenvTarget) pidsIn(_ context.Context, procs map[int]proc, id string) ([]int, error) {
 	roots := runscProcsOf(procs, id)
 	if len(roots) == 0 {
 		return nil, fmt.Errorf("no runsc process names sandbox %s on its command line", id)

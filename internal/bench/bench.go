@@ -1,8 +1,10 @@
 // Package bench measures agentenv's sandbox operations against a running
 // server (create, exec, files, kill, pause/resume, snapshot, restore, fork,
-// churn, memory per sandbox, HTTP through the proxy) and, in the same run, the same work done with
+// churn at several levels of parallelism, memory per sandbox, HTTP through
+// the proxy, and on request the density of a thousand idle sandboxes with the
+// host limits they approach) and, in the same run, the same work done with
 // the raw runsc CLI and, where it has an equivalent, with crun, and prints
-// the result as a table.
+// the result as tables.
 //
 // It is a measuring tool, not a test: it asserts nothing about speed. It
 // must leave nothing behind (containers, sandboxes, mounts, temp dirs), also
@@ -18,6 +20,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,13 +43,22 @@ type Config struct {
 	// HeavyIterations is the number of samples per target of the heavy
 	// rows: dirty snapshots, fork 4 and fork 16 (no warm-up).
 	HeavyIterations int
-	// ChurnDuration is how long each target's churn runs.
+	// ChurnDuration is how long each target's churn runs at each level.
 	ChurnDuration time.Duration
-	// ChurnInFlight is how many create+exec+kill cycles churn keeps going.
+	// ChurnLevels are the numbers of create+exec+kill cycles churn keeps
+	// going at once, one run per level and target.
+	ChurnLevels []int
+	// ChurnInFlight picks the level the main table's churn row shows; when
+	// it is not one of ChurnLevels, the highest level is shown.
 	ChurnInFlight int
 	// Density is the number of idle sandboxes, and of fork children, the
 	// memory rows measure at once.
 	Density int
+	// DensitySandboxes is how many idle sandboxes the density group starts
+	// per target.
+	DensitySandboxes int
+	// DensityParallel is how many of those creates run at once.
+	DensityParallel int
 	// Only, when not empty, limits the run to these groups (see Groups).
 	Only map[string]bool
 	// SkipRaw measures agentenv only (no runsc, no crun; no root needed).
@@ -61,7 +73,12 @@ type Config struct {
 	Progress io.Writer
 }
 
-func (c Config) runs(group string) bool { return len(c.Only) == 0 || c.Only[group] }
+func (c Config) runs(group string) bool {
+	if len(c.Only) == 0 {
+		return slices.Contains(DefaultGroups, group)
+	}
+	return c.Only[group]
+}
 
 // Target names.
 const (
@@ -80,8 +97,11 @@ type Report struct {
 	Warmup          int     `json:"warmup"`
 	HeavyIterations int     `json:"heavy_iterations"`
 	ChurnSeconds    float64 `json:"churn_seconds"`
-	ChurnInFlight   int     `json:"churn_in_flight"`
-	Density         int     `json:"density"`
+	ChurnLevels     []int   `json:"churn_levels,omitempty"`
+	// ChurnInFlight is the level of Churn (the main table's row).
+	ChurnInFlight int `json:"churn_in_flight"`
+	// Density is the number of sandboxes the memory rows measure at once.
+	Density int `json:"density"`
 	// ReadyTemplate says that the server creates sandboxes of Template by
 	// restoring a snapshot of it booted once (a ready template) rather than
 	// by booting: the create row then measures that path.
@@ -91,8 +111,17 @@ type Report struct {
 	// Stats holds, per target and timed operation, the summary of its
 	// samples.
 	Stats map[string]map[Operation]Stats `json:"stats"`
-	// Churn holds, per target, the create+exec+kill throughput.
+	// Churn holds, per target, the create+exec+kill throughput at
+	// ChurnInFlight.
 	Churn map[string]Throughput `json:"churn,omitempty"`
+	// ChurnByLevel holds, per target, the throughput at each of
+	// ChurnLevels, in that order.
+	ChurnByLevel map[string][]Throughput `json:"churn_by_level,omitempty"`
+	// DensityRuns holds, per target, the outcome of the density group.
+	DensityRuns map[string]DensityRun `json:"density_runs,omitempty"`
+	// Limits is what the host's limits look like with agentenv's density
+	// sandboxes up, and extrapolated to ten times as many.
+	Limits *Limits `json:"limits,omitempty"`
 	// Memory holds, per target and memory row, PSS per sandbox.
 	Memory map[string]map[Operation]Memory `json:"memory,omitempty"`
 	// Bandwidth holds, per target and throughput row, MiB/s over a few
@@ -136,13 +165,25 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 		cfg.Template = "busybox"
 	}
 	if cfg.ChurnDuration <= 0 {
-		cfg.ChurnDuration = 10 * time.Second
+		cfg.ChurnDuration = 5 * time.Second
 	}
-	if cfg.ChurnInFlight < 1 {
-		cfg.ChurnInFlight = 8
+	if len(cfg.ChurnLevels) == 0 {
+		cfg.ChurnLevels = DefaultChurnLevels
 	}
+	for _, l := range cfg.ChurnLevels {
+		if l < 1 {
+			return Report{}, fmt.Errorf("churn level %d: give numbers of cycles in flight of at least 1", l)
+		}
+	}
+	cfg.ChurnInFlight = mainChurnLevel(cfg.ChurnLevels, cfg.ChurnInFlight)
 	if cfg.Density < 1 {
 		cfg.Density = 10
+	}
+	if cfg.DensitySandboxes < 1 {
+		cfg.DensitySandboxes = 1000
+	}
+	if cfg.DensityParallel < 1 {
+		cfg.DensityParallel = 4
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
@@ -150,6 +191,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	rep = Report{
 		Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup, HeavyIterations: cfg.HeavyIterations,
 		ChurnSeconds: cfg.ChurnDuration.Seconds(), ChurnInFlight: cfg.ChurnInFlight, Density: cfg.Density,
+	}
+	if cfg.runs(GroupChurn) {
+		rep.ChurnLevels = cfg.ChurnLevels
 	}
 
 	// Everything set up pushes its teardown here; it runs even on error or
@@ -224,6 +268,7 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupMemory, r.memory},
 		{GroupChurn, r.churn},
 		{GroupNetwork, r.network},
+		{GroupDensity, r.density},
 	}
 	for _, p := range phases {
 		if !r.cfg.runs(p.group) {

@@ -4,9 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
+
+// DefaultChurnLevels are the numbers of cycles in flight churn runs at by
+// default: from one at a time to twice the slot pool, far past two cores.
+var DefaultChurnLevels = []int{1, 2, 4, 8, 16}
+
+// ParseLevels turns "1,2,4,8,16" into levels: positive, without
+// duplicates, in ascending order.
+func ParseLevels(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("churn level %q: give comma-separated numbers of cycles in flight, each at least 1 (e.g. 1,2,4,8,16)", strings.TrimSpace(f))
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// mainChurnLevel is the level the main table's churn row shows: want if it
+// is one of levels, else the highest.
+func mainChurnLevel(levels []int, want int) int {
+	if slices.Contains(levels, want) || len(levels) == 0 {
+		return want
+	}
+	return slices.Max(levels)
+}
 
 // Throughput is the outcome of a churn run: create → exec → kill cycles
 // kept going inFlight at a time.
@@ -22,6 +55,10 @@ type Throughput struct {
 	PerSecond float64 `json:"per_second"`
 	// FirstError is the first failure, if any.
 	FirstError string `json:"first_error,omitempty"`
+	// HostCPUBusy is the share of the host's CPU time (all cores, every
+	// process, not only this target's) that was not idle during the run:
+	// near 1, the cores were saturated.
+	HostCPUBusy float64 `json:"host_cpu_busy"`
 }
 
 // perSecond is cycles over elapsed, or 0 when nothing elapsed.
@@ -95,18 +132,30 @@ func churn(ctx context.Context, t churnTarget, inFlight int, d time.Duration) (T
 	return out, nil
 }
 
-// churn runs the churn on every target, one target after the other.
+// churn runs the churn at every level on every target: level by level,
+// targets taking turns within a level, so that a slow phase of the host
+// hits the columns of one level alike.
 func (r *runner) churn(ctx context.Context) error {
 	r.rep.Churn = map[string]Throughput{}
-	for _, t := range r.ts.all {
-		r.progressf("churn: %s, %d in flight for %s", t.name(), r.cfg.ChurnInFlight, r.cfg.ChurnDuration)
-		th, err := churn(ctx, t, r.cfg.ChurnInFlight, r.cfg.ChurnDuration)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.name(), err)
-		}
-		r.rep.Churn[t.name()] = th
-		if th.Failed > 0 {
-			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("churn %s: %d of %d cycles failed; first: %s", t.name(), th.Failed, th.Cycles+th.Failed, th.FirstError))
+	r.rep.ChurnByLevel = map[string][]Throughput{}
+	for _, level := range r.cfg.ChurnLevels {
+		for _, t := range r.ts.all {
+			r.progressf("churn: %s, %d in flight for %s", t.name(), level, r.cfg.ChurnDuration)
+			before, cerr := readCPUTimes()
+			th, err := churn(ctx, t, level, r.cfg.ChurnDuration)
+			if err != nil {
+				return fmt.Errorf("%s at %d in flight: %w", t.name(), level, err)
+			}
+			if after, err := readCPUTimes(); cerr == nil && err == nil {
+				th.HostCPUBusy = after.busySince(before)
+			}
+			r.rep.ChurnByLevel[t.name()] = append(r.rep.ChurnByLevel[t.name()], th)
+			if level == r.cfg.ChurnInFlight {
+				r.rep.Churn[t.name()] = th
+			}
+			if th.Failed > 0 {
+				r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("churn %s at %d in flight: %d of %d cycles failed; first: %s", t.name(), level, th.Failed, th.Cycles+th.Failed, th.FirstError))
+			}
 		}
 	}
 	return nil

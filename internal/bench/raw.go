@@ -64,9 +64,30 @@ func (r *rawCommon) sh(ctx context.Context, id, script string) error {
 	return r.tool.run(ctx, nil, nil, "exec", id, "/bin/sh", "-c", script)
 }
 
+// createIdle starts a container for the density group (raw containers
+// have no timeout).
+func (r *rawCommon) createIdle(ctx context.Context) (string, error) { return r.create(ctx) }
+
+// release deletes a container; one already gone is fine.
+func (r *rawCommon) release(ctx context.Context, id string) error {
+	if err := r.kill(ctx, id); err != nil && !r.gone(ctx, id) {
+		return err
+	}
+	return nil
+}
+
 // pids returns the container's init process (`state`) and its descendants:
 // for runsc the sandbox process and its systrap stubs.
 func (r *rawCommon) pids(ctx context.Context, id string) ([]int, error) {
+	procs, err := readProcs()
+	if err != nil {
+		return nil, err
+	}
+	return r.pidsIn(ctx, procs, id)
+}
+
+// pidsIn is pids with the host's processes read already.
+func (r *rawCommon) pidsIn(ctx context.Context, procs map[int]proc, id string) ([]int, error) {
 	b, err := r.output(ctx, "state", id)
 	if err != nil {
 		return nil, err
@@ -79,10 +100,6 @@ func (r *rawCommon) pids(ctx context.Context, id string) ([]int, error) {
 	}
 	if st.Pid <= 0 {
 		return nil, fmt.Errorf("state %s: no pid", id)
-	}
-	procs, err := readProcs()
-	if err != nil {
-		return nil, err
 	}
 	return descendants(procs, []int{st.Pid}), nil
 }

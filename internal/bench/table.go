@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -20,7 +21,10 @@ func WriteTable(w io.Writer, rep Report) error {
 	if rep.HeavyIterations > 0 {
 		fmt.Fprintf(w, ", %d for dirty snapshots and forks", rep.HeavyIterations)
 	}
-	if rep.Churn != nil {
+	switch {
+	case rep.Churn != nil && len(rep.ChurnLevels) > 1:
+		fmt.Fprintf(w, "; churn at %s in flight for %gs per level and target (the churn row: %d in flight)", levelsString(rep.ChurnLevels), rep.ChurnSeconds, rep.ChurnInFlight)
+	case rep.Churn != nil:
 		fmt.Fprintf(w, "; churn %d in flight for %gs per target", rep.ChurnInFlight, rep.ChurnSeconds)
 	}
 	if rep.Memory != nil {
@@ -30,6 +34,25 @@ func WriteTable(w io.Writer, rep Report) error {
 		fmt.Fprintf(w, "; throughput as the median of %d transfers of %d MiB", netTransfers, netMiB)
 	}
 	fmt.Fprintln(w)
+	if err := writeMain(w, rep); err != nil {
+		return err
+	}
+	for _, section := range []func(io.Writer, Report) error{writeChurnLevels, writeDensity, writeLimits} {
+		if err := section(w, rep); err != nil {
+			return err
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "  "+n)
+	}
+	return nil
+}
+
+// writeMain prints the main table, if any of its rows was measured.
+func writeMain(w io.Writer, rep Report) error {
+	if !slices.ContainsFunc(Operations, func(op Operation) bool { return measured(rep, op) }) {
+		return nil
+	}
 	fmt.Fprintln(w, "times in ms as p50 / p95 / max; churn in cycles/s; memory in MiB PSS per sandbox (mean); ratios compare p50s, rates and MiB")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := []string{"operation"}
@@ -58,13 +81,7 @@ func WriteTable(w io.Writer, rep Report) error {
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, n := range rep.Notes {
-		fmt.Fprintln(w, "  "+n)
-	}
-	return nil
+	return tw.Flush()
 }
 
 // rowLabel is op's label, except that the create row says which path the
@@ -131,13 +148,19 @@ func ratio(a, b float64, ok bool) string {
 	if !ok || b == 0 {
 		return "-"
 	}
+	if r := a / b; r > 0 && r < 0.1 {
+		return fmt.Sprintf("%.2fx", r) // 0.04x, not 0.0x
+	}
 	return fmt.Sprintf("%.1fx", a/b)
 }
 
 // num keeps three significant digits or so: sub-millisecond times need
 // the decimals, times of hundreds of ms do not.
 func num(v float64) string {
-	if v >= 100 {
+	if v != 0 && v > -0.1 && v < 0.1 {
+		return fmt.Sprintf("%.3f", v)
+	}
+	if v >= 100 || v <= -100 {
 		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprintf("%.1f", v)

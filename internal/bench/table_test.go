@@ -129,8 +129,11 @@ func TestWriteTableSnapshotRows(t *testing.T) {
 
 func TestParseGroups(t *testing.T) {
 	all, err := ParseGroups("")
-	if err != nil || len(all) != len(Groups) {
-		t.Errorf("ParseGroups(\"\") = %v, %v; want all %d groups", all, err, len(Groups))
+	if err != nil || len(all) != len(DefaultGroups) || all[GroupDensity] {
+		t.Errorf("ParseGroups(\"\") = %v, %v; want the %d default groups, without density", all, err, len(DefaultGroups))
+	}
+	if got, err := ParseGroups("density"); err != nil || !got[GroupDensity] {
+		t.Errorf("ParseGroups(\"density\") = %v, %v; want density", got, err)
 	}
 	got, err := ParseGroups("pause, fork")
 	if err != nil || len(got) != 2 || !got[GroupPause] || !got[GroupFork] {
