@@ -102,6 +102,7 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
+
 // Unwrap lets http.ResponseController reach the connection (full duplex
 // for uploads).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -143,6 +144,10 @@ type errorBody struct {
 
 func writeError(w http.ResponseWriter, err error) {
 	status, code := errdefs.HTTPStatus(err)
+	if errdefs.Retryable(err) {
+		// The same request may succeed in a moment (503, 429): say when.
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, status, errorBody{Code: status, ErrorCode: code, Message: err.Error()})
 }
 

@@ -36,6 +36,31 @@ func Conflict(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrConflict)
 }
 
+// Unavailable returns an ErrUnavailable error with a formatted message: a
+// failure that says nothing about the request (the host is busy, a
+// sandbox died while starting), so the same request may succeed when
+// retried.
+func Unavailable(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrUnavailable)
+}
+
+// Classified reports whether err wraps one of the classes (otherwise it is
+// an internal error).
+func Classified(err error) bool {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return true
+		}
+	}
+	return false
+}
+
+// Retryable reports whether the same request may succeed later (ErrUnavailable,
+// ErrResourceExhausted): the API then tells clients when to retry.
+func Retryable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrResourceExhausted)
+}
+
 // classes lists each class with its HTTP status and machine-readable code,
 // most specific first.
 var classes = []struct {

@@ -27,6 +27,7 @@ func TestHTTPStatus(t *testing.T) {
 		{"Invalid helper", errdefs.Invalid("bad %s", "x"), http.StatusBadRequest, "invalid_argument"},
 		{"NotFound helper", errdefs.NotFound("no %s", "x"), http.StatusNotFound, "not_found"},
 		{"Conflict helper", errdefs.Conflict("busy %s", "x"), http.StatusConflict, "conflict"},
+		{"Unavailable helper", errdefs.Unavailable("busy %s", "x"), http.StatusServiceUnavailable, "unavailable"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,6 +39,13 @@ func TestHTTPStatus(t *testing.T) {
 				status, code := errdefs.HTTPStatus(err)
 				if status != tt.status || code != tt.code {
 					t.Errorf("wrapped %d times: got %d %q, want %d %q", depth, status, code, tt.status, tt.code)
+				}
+				if got, want := errdefs.Classified(err), tt.status != http.StatusInternalServerError; got != want {
+					t.Errorf("wrapped %d times: Classified = %v, want %v", depth, got, want)
+				}
+				retry := tt.status == http.StatusServiceUnavailable || tt.status == http.StatusTooManyRequests
+				if got := errdefs.Retryable(err); got != retry {
+					t.Errorf("wrapped %d times: Retryable = %v, want %v", depth, got, retry)
 				}
 			}
 			// %v loses the class: such an error is internal.
