@@ -71,8 +71,10 @@ func (m *Manager) admit() error {
 	if m.closed {
 		return fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
 	}
-	if len(m.boxes) >= m.d.Limits.MaxSandboxes {
-		return fmt.Errorf("limit of %d sandboxes reached: kill some first: %w", m.d.Limits.MaxSandboxes, errdefs.ErrResourceExhausted)
+	// Sandboxes still being torn down hold host resources too.
+	if n := len(m.boxes) + len(m.dying); n >= m.d.Limits.MaxSandboxes {
+		return fmt.Errorf("limit of %d sandboxes reached (%d still being torn down): kill some first, or retry in a moment: %w",
+			m.d.Limits.MaxSandboxes, len(m.dying), errdefs.ErrResourceExhausted)
 	}
 	m.inflight.Add(1)
 	return nil

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +62,18 @@ type Manager struct {
 	lost     map[string]Sandbox
 	closed   bool
 	inflight sync.WaitGroup
+
+	// dying holds the IDs being torn down behind an answered kill (or a
+	// failed create's cleanup that is retried): admission counts them.
+	dying     map[string]*teardown
+	teardowns sync.WaitGroup
+	tearSem   chan struct{}
+	// stopping ends the retries of failing teardowns (Shutdown).
+	stopping chan struct{}
+	stopOnce sync.Once
+	// retryBase is the first wait between teardown attempts; grace how
+	// long Shutdown lets failing teardowns retry.
+	retryBase, grace time.Duration
 }
 
 // entry is a live sandbox with its runtime-only parts.
@@ -105,6 +116,12 @@ func New(d Deps) (*Manager, error) {
 		hot:      map[string][]string{},
 		hotKick:  make(chan struct{}, 1),
 		lost:     map[string]Sandbox{},
+
+		dying:     map[string]*teardown{},
+		tearSem:   make(chan struct{}, teardownParallel),
+		stopping:  make(chan struct{}),
+		retryBase: 100 * time.Millisecond,
+		grace:     shutdownGrace,
 	}, nil
 }
 
@@ -342,75 +359,6 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	return e.sb, nil
 }
 
-// Kill stops a sandbox and removes everything it held.
-func (m *Manager) Kill(ctx context.Context, id string) error {
-	e, err := m.entry(id)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sb.State == StateCreating {
-		return errdefs.Conflict("sandbox %q is still being created: retry in a moment", id)
-	}
-	if e.sb.State != StateKilling {
-		if err := m.move(e, StateKilling); err != nil {
-			return err
-		}
-	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	e.markGone()
-	if err := m.teardown(ctx, e.sb); err != nil {
-		// Keep the record (state killing) so a retry or the next start
-		// finishes the job.
-		return fmt.Errorf("kill sandbox %s: %w", id, err)
-	}
-	if e.release != nil {
-		e.release()
-	}
-	m.mu.Lock()
-	delete(m.boxes, id)
-	m.mu.Unlock()
-	m.d.Log.Info("sandbox killed", "sandbox", id)
-	return nil
-}
-
-// teardown removes a sandbox's runtime container, network slot and files.
-func (m *Manager) teardown(ctx context.Context, sb Sandbox) error {
-	ctx = context.WithoutCancel(ctx)
-	var errs []error
-	if err := m.d.Runtime.Destroy(ctx, sb.ID); err != nil {
-		errs = append(errs, err)
-	}
-	if sb.Slot.Namespace != "" {
-		if err := m.d.Slots.Put(ctx, sb.Slot); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) == 0 {
-		if err := os.RemoveAll(m.dir(sb.ID)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Shutdown stops accepting creates and waits for those in flight. Running
-// sandboxes are left running; the next start adopts them.
-func (m *Manager) Shutdown() {
-	m.mu.Lock()
-	m.closed = true
-	for _, e := range m.boxes {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-	}
-	m.mu.Unlock()
-	m.inflight.Wait()
-}
-
 // Addr implements proxy.Resolver: the address of a running sandbox's port
 // and a channel closed when the sandbox goes away.
 func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
@@ -430,67 +378,6 @@ func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
 		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrUnavailable)
 	}
 	return sb.Addr(port), e.gone, nil
-}
-
-// watch tears a sandbox down when it dies on its own (out of memory, a
-// crash of its kernel, its init process gone) and keeps a tombstone saying
-// so, instead of listing a dead sandbox as running.
-func (m *Manager) watch(e *entry) {
-	w, ok := m.d.Runtime.(runtime.Watcher)
-	if !ok {
-		return
-	}
-	id := e.sb.ID
-	exited, err := w.Exited(context.Background(), id)
-	if err != nil {
-		m.d.Log.Warn("cannot watch sandbox for unexpected exits", "sandbox", id, "err", err)
-		return
-	}
-	go func() {
-		select {
-		case <-exited:
-		case <-e.gone:
-			return
-		}
-		e.mu.Lock()
-		state := e.sb.State
-		e.mu.Unlock()
-		if state != StateRunning {
-			return // being killed on purpose
-		}
-		reason := "it stopped unexpectedly (out of its memory limit, or its init process exited)"
-		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
-			reason += "; last output: " + tail
-		}
-		m.d.Log.Warn("sandbox died", "sandbox", id, "reason", reason)
-		if err := m.Kill(context.Background(), id); err != nil {
-			m.d.Log.Error("clean up dead sandbox", "sandbox", id, "err", err)
-			return
-		}
-		sb := e.sb
-		sb.Reason = reason
-		m.tombstone(sb)
-	}()
-}
-
-// logTail returns the last n bytes of a log file on one line.
-func logTail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := st.Size() - n
-	if off < 0 {
-		off = 0
-	}
-	b := make([]byte, st.Size()-off)
-	f.ReadAt(b, off)
-	return strings.Join(strings.Fields(string(b)), " ")
 }
 
 func (n Network) egress() (netns.Egress, error) {

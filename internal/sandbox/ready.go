@@ -74,6 +74,7 @@ func (m *Manager) MakeReady(ctx context.Context, template string, force bool) er
 
 // DeleteTemplate deletes a template and its ready snapshot.
 func (m *Manager) DeleteTemplate(name string) error {
+	m.settle(func(sb Sandbox) bool { return sb.Template == name })
 	if err := m.d.Templates.Delete(name); err != nil {
 		return err
 	}

@@ -46,11 +46,18 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			lost = append(lost, sb)
 			continue
 		}
-		if sb.State == StatePooled {
-			// Booted for the hot pool of the last run; nobody has it.
-			if err := m.teardown(ctx, sb); err != nil {
-				m.d.Log.Error("remove pooled sandbox of the last run", "sandbox", sb.ID, "err", err)
+		if sb.State == StatePooled || sb.State == StateKilling {
+			// Booted for the hot pool of the last run (nobody has it), or
+			// killed and not yet torn down when the server stopped: finish
+			// the job; a failure is retried behind the start.
+			if sb.Slot.Namespace != "" {
+				m.d.Slots.MarkUsed(sb.Slot.Index)
 			}
+			release := func() {}
+			if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
+				release = rel
+			}
+			m.recoverTeardown(ctx, sb, release)
 			continue
 		}
 		if reason := m.alive(ctx, sb); reason != "" {
@@ -95,7 +102,12 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		return adopted, lost, fmt.Errorf("list runtime containers: %w", err)
 	}
 	for _, id := range ids {
-		if _, ok := m.boxes[id]; !ok {
+		m.mu.Lock()
+		_, owned := m.boxes[id]
+		_, dying := m.dying[id]
+		owned = owned || dying
+		m.mu.Unlock()
+		if !owned {
 			m.d.Log.Warn("removing container without a sandbox", "container", id)
 			if err := m.d.Runtime.Destroy(ctx, id); err != nil {
 				m.d.Log.Error("remove stray container", "container", id, "err", err)
@@ -176,20 +188,29 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	if sb.Slot.Namespace != "" {
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 	}
-	if err := m.teardown(ctx, sb); err != nil {
-		m.d.Log.Error("clean up lost sandbox", "sandbox", sb.ID, "err", err)
-	}
 	sb.Reason = reason
 	m.tombstone(sb)
+	m.recoverTeardown(ctx, sb, nil)
 }
 
 // tombstone remembers (on disk too) why a sandbox is gone.
 func (m *Manager) tombstone(sb Sandbox) {
-	sb.State = StateLost
-	sb.AccessToken = ""
+	sb = lostRecord(sb)
 	m.mu.Lock()
 	m.lost[sb.ID] = sb
 	m.mu.Unlock()
+	m.saveTombstone(sb)
+}
+
+// lostRecord is what a tombstone keeps of a sandbox (no secrets).
+func lostRecord(sb Sandbox) Sandbox {
+	sb.State = StateLost
+	sb.AccessToken = ""
+	sb.TrafficToken = ""
+	return sb
+}
+
+func (m *Manager) saveTombstone(sb Sandbox) {
 	dir := filepath.Join(m.d.Dir, "lost")
 	os.MkdirAll(dir, 0o700)
 	if b, err := json.Marshal(sb); err == nil {

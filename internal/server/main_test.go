@@ -170,8 +170,20 @@ func (e *env) sh(t testing.TB, sb client.Sandbox, script string) client.ExecResu
 }
 
 // leftovers lists what of a sandbox is still on the host: runsc state,
-// processes, cgroups, its directory, its network namespace.
+// processes, cgroups, its directory, its network namespace. A kill answers
+// before its teardown ends, so it waits up to 10 s for them to go.
 func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := e.leftoversNow(sb, slotNS)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) leftoversNow(sb client.Sandbox, slotNS string) []string {
 	var out []string
 	if b, err := exec.Command("runsc", "--root", filepath.Join(e.dataDir, "runsc"), "list", "--quiet").Output(); err == nil {
 		if strings.Contains(string(b), sb.SandboxID) {

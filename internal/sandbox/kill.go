@@ -1,0 +1,321 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+)
+
+// Killing answers at once and tears down behind the answer: Kill persists
+// state killing (so that a crash leaves the job to Recover), unlists the
+// sandbox (Get answers 404, the proxy ends its requests) and hands the
+// teardown to a goroutine that retries until it succeeds or the server
+// shuts down. Until it is done the sandbox counts against MaxSandboxes (it
+// still holds host memory, a container and a network slot) and holds its
+// template.
+
+const (
+	// teardownParallel bounds the teardowns that run at once (a mass kill
+	// must not start a thousand container destroys together).
+	teardownParallel = 8
+	// teardownRetryMax caps the wait between attempts of a failing teardown.
+	teardownRetryMax = 10 * time.Second
+	// shutdownGrace is how long Shutdown lets failing teardowns retry
+	// before it leaves them to the next start's Recover.
+	shutdownGrace = 10 * time.Second
+	// settleMax bounds how long a template or snapshot delete waits for
+	// the teardowns of the sandboxes that used it.
+	settleMax = 10 * time.Second
+)
+
+// Kill stops a sandbox: it disappears at once, and what it held is
+// released behind the answer.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	e, err := m.entry(id)
+	if err != nil {
+		return err
+	}
+	return m.kill(ctx, e, "")
+}
+
+// kill moves e to killing, unlists it and starts its teardown. A reason
+// (the sandbox died on its own) leaves a tombstone that Get reports.
+func (m *Manager) kill(ctx context.Context, e *entry, reason string) error {
+	e.mu.Lock()
+	id := e.sb.ID
+	switch e.sb.State {
+	case StateCreating:
+		e.mu.Unlock()
+		return errdefs.Conflict("sandbox %q is still being created: retry in a moment", id)
+	case StateKilling:
+		// Another kill won: to this caller it is already gone.
+		e.mu.Unlock()
+		return errdefs.NotFound("sandbox %q does not exist (it was killed)", id)
+	}
+	was := e.sb.State
+	if err := m.move(e, StateKilling); err != nil {
+		// Only the record failed to change (every state above may move
+		// to killing): tear down all the same; the record goes with it.
+		m.d.Log.Warn("kill: record not updated; tearing down anyway", "sandbox", id, "err", err)
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.markGone()
+	sb := e.sb
+	e.mu.Unlock()
+
+	var tomb Sandbox
+	if reason != "" {
+		sb.Reason = reason
+		tomb = lostRecord(sb)
+	}
+	m.mu.Lock()
+	delete(m.boxes, id)
+	if reason != "" {
+		m.lost[id] = tomb
+	}
+	if was == StatePooled {
+		// No longer waiting in the hot pool: let it refill.
+		m.hot[sb.Template] = slices.DeleteFunc(m.hot[sb.Template], func(h string) bool { return h == id })
+	}
+	t := newTeardown(sb, e.release)
+	tracked := m.track(id, t)
+	m.mu.Unlock()
+	if reason != "" {
+		m.saveTombstone(tomb)
+	}
+	ctx = context.WithoutCancel(ctx)
+	if !tracked {
+		// After Shutdown nothing waits for a goroutine: one attempt now.
+		m.attempt(ctx, t, false)
+		return nil
+	}
+	go m.retry(ctx, t, 1)
+	return nil
+}
+
+// track registers id as being torn down (t is nil for the cleanup of a
+// failed create). It says whether a goroutine may do it: after Shutdown
+// none may (nothing would wait for it). Callers hold m.mu.
+func (m *Manager) track(id string, t *teardown) bool {
+	m.dying[id] = t
+	if m.closed {
+		return false
+	}
+	m.teardowns.Add(1)
+	return true
+}
+
+// teardown is one sandbox's removal, resumable: steps that succeeded are
+// not run again by a retry (a network slot must go back to the pool once).
+type teardown struct {
+	sb        Sandbox
+	release   func()
+	start     time.Time
+	destroyed bool
+	slotFreed bool
+	// done is closed once it is all gone.
+	done chan struct{}
+}
+
+func newTeardown(sb Sandbox, release func()) *teardown {
+	return &teardown{sb: sb, release: release, start: time.Now(), done: make(chan struct{})}
+}
+
+// recoverTeardown removes a sandbox that Recover does not adopt: a first
+// attempt before the server serves, retries behind it.
+func (m *Manager) recoverTeardown(ctx context.Context, sb Sandbox, release func()) {
+	t := newTeardown(sb, release)
+	m.mu.Lock()
+	tracked := m.track(sb.ID, t)
+	m.mu.Unlock()
+	if m.attempt(ctx, t, tracked) || !tracked {
+		if tracked {
+			m.teardowns.Done()
+		}
+		return
+	}
+	go m.retry(ctx, t, 2)
+}
+
+// retry runs attempts from the n-th on until one succeeds or the server
+// shuts down; then the record (state killing) is left to Recover. It ends
+// a teardown that track counted.
+func (m *Manager) retry(ctx context.Context, t *teardown, n int) {
+	defer m.teardowns.Done()
+	delay := m.retryBase
+	for ; ; n++ {
+		if n > 1 {
+			select {
+			case <-time.After(delay):
+			case <-m.stopping:
+				m.d.Log.Error("sandbox teardown left to the next start", "sandbox", t.sb.ID, "attempts", n-1)
+				return
+			}
+			delay = min(2*delay, teardownRetryMax)
+		}
+		if m.attempt(ctx, t, true) {
+			return
+		}
+	}
+}
+
+// attempt runs the steps of t not done yet and says whether it is all
+// gone; then it releases what the sandbox held (its template) and forgets
+// it.
+func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool {
+	m.tearSem <- struct{}{}
+	err := m.teardownSteps(ctx, t)
+	<-m.tearSem
+	if err != nil {
+		if willRetry {
+			m.d.Log.Warn("sandbox teardown failed; will retry", "sandbox", t.sb.ID, "err", err)
+		} else {
+			m.d.Log.Error("sandbox teardown failed; left to the next start", "sandbox", t.sb.ID, "err", err)
+		}
+		return false
+	}
+	if t.release != nil {
+		t.release()
+	}
+	m.mu.Lock()
+	delete(m.dying, t.sb.ID)
+	m.mu.Unlock()
+	close(t.done)
+	m.d.Log.Info("sandbox killed", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
+	return true
+}
+
+// teardownSteps removes a sandbox's runtime container, then its network
+// slot (never while a container that failed to go may still use it), then
+// its files.
+func (m *Manager) teardownSteps(ctx context.Context, t *teardown) error {
+	ctx = context.WithoutCancel(ctx)
+	if !t.destroyed {
+		if err := m.d.Runtime.Destroy(ctx, t.sb.ID); err != nil {
+			return fmt.Errorf("destroy container: %w", err)
+		}
+		t.destroyed = true
+	}
+	if !t.slotFreed && t.sb.Slot.Namespace != "" {
+		if err := m.d.Slots.Put(ctx, t.sb.Slot); err != nil {
+			return fmt.Errorf("release network slot %d: %w", t.sb.Slot.Index, err)
+		}
+		t.slotFreed = true
+	}
+	return os.RemoveAll(m.dir(t.sb.ID))
+}
+
+// settle waits, up to settleMax, for the teardowns of killed sandboxes that
+// match to end. A kill answers before its sandbox lets go of its template
+// and snapshot; a delete of them right after the kill must not find them
+// in use.
+func (m *Manager) settle(match func(Sandbox) bool) {
+	var pending []chan struct{}
+	m.mu.Lock()
+	for _, t := range m.dying {
+		if t != nil && match(t.sb) {
+			pending = append(pending, t.done)
+		}
+	}
+	m.mu.Unlock()
+	timeout := time.NewTimer(settleMax)
+	defer timeout.Stop()
+	for _, done := range pending {
+		select {
+		case <-done:
+		case <-timeout.C:
+			return
+		}
+	}
+}
+
+// Shutdown stops accepting creates and waits for those in flight and for
+// pending teardowns (failing ones retry for up to shutdownGrace, then are
+// left to the next start). Running sandboxes are left running; the next
+// start adopts them.
+func (m *Manager) Shutdown() {
+	m.mu.Lock()
+	m.closed = true
+	for _, e := range m.boxes {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	m.inflight.Wait()
+	done := make(chan struct{})
+	go func() { m.teardowns.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(m.grace):
+	}
+	m.stopOnce.Do(func() { close(m.stopping) })
+	<-done
+}
+
+// watch tears a sandbox down when it dies on its own (out of memory, a
+// crash of its kernel, its init process gone), whatever its state, and
+// keeps a tombstone saying so, instead of listing a dead sandbox.
+func (m *Manager) watch(e *entry) {
+	w, ok := m.d.Runtime.(runtime.Watcher)
+	if !ok {
+		return
+	}
+	id := e.sb.ID
+	exited, err := w.Exited(context.Background(), id)
+	if err != nil {
+		m.d.Log.Warn("cannot watch sandbox for unexpected exits", "sandbox", id, "err", err)
+		return
+	}
+	go func() {
+		select {
+		case <-exited:
+		case <-e.gone:
+			return
+		}
+		e.mu.Lock()
+		state := e.sb.State
+		e.mu.Unlock()
+		if state == StateKilling {
+			return // being killed on purpose
+		}
+		reason := "it stopped unexpectedly (out of its memory limit, or its init process exited)"
+		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
+			reason += "; last output: " + tail
+		}
+		m.d.Log.Warn("sandbox died", "sandbox", id, "state", state, "reason", reason)
+		if err := m.kill(context.Background(), e, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.d.Log.Error("clean up dead sandbox", "sandbox", id, "err", err)
+		}
+	}()
+}
+
+// logTail returns the last n bytes of a log file on one line.
+func logTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	b := make([]byte, st.Size()-off)
+	f.ReadAt(b, off)
+	return strings.Join(strings.Fields(string(b)), " ")
+}
