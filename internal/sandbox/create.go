@@ -126,13 +126,6 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		// refuses a spec whose rlimits differ from the checkpoint's.
 		sb.Nproc = src.snap.Nproc
 	}
-	var warm *warmEntry
-	if src != nil && src.ready {
-		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB); warm != nil {
-			sb.ID = warm.id
-			warm.release() // the sandbox holds the template itself
-		}
-	}
 	var restoreDir string
 	if src != nil {
 		dir, done, releaseSnap, err := m.d.Snapshots.Acquire(src.snap.ID)
@@ -155,11 +148,20 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		}
 		cl.add(func(context.Context) error { releaseSnap(); return nil })
 	}
+	var warm *warmEntry
+	if src != nil && src.ready {
+		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB); warm != nil {
+			sb.ID = warm.id
+			warm.release() // the sandbox holds the template itself
+		}
+	}
 	log := m.d.Log.With("sandbox", sb.ID, "template", sb.Template)
 	fail := func(err error) (Sandbox, error) {
 		if cerr := cl.run(ctx); cerr != nil {
-			log.Error("cleanup after failed create", "err", cerr)
-			err = errors.Join(err, cerr)
+			// The answer keeps the create's error class; what could not
+			// be removed is retried behind it.
+			log.Error("cleanup after failed create; retrying behind", "err", cerr)
+			m.retryCleanup(ctx, sb.ID, &cl)
 		}
 		log.Warn("create failed", "err", err)
 		return Sandbox{}, err
@@ -170,7 +172,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		slot = warm.slot
 		cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	} else if slot, err = m.d.Slots.Get(ctx); err != nil {
-		return fail(err)
+		return fail(busy("set up the sandbox's network", err))
 	}
 	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
 	sb.Slot = slot
@@ -196,7 +198,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	})
 
 	if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
-		return fail(fmt.Errorf("egress policy: %w", err))
+		return fail(busy("apply the egress policy", err))
 	}
 
 	tSlot := time.Since(now)
@@ -204,7 +206,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	if src == nil {
 		if err := m.d.Runtime.Create(ctx, spec); err != nil {
-			return fail(fmt.Errorf("start sandbox: %w", err))
+			return fail(busy("start the sandbox", err))
 		}
 	} else {
 		cp, ok := m.d.Runtime.(runtime.Checkpointer)
@@ -212,12 +214,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 			return fail(fmt.Errorf("this runtime cannot restore snapshots: %w", errdefs.ErrInvalid))
 		}
 		if err := cp.Restore(ctx, spec, restoreDir); err != nil {
-			return fail(fmt.Errorf("restore snapshot %s: %w: %w", src.snap.ID, errRestore, err))
+			return fail(busy(fmt.Sprintf("restore snapshot %s", src.snap.ID), fmt.Errorf("%w: %w", errRestore, err)))
 		}
 	}
 	tStart := time.Since(now)
 	if err := m.d.Net.Activate(ctx, slot); err != nil {
-		return fail(fmt.Errorf("activate network: %w", err))
+		return fail(busy("activate the sandbox's network", err))
 	}
 	tActive := time.Since(now)
 	if err := m.waitEnvd(ctx, sb); err != nil {
@@ -233,7 +235,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 			envs = readyEnv(sb)
 		}
 		if err := m.rekey(ctx, sb, src.snap.AccessToken, envs); err != nil {
-			return fail(err)
+			return fail(busy("hand the restored sandbox its own token", err))
 		}
 	}
 
@@ -252,6 +254,19 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "warm", warm != nil, "took", time.Since(now).Round(time.Millisecond),
 		"slot", tSlot.Round(time.Millisecond), "start", tStart.Round(time.Millisecond), "network", tActive.Round(time.Millisecond), "envd", tEnvd.Round(time.Millisecond))
 	return e.sb, nil
+}
+
+// busy classes a failure of a create step that says nothing about the
+// request — the sandbox process died while booting, a runtime worker went
+// away, the host ran short of something for a moment — as ErrUnavailable
+// (503 with Retry-After), saying what failed. The create path has removed
+// everything by the time the client reads it, so retrying is safe. An error
+// that already has a class keeps it.
+func busy(step string, err error) error {
+	if errdefs.Classified(err) {
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	return fmt.Errorf("could not %s (nothing of the sandbox was kept; retry): %w: %w", step, err, errdefs.ErrUnavailable)
 }
 
 // rekey sets a new access token in a restored sandbox's envd.

@@ -215,6 +215,45 @@ func (m *Manager) teardownSteps(ctx context.Context, t *teardown) error {
 	return os.RemoveAll(m.dir(t.sb.ID))
 }
 
+// retryCleanup keeps retrying the steps of a failed create's cleanup that
+// failed, like a teardown, so that nothing stays behind for good.
+func (m *Manager) retryCleanup(ctx context.Context, id string, c *cleanup) {
+	if len(c.failed) == 0 {
+		return
+	}
+	m.mu.Lock()
+	tracked := m.track(id, nil)
+	m.mu.Unlock()
+	if !tracked {
+		m.d.Log.Error("cleanup of a failed create left to the next start", "sandbox", id)
+		return
+	}
+	go func() {
+		defer m.teardowns.Done()
+		delay := m.retryBase
+		for n := 1; ; n++ {
+			select {
+			case <-time.After(delay):
+			case <-m.stopping:
+				m.d.Log.Error("cleanup of a failed create left to the next start", "sandbox", id, "attempts", n)
+				return
+			}
+			delay = min(2*delay, teardownRetryMax)
+			m.tearSem <- struct{}{}
+			err := c.retry(ctx)
+			<-m.tearSem
+			if err == nil {
+				break
+			}
+			m.d.Log.Warn("cleanup after failed create failed again; will retry", "sandbox", id, "err", err)
+		}
+		m.mu.Lock()
+		delete(m.dying, id)
+		m.mu.Unlock()
+		m.d.Log.Info("cleanup after failed create done", "sandbox", id)
+	}()
+}
+
 // settle waits, up to settleMax, for the teardowns of killed sandboxes that
 // match to end. A kill answers before its sandbox lets go of its template
 // and snapshot; a delete of them right after the kill must not find them
