@@ -139,27 +139,7 @@ func runDensity(ctx context.Context, t densityTarget, o densityOpts) (out Densit
 	}
 
 	o.progress("density: %s: /bin/true in each of the %d sandboxes", t.name(), len(ids))
-	var (
-		mu    sync.Mutex
-		times []time.Duration
-	)
-	forEach(ctx, ids, 8, func(ctx context.Context, id string) error {
-		start := time.Now()
-		err := t.exec(ctx, id)
-		d := time.Since(start)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			if ctx.Err() == nil && len(out.ExecErrors) < densityErrors {
-				out.ExecErrors = append(out.ExecErrors, fmt.Sprintf("%s: %v", id, err))
-			}
-			return nil
-		}
-		out.Answered++
-		times = append(times, d)
-		return nil
-	})
-	out.Exec = Summarize(times)
+	checkAll(ctx, t, ids, &out)
 	if ctx.Err() != nil {
 		return out, context.Cause(ctx)
 	}
@@ -236,6 +216,32 @@ func startMany(ctx context.Context, t densityTarget, o densityOpts, out *Density
 		return ids, fmt.Errorf("no sandbox started: %s", firstOf(out.CreateErrors))
 	}
 	return ids, nil
+}
+
+// checkAll runs /bin/true in every sandbox, eight at a time, and records
+// how many answered, how long each took and the first failures.
+func checkAll(ctx context.Context, t densityTarget, ids []string, out *DensityRun) {
+	var (
+		mu    sync.Mutex
+		times []time.Duration
+	)
+	forEach(ctx, ids, 8, func(ctx context.Context, id string) error {
+		start := time.Now()
+		err := t.exec(ctx, id)
+		d := time.Since(start)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if ctx.Err() == nil && len(out.ExecErrors) < densityErrors {
+				out.ExecErrors = append(out.ExecErrors, fmt.Sprintf("%s: %v", id, err))
+			}
+			return nil
+		}
+		out.Answered++
+		times = append(times, d)
+		return nil
+	})
+	out.Exec = Summarize(times)
 }
 
 // threadsPerSandbox is the mean number of host threads over each

@@ -177,7 +177,11 @@ func writeLimits(w io.Writer, rep Report) error {
 		if r.PerProcess {
 			before, per = "-", "-"
 		}
-		if r.ReachedAt > 0 {
+		switch far := 100 * float64(l.Sandboxes); {
+		case r.ReachedAt > far && far > 0:
+			// A growth this small is within the noise of other jobs.
+			reached = fmt.Sprintf("> %.0f", far)
+		case r.ReachedAt > 0:
 			reached = fmt.Sprintf("%.0f", r.ReachedAt)
 		}
 		limit := "-"

@@ -61,6 +61,7 @@ func scaleReport() Report {
 			{Key: "host_threads", Label: "threads on the host (all processes)", Before: 1000, After: 21000, PerSandbox: 20, At10x: 201000, Limit: 32768, LimitName: "kernel.pid_max", ReachedAt: 1588},
 			{Key: "sandbox_proc_maps", Label: "memory maps of one sandbox process (most)", PerProcess: true, After: 53, At10x: 53, Limit: 65530, LimitName: "vm.max_map_count (per process)"},
 			{Key: "nft_lines", Label: "nftables ruleset, lines (host)", Before: 200, After: 7200, PerSandbox: 7, At10x: 70200},
+			{Key: "server_maps", Label: "memory maps of the server process", Before: 150, After: 151, PerSandbox: 0.001, At10x: 160, Limit: 65530, LimitName: "vm.max_map_count (per process)", ReachedAt: 65380000},
 		}},
 	}
 }
@@ -131,6 +132,8 @@ func TestWriteTableLimits(t *testing.T) {
 		// Per process: no "before", no per sandbox, never reached.
 		{"memory maps of one sandbox process (most)", "- 53.0 - 53.0 65530 vm.max_map_count (per process) -"},
 		{"nftables ruleset, lines (host)", "200 7200 7.0 70200 - -"},
+		// Growth within the noise: not a number of sandboxes to quote.
+		{"memory maps of the server process", "150 151 0.001 160 65530 vm.max_map_count (per process) > 100000"},
 	}
 	for _, tt := range tests {
 		if got, ok := cells(out, tt.label); !ok || got != tt.want {
@@ -174,8 +177,8 @@ func TestReportJSONScaleRows(t *testing.T) {
 			t.Errorf("density_runs.agentenv.%s = %v, want %v", key, d[key], want)
 		}
 	}
-	if got.Limits.Sandboxes != 1000 || got.Limits.First != "host_threads" || len(got.Limits.Rows) != 3 || got.Limits.Rows[0]["reached_at"] != 1588.0 {
-		t.Errorf("limits = %+v, want 1000 sandboxes, first host_threads, 3 rows", got.Limits)
+	if got.Limits.Sandboxes != 1000 || got.Limits.First != "host_threads" || len(got.Limits.Rows) != 4 || got.Limits.Rows[0]["reached_at"] != 1588.0 {
+		t.Errorf("limits = %+v, want 1000 sandboxes, first host_threads, 4 rows", got.Limits)
 	}
 }
 
