@@ -289,6 +289,23 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: up.Attrs().Index, Gw: slot.HostIP}); err != nil {
 		return fmt.Errorf("namespace default route: %w", err)
 	}
+	// Permanent neighbour entries both ways on the host link: no ARP on
+	// the host link either, and permanent entries are exempt from the
+	// kernel's neighbour garbage collection, whose table (gc_thresh3 =
+	// 1024 entries for all namespaces) overflowed at ~500 sandboxes with
+	// two dynamic entries each, leaving the longest-idle unreachable.
+	host, err := netlink.LinkByName(slot.HostIf)
+	if err != nil {
+		return err
+	}
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: slot.HostIP, HardwareAddr: host.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("neighbour entry for the host: %w", err)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: slot.SandboxIP, HardwareAddr: up.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("neighbour entry for the slot: %w", err)
+	}
 	return nil
 }
 

@@ -269,6 +269,36 @@ func TestCreateDelete(t *testing.T) {
 	if !hasDefaultRoute(t, h, up, slot.HostIP) {
 		t.Errorf("no default route via %s on up0 after Activate", slot.HostIP)
 	}
+	// Both ends of the host link know each other permanently: no ARP, and
+	// nothing for the kernel's shared neighbour table to evict.
+	hostLink, err := netlink.LinkByName(slot.HostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		h    *netlink.Handle
+		link int
+		ip   net.IP
+	}{{"host side", nil, hostLink.Attrs().Index, slot.SandboxIP}, {"namespace side", h, up.Attrs().Index, slot.HostIP}} {
+		list := netlink.NeighList
+		if c.h != nil {
+			list = c.h.NeighList
+		}
+		neighs, err := list(c.link, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, n := range neighs {
+			if n.IP.Equal(c.ip) {
+				found = n.State == netlink.NUD_PERMANENT
+			}
+		}
+		if !found {
+			t.Errorf("%s: no permanent neighbour entry for %s (got %v)", c.name, c.ip, neighs)
+		}
+	}
 
 	left, err := m.Leftovers()
 	if err != nil {
