@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 DATA_DIR ?= /var/lib/agentenv
 
-.PHONY: setup build demo test test-short fuzz bench clean
+.PHONY: setup build demo test test-short soak fuzz bench clean
 
 setup:
 	@scripts/setup.sh
@@ -22,6 +22,12 @@ demo: setup build
 test: setup build
 	AGENTENV_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 30m ./...
 	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+# The load test (TestLoad: create → exec → kill at 16 in flight, forks and
+# snapshots mixed in, then a leak check) for DURATION instead of 2 minutes.
+DURATION ?= 30m
+soak: setup build
+	AGENTENV_REQUIRE_ROOT=1 AGENTENV_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -run TestLoad -timeout 0 ./internal/server/
 
 # Every fuzz target (parsers of client input) for FUZZTIME each.
 FUZZTIME ?= 10s
