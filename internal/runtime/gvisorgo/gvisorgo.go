@@ -355,11 +355,17 @@ func (g *Gvisor) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Destroy(); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	derr := c.Destroy()
+	// gVisor removes the container's state even when removing its cgroups
+	// failed ("device or resource busy" while a task lingers), and stops
+	// retrying the other controllers at the first failure: remove them
+	// all here, killing what is left inside, so one Destroy frees them.
+	cerr := g.removeCgroups(id)
+	if derr != nil && (cerr != nil || g.cgroupPath(id) == "") {
+		return fmt.Errorf("destroy sandbox %s: %w", id, errors.Join(derr, cerr))
 	}
 	g.forget(id)
-	return nil
+	return cerr
 }
 
 // List implements runtime.Runtime.

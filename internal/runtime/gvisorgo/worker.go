@@ -105,6 +105,7 @@ func serveWorker() error {
 	}
 	w := &worker{settings: s, reaper: newReaper()}
 	go w.reaper.run()
+	home, _ := os.ReadFile("/proc/self/cgroup")
 	if err := writeFrame(conn, hello{Pid: os.Getpid()}, nil); err != nil {
 		return err
 	}
@@ -121,6 +122,13 @@ func serveWorker() error {
 		closeFile(pfd)
 		if err != nil {
 			return fmt.Errorf("write response: %w", err)
+		}
+		// On cgroup v1 gVisor moves this process through each new
+		// sandbox's cgroups and only logs a failure to move back: a worker
+		// left there would be killed with that sandbox and keep its
+		// cgroups busy. Exit instead; the pool starts a fresh one.
+		if now, _ := os.ReadFile("/proc/self/cgroup"); string(now) != string(home) {
+			return fmt.Errorf("worker left in a sandbox's cgroups after %s %s:\n%s", req.Op, req.Spec.ID, now)
 		}
 	}
 }
