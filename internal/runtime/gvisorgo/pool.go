@@ -2,8 +2,10 @@ package gvisorgo
 
 // The server side of the workers (see worker.go): a fixed number of worker
 // processes, each serving one request at a time; a request goes to any idle
-// worker. A worker that dies is replaced; the request it was serving fails
-// and the runtime cleans up after it (Gvisor.cleanUp).
+// worker, creates and restores before prepares (containers made ahead of
+// demand must not delay the requests they are meant to speed up). A worker
+// that dies is replaced; the request it was serving fails and the runtime
+// cleans up after it (Gvisor.cleanUp).
 
 import (
 	"bufio"
@@ -14,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,8 +31,8 @@ type pool struct {
 	timeout  time.Duration
 	log      *slog.Logger
 
-	// idle holds the workers waiting for a request.
-	idle   chan *proc
+	// disp hands idle workers to waiting requests.
+	disp   dispatch
 	closed chan struct{}
 
 	mu      sync.Mutex
@@ -53,9 +56,7 @@ type proc struct {
 
 // startPool starts n workers and returns once each has answered.
 func startPool(s settings, n int, timeout time.Duration, log *slog.Logger) (*pool, error) {
-	// Room for every worker and as many replacements: a dead worker may
-	// sit in idle until a caller takes it out.
-	p := &pool{settings: s, timeout: timeout, log: log, idle: make(chan *proc, 2*n), closed: make(chan struct{}), procs: map[*proc]struct{}{}}
+	p := &pool{settings: s, timeout: timeout, log: log, closed: make(chan struct{}), procs: map[*proc]struct{}{}}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -65,7 +66,7 @@ func startPool(s settings, n int, timeout time.Duration, log *slog.Logger) (*poo
 				errs[i] = err
 				return
 			}
-			p.idle <- w
+			p.disp.put(w)
 		})
 	}
 	wg.Wait()
@@ -188,7 +189,7 @@ func (p *pool) replace() {
 	for {
 		w, err := p.start()
 		if err == nil {
-			p.idle <- w
+			p.disp.put(w)
 			return
 		}
 		if errors.Is(err, errdefs.ErrUnavailable) {
@@ -214,19 +215,20 @@ var errWorker = errors.New("gVisor worker failed")
 // the worker failed (errWorker) or none was available; the worker's own
 // errors are in the response.
 func (p *pool) call(ctx context.Context, req request) (response, *os.File, error) {
+	prio := urgent
+	if req.Op == opPrepare {
+		prio = background
+	}
 	var w *proc
 	for w == nil {
+		var err error
+		if w, err = p.disp.get(ctx, p.closed, prio); err != nil {
+			return response{}, nil, err
+		}
 		select {
-		case <-ctx.Done():
-			return response{}, nil, fmt.Errorf("waiting for a gVisor worker: %w", ctx.Err())
-		case <-p.closed:
-			return response{}, nil, fmt.Errorf("gVisor runtime closed: %w", errdefs.ErrUnavailable)
-		case w = <-p.idle:
-			select {
-			case <-w.exited:
-				w = nil // died while idle; its watcher replaces it
-			default:
-			}
+		case <-w.exited:
+			w = nil // died while idle; its watcher replaces it
+		default:
 		}
 	}
 	var resp response
@@ -245,8 +247,73 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 			req.Op, req.Spec.ID, errWorker, w.pid, err, w.cmd.ProcessState, errdefs.ErrUnavailable)
 	}
 	w.conn.SetDeadline(time.Time{})
-	p.idle <- w
+	p.disp.put(w)
 	return resp, f, nil
+}
+
+// Request priorities: urgent requests (create, restore) get the next idle
+// worker before any background one (prepare).
+const (
+	urgent = iota
+	background
+	priorities
+)
+
+// dispatch hands idle workers to waiting requests, in order of priority and
+// then of arrival. A worker is idle only while no request waits.
+type dispatch struct {
+	mu      sync.Mutex
+	idle    []*proc
+	waiting [priorities][]chan *proc
+}
+
+// put makes w available: to the first waiting request, or idle.
+func (d *dispatch) put(w *proc) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for prio, q := range d.waiting {
+		if len(q) > 0 {
+			q[0] <- w // buffered: never blocks
+			d.waiting[prio] = q[1:]
+			return
+		}
+	}
+	d.idle = append(d.idle, w)
+}
+
+// get returns an idle worker, waiting for one as long as ctx allows and
+// the pool is open.
+func (d *dispatch) get(ctx context.Context, closed <-chan struct{}, prio int) (*proc, error) {
+	d.mu.Lock()
+	if n := len(d.idle); n > 0 {
+		w := d.idle[n-1]
+		d.idle = d.idle[:n-1]
+		d.mu.Unlock()
+		return w, nil
+	}
+	ch := make(chan *proc, 1)
+	d.waiting[prio] = append(d.waiting[prio], ch)
+	d.mu.Unlock()
+	var err error
+	select {
+	case w := <-ch:
+		return w, nil
+	case <-ctx.Done():
+		err = fmt.Errorf("waiting for a gVisor worker: %w", ctx.Err())
+	case <-closed:
+		err = fmt.Errorf("gVisor runtime closed: %w", errdefs.ErrUnavailable)
+	}
+	d.mu.Lock()
+	d.waiting[prio] = slices.DeleteFunc(d.waiting[prio], func(c chan *proc) bool { return c == ch })
+	d.mu.Unlock()
+	// put may have handed a worker over before the request left the
+	// queue: pass it on.
+	select {
+	case w := <-ch:
+		d.put(w)
+	default:
+	}
+	return nil, err
 }
 
 func (w *proc) kill() { _ = w.cmd.Process.Signal(unix.SIGKILL) }
