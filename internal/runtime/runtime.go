@@ -83,7 +83,9 @@ type Pauser interface {
 //     from dir. Its
 //     processes continue where the checkpointed ones were. On error nothing
 //     of the new sandbox is left behind. dir is not modified and may be
-//     restored any number of times.
+//     restored any number of times. The sandbox may go on reading the
+//     checkpoint's memory after Restore returns, through descriptors of its
+//     own: dir may be removed then, but its files must not be rewritten.
 type Checkpointer interface {
 	Checkpoint(ctx context.Context, id, dir string) error
 	Restore(ctx context.Context, spec Spec, dir string) error

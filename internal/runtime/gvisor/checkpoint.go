@@ -25,7 +25,8 @@ func (g *Gvisor) Checkpoint(ctx context.Context, id, dir string) error {
 
 // Restore implements runtime.Checkpointer: it starts a new sandbox from a
 // checkpoint written by Checkpoint. The spec must describe the same image
-// as the checkpointed sandbox's.
+// as the checkpointed sandbox's. Memory pages load in the background, as
+// with the in-process runtime.
 func (g *Gvisor) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
-	return g.start(ctx, spec, "restore", "--detach", "--image-path", dir)
+	return g.start(ctx, spec, "restore", "--detach", "--background", "--image-path", dir)
 }

@@ -197,7 +197,12 @@ func (w *worker) restore(ctx context.Context, spec runtime.Spec, dir string) (*c
 	if w.TestOnlyExitAfterSpawn {
 		os.Exit(3)
 	}
-	if err := c.Restore(conf, dir, false /* direct */, false /* background */, nil /* networkArgs: scrape the netns again */); err != nil {
+	// background: the sandbox runs as soon as its kernel state is loaded,
+	// while its memory pages load behind it (a page touched first waits for
+	// its load). A restore of 128 MiB of dirty memory until a command runs:
+	// 369 ms without, 167 ms with. The sandbox keeps its own descriptors of
+	// the checkpoint files, so the caller may remove them at once.
+	if err := c.Restore(conf, dir, false /* direct */, true /* background */, nil /* networkArgs: scrape the netns again */); err != nil {
 		err = fmt.Errorf("restore %s from %s: %w%s", spec.ID, dir, err, logTails(spec.Dir))
 		return nil, errors.Join(err, w.destroy(c))
 	}
