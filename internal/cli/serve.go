@@ -56,7 +56,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Runtime, "runtime", "go", "how to drive gVisor: go (its Go packages in-process; fast pause/resume/create) or cli (the runsc binary per call; nothing of gVisor in the server process)")
 	f.BoolVar(&cfg.ReadyTemplates, "ready-templates", false, "create sandboxes by restoring a snapshot of each booted template instead of booting (faster only with an in-process runtime)")
 	f.IntVar(&cfg.Limits.HotPool, "hot-pool", 0, "booted, idle sandboxes per template kept ready to hand out (creates with default limits take one: no boot on the request path)")
-	f.IntVar(&cfg.WarmPool, "warm-pool", 4, "containers per ready template created in advance, waiting for a restore (with --ready-templates and --runtime go)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 4, "containers created in advance, waiting for a restore, per ready template and per template restored or forked in the last 10 minutes (as many as its largest fork); with --runtime go; 0: none")
 	f.IntVar(&cfg.SlotPool, "slot-pool", 8, "network slots kept ready ahead of creates")
 	f.IntVar(&cfg.Limits.MaxFork, "max-fork", cfg.Limits.MaxFork, "most children of one fork (up to 100)")
 	f.StringVar(&cfg.TemplateOptions.ImportDir, "import-dir", "", "host directory whose rootfs directories and tarballs template builds may import (`template build --import`); none by default: clients upload")

@@ -42,6 +42,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 			// gVisor restores only what its own build checkpointed.
 			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
 		}
+		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, 1)
 		return m.create(ctx, req, &source{snap: sn, hold: true})
 	}
 	if !req.pooled {
@@ -149,8 +150,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		cl.add(func(context.Context) error { releaseSnap(); return nil })
 	}
 	var warm *warmEntry
-	if src != nil && src.ready {
-		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB); warm != nil {
+	if src != nil {
+		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB, m.d.Limits.pids(sb.Nproc)); warm != nil {
 			sb.ID = warm.id
 			warm.release() // the sandbox holds the template itself
 		}
@@ -197,8 +198,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return nil
 	})
 
-	if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
-		return fail(busy("apply the egress policy", err))
+	// A warm container's slot has the default policy already (one nft
+	// run less on a fork child's path).
+	if warm == nil || !defaultNetwork(*req.Network) {
+		if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
+			return fail(busy("apply the egress policy", err))
+		}
 	}
 
 	tSlot := time.Since(now)

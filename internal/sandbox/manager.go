@@ -35,8 +35,9 @@ type Deps struct {
 	// ReadyTemplates makes creates restore a snapshot of a booted
 	// template instead of booting (see MakeReady).
 	ReadyTemplates bool
-	// WarmPool is how many containers per ready template wait for a
-	// restore (see RunWarm).
+	// WarmPool is how many containers per ready or recently restored
+	// template wait for a restore (more after a larger fork; see
+	// warm.go). Zero: none.
 	WarmPool int
 	// Dir holds one directory per sandbox (record, bundle, logs).
 	Dir    string
@@ -55,6 +56,7 @@ type Manager struct {
 	mu       sync.Mutex
 	boxes    map[string]*entry
 	warm     map[string][]warmEntry
+	warmS    warmState
 	warmKick chan struct{}
 	hot      map[string][]string
 	hotKick  chan struct{}

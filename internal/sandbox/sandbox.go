@@ -119,10 +119,8 @@ type Limits struct {
 	// HotPool is how many booted, idle sandboxes per template wait to be
 	// handed out (0: none).
 	HotPool int
-	// MaxFork caps the children of one fork; ForkParallel is how many
-	// restores run at once.
-	MaxFork      int
-	ForkParallel int
+	// MaxFork caps the children of one fork (restored all at once).
+	MaxFork int
 }
 
 // DefaultLimits are E2B's defaults where E2B has one.
@@ -137,7 +135,6 @@ func DefaultLimits() Limits {
 		MaxSandboxes:   2000,
 		Nproc:          1024,
 		MaxFork:        16,
-		ForkParallel:   8,
 	}
 }
 

@@ -160,19 +160,18 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	if metadata == nil {
 		metadata = parent.Metadata
 	}
+	// Every child at once: the runtime's workers bound how many restores
+	// run together, and children that find a warm container (see warm.go)
+	// skip the sandbox start-up.
+	m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, count)
 	results := make([]ForkResult, count)
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, m.d.Limits.ForkParallel)
 	for i := range count {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
+		wg.Go(func() {
 			network := parent.Network
 			sb, err := m.create(ctx, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, &source{snap: sn})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
-		}()
+		})
 	}
 	wg.Wait()
 	var errs []error

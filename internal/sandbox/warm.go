@@ -4,43 +4,117 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"agentenv/internal/netns"
 	"agentenv/internal/runtime"
+	"agentenv/internal/template"
 )
 
-// Warm sandboxes: for each ready template, a few containers are created in
-// advance (runtime.Preparer), each in its own network slot, waiting for a
-// restore. A create of a ready template then restores its snapshot into
-// one of them instead of starting a sandbox process. They are not
-// sandboxes: they have no record, only a marker file in their directory,
-// and a restart removes them.
+// Warm containers: sandboxes created in advance (runtime.Preparer) with the
+// default limits, each in its own network slot, waiting for a restore. Any
+// restore whose snapshot has that template and those limits — a create of a
+// ready template, a create from a user snapshot, a fork child — restores
+// into one and skips the sandbox process's start-up (about half of a
+// restore's CPU).
+//
+// They are kept for ready templates (WarmPool each) and for templates
+// restored from in the last warmLinger (as many as the largest fork of the
+// template asked for, at least WarmPool). Refills wait until no warm
+// container has been taken for warmQuiet, so that they do not compete with
+// the burst of restores (a fork) they are meant to speed up.
+//
+// They are not sandboxes: they have no record, only a marker file in their
+// directory, and a restart removes them.
 
-const warmMarker = "warm"
+const (
+	warmMarker = "warm"
+	// warmLinger is how long a template stays warm after its last restore.
+	warmLinger = 10 * time.Minute
+	// warmQuiet is how long refills wait after a warm container was taken:
+	// long enough for the restores of a fork to reach the runtime, whose
+	// workers then serve them before any refill (see gvisorgo's dispatch).
+	warmQuiet = 100 * time.Millisecond
+)
 
 type warmEntry struct {
 	id      string
 	slot    netns.Slot
 	cpus    int
 	memMB   int
+	pids    int64
 	release func()
 }
 
-// takeWarm returns a warm container of the template with those limits.
-func (m *Manager) takeWarm(template string, cpus, memMB int) *warmEntry {
+// warmState is the demand for warm containers; guarded by Manager.mu.
+type warmState struct {
+	// demand holds, per template restored from lately, how many warm
+	// containers it wants and until when.
+	demand   map[string]warmDemand
+	lastTake time.Time
+}
+
+type warmDemand struct {
+	n     int
+	until time.Time
+}
+
+// takeWarm returns a warm container of the template with those limits, if
+// there is one.
+func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64) *warmEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.warmS.lastTake = time.Now()
+	defer m.kickWarm()
 	list := m.warm[template]
 	for i, w := range list {
-		if w.cpus == cpus && w.memMB == memMB {
+		if w.cpus == cpus && w.memMB == memMB && w.pids == pids {
 			m.warm[template] = append(list[:i:i], list[i+1:]...)
-			m.kickWarm()
 			return &w
 		}
 	}
-	m.kickWarm()
 	return nil
+}
+
+// wantWarm records that n restores of a snapshot of template with those
+// limits happen at once (a fork of n, or 1 for a create from a snapshot):
+// if warm containers fit them (the default limits), the template's are kept
+// at that number for warmLinger.
+func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, n int) {
+	l := m.d.Limits
+	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.warmS.demand == nil {
+		m.warmS.demand = map[string]warmDemand{}
+	}
+	d := m.warmS.demand[template]
+	if time.Now().After(d.until) {
+		d.n = 0
+	}
+	d.n = max(d.n, n, m.d.WarmPool)
+	d.until = time.Now().Add(warmLinger)
+	m.warmS.demand[template] = d
+}
+
+// warmTarget is how many warm containers the template should have now.
+// Callers hold m.mu.
+func (m *Manager) warmTarget(template string, ready bool) int {
+	n := 0
+	if ready {
+		n = m.d.WarmPool
+	}
+	if d, ok := m.warmS.demand[template]; ok {
+		if time.Now().Before(d.until) {
+			n = max(n, d.n)
+		} else {
+			delete(m.warmS.demand, template)
+		}
+	}
+	return n
 }
 
 func (m *Manager) kickWarm() { kick(m.warmKick) }
@@ -53,40 +127,74 @@ func kick(ch chan struct{}) {
 	}
 }
 
-// RunWarm keeps WarmPool containers ready for each ready template until
+// RunWarm keeps the warm containers of each template at their target until
 // ctx ends, then removes them.
 func (m *Manager) RunWarm(ctx context.Context) {
 	defer m.drainWarm()
 	prep, ok := m.d.Runtime.(runtime.Preparer)
-	if !ok || m.d.WarmPool <= 0 || !m.d.ReadyTemplates {
+	if !ok || m.d.WarmPool <= 0 {
 		<-ctx.Done()
 		return
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		for _, t := range m.d.Templates.List() {
-			if !m.IsReady(t.Name) {
-				continue
-			}
-			for ctx.Err() == nil {
-				m.mu.Lock()
-				n := len(m.warm[t.Name])
-				m.mu.Unlock()
-				if n >= m.d.WarmPool {
-					break
-				}
-				if err := m.prepareWarm(ctx, prep, t.Name); err != nil {
-					m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
-					break
-				}
-			}
-		}
+		m.refillWarm(ctx, prep)
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.warmKick:
 		case <-tick.C:
+		}
+	}
+}
+
+// refillWarm brings each template's warm containers to its target, one at
+// a time, and drops those of templates no longer wanted or gone.
+func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
+	templates := m.d.Templates.List()
+	m.mu.Lock()
+	var gone []string
+	for name := range m.warm {
+		if !slices.ContainsFunc(templates, func(t template.Template) bool { return t.Name == name }) {
+			gone = append(gone, name)
+		}
+	}
+	m.mu.Unlock()
+	for _, name := range gone {
+		m.dropWarmOf(name)
+	}
+	for _, t := range templates {
+		ready := m.IsReady(t.Name)
+		for ctx.Err() == nil {
+			m.mu.Lock()
+			have, want := len(m.warm[t.Name]), m.warmTarget(t.Name, ready)
+			quiet := warmQuiet - time.Since(m.warmS.lastTake)
+			var extra []warmEntry
+			if have > want {
+				extra = m.warm[t.Name][want:]
+				m.warm[t.Name] = m.warm[t.Name][:want:want]
+			}
+			m.mu.Unlock()
+			for _, w := range extra {
+				m.dropWarm(context.WithoutCancel(ctx), w)
+			}
+			if have >= want {
+				break
+			}
+			if quiet > 0 {
+				// A burst of restores is taking warm containers: let it
+				// finish first.
+				select {
+				case <-ctx.Done():
+				case <-time.After(quiet):
+				}
+				continue
+			}
+			if err := m.prepareWarm(ctx, prep, t.Name); err != nil {
+				m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
+				break
+			}
 		}
 	}
 }
@@ -128,8 +236,18 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 	if err := m.d.Net.Readdress(ctx, slot); err != nil {
 		return err
 	}
+	// The default egress policy now, so that a restore that wants it
+	// skips this step (Slots.Put removes it with the slot).
+	def := Network{AllowInternet: true}
+	eg, err := def.egress()
+	if err != nil {
+		return err
+	}
+	if err := m.d.Net.SetEgress(ctx, slot, eg); err != nil {
+		return err
+	}
 	m.mu.Lock()
-	m.warm[template] = append(m.warm[template], warmEntry{id: id, slot: slot, cpus: sb.CPUs, memMB: sb.MemoryMB, release: release})
+	m.warm[template] = append(m.warm[template], warmEntry{id: id, slot: slot, cpus: sb.CPUs, memMB: sb.MemoryMB, pids: l.pids(sb.Nproc), release: release})
 	m.mu.Unlock()
 	return nil
 }
@@ -159,11 +277,12 @@ func (m *Manager) drainWarm() {
 }
 
 // dropWarmOf removes the warm containers of a template (it was deleted or
-// rebuilt).
+// rebuilt) and forgets its demand.
 func (m *Manager) dropWarmOf(template string) {
 	m.mu.Lock()
 	list := m.warm[template]
 	delete(m.warm, template)
+	delete(m.warmS.demand, template)
 	m.mu.Unlock()
 	for _, w := range list {
 		m.dropWarm(context.Background(), w)

@@ -48,8 +48,8 @@ type Config struct {
 	Runtime string
 	// ReadyTemplates restores a snapshot of each booted template on create.
 	ReadyTemplates bool
-	// WarmPool is how many containers per ready template wait for a
-	// restore.
+	// WarmPool is how many containers per ready or recently restored
+	// template wait for a restore (more after a larger fork).
 	WarmPool int
 	// SlotPool is how many network slots are kept ready.
 	SlotPool int
