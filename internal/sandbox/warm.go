@@ -61,12 +61,28 @@ type warmDemand struct {
 }
 
 // takeWarm returns a warm container of the template with those limits, if
-// there is one.
+// there is one. It is a sandbox's from then on: its directory loses the
+// marker (Recover would remove it as a warm container of the last run).
 func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64) *warmEntry {
+	defer m.kickWarm()
+	for {
+		w := m.popWarm(template, cpus, memMB, pids)
+		if w == nil {
+			return nil
+		}
+		err := os.Remove(filepath.Join(m.dir(w.id), warmMarker))
+		if err == nil {
+			return w
+		}
+		m.d.Log.Warn("warm container unusable; removing it", "container", w.id, "err", err)
+		m.dropWarm(context.Background(), *w)
+	}
+}
+
+func (m *Manager) popWarm(template string, cpus, memMB int, pids int64) *warmEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.warmS.lastTake = time.Now()
-	defer m.kickWarm()
 	list := m.warm[template]
 	for i, w := range list {
 		if w.cpus == cpus && w.memMB == memMB && w.pids == pids {

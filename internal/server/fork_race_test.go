@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +44,13 @@ func TestForkRacesSnapshotsAndKills(t *testing.T) {
 		return sb
 	}
 	parents := []client.Sandbox{newParent(), newParent()}
+	// The first forks must find warm containers to take (the shared
+	// server keeps 2 for the ready busybox template).
+	for deadline := time.Now().Add(30 * time.Second); e.warmContainers() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no warm container after 30s")
+		}
+	}
 
 	// forkAndRun forks sb into n, runs a command in each child while
 	// killing them one after another, and reports what failed.
@@ -59,6 +68,13 @@ func TestForkRacesSnapshotsAndKills(t *testing.T) {
 			}
 			made(c.SandboxID)
 			wg.Go(func() {
+				// A child restored into a warm container is a sandbox like
+				// any other: a restart must adopt it, not remove it.
+				if _, err := os.Stat(filepath.Join(e.dataDir, "sandboxes", c.SandboxID, "warm")); err == nil {
+					mu.Lock()
+					all = append(all, fmt.Errorf("child %s still carries the warm-container marker", c.SandboxID))
+					mu.Unlock()
+				}
 				res, err := e.client.Exec(ctx, c, "/bin/sh", []string{"-c", "echo " + c.SandboxID}, nil, nil)
 				if err == nil && (res.ExitCode != 0 || string(res.Stdout) != c.SandboxID+"\n") {
 					err = fmt.Errorf("got %q exit %d", res.Stdout, res.ExitCode)
@@ -163,4 +179,12 @@ func TestForkRacesSnapshotsAndKills(t *testing.T) {
 func hasStatus(err error, status int) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.Status == status
+}
+
+// warmContainers counts the server's warm containers (containers made
+// ahead for restores, see internal/sandbox/warm.go): their directories
+// carry a marker file. Each holds a network slot.
+func (e *env) warmContainers() int {
+	m, _ := filepath.Glob(filepath.Join(e.dataDir, "sandboxes", "*", "warm"))
+	return len(m)
 }

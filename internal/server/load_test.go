@@ -359,13 +359,13 @@ func netState(e *env) netCount {
 	return n
 }
 
-// ok says whether the slots are those of the pools (ready slots, warm
-// containers and hot sandboxes: 2 each) and of live sandboxes, each with
-// its host veth.
+// ok says whether the slots are those of the pools (ready slots, hot
+// sandboxes: 2, warm containers: as many as there are) and of live
+// sandboxes, each with its host veth.
 func (n netCount) ok(e *env, t *testing.T) bool {
 	live, err := e.client.ListSandboxes(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n.namespaces <= testSlotPool+4+len(live) && n.veths == n.namespaces
+	return n.namespaces <= testSlotPool+2+e.warmContainers()+len(live) && n.veths == n.namespaces
 }
