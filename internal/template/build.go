@@ -296,26 +296,6 @@ func copyInto(root *os.Root, src, name string, mode os.FileMode) error {
 	return root.Chmod(name, mode)
 }
 
-func copyFile(src, dst string, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
 // buildBusybox makes a tiny rootfs from the host's static busybox.
 func buildBusybox(rootfs string) error {
 	bb := "/bin/busybox"
@@ -323,7 +303,12 @@ func buildBusybox(rootfs string) error {
 	if err != nil {
 		return fmt.Errorf("busybox (package busybox-static; run make setup): %w", err)
 	}
-	if err := copyFile(bb, filepath.Join(rootfs, "bin/busybox"), 0o755); err != nil {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := copyInto(root, bb, "bin/busybox", 0o755); err != nil {
 		return err
 	}
 	for _, applet := range strings.Fields(string(out)) {
