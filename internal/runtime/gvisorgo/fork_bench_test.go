@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,11 +27,7 @@ import (
 //	go test -run '^$' -bench Fork -benchtime 5x ./internal/runtime/gvisorgo/
 func BenchmarkFork(b *testing.B) {
 	e := newEnv(b)
-	cfg := Config{Root: filepath.Join(e.dir, "root")}
-	if v := os.Getenv("GVISORGO_BENCH_WORKERS"); v != "" {
-		cfg.Workers, _ = strconv.Atoi(v)
-	}
-	g := e.newRuntimeConfig(b, cfg)
+	g := benchRuntime(b, e)
 	ctx := context.Background()
 	parent := e.spec(b, g)
 	must(b, g.Create(ctx, parent))

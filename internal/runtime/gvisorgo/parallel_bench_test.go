@@ -23,11 +23,7 @@ import (
 //	go test -run '^$' -bench CreateParallel -benchtime 40x ./internal/runtime/gvisorgo/
 func BenchmarkCreateParallel(b *testing.B) {
 	e := newEnv(b)
-	cfg := Config{Root: filepath.Join(e.dir, "root")}
-	if v := os.Getenv("GVISORGO_BENCH_WORKERS"); v != "" {
-		cfg.Workers, _ = strconv.Atoi(v)
-	}
-	g := e.newRuntimeConfig(b, cfg)
+	g := benchRuntime(b, e)
 	ctx := context.Background()
 	for _, n := range []int{1, 2, 4, 8} {
 		b.Run(fmt.Sprintf("inflight=%d", n), func(b *testing.B) {
@@ -75,4 +71,14 @@ func BenchmarkCreateParallel(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// benchRuntime is the benchmarks' runtime, with GVISORGO_BENCH_WORKERS
+// workers when set.
+func benchRuntime(b *testing.B, e testEnv) *Gvisor {
+	cfg := Config{Root: filepath.Join(e.dir, "root")}
+	if v := os.Getenv("GVISORGO_BENCH_WORKERS"); v != "" {
+		cfg.Workers, _ = strconv.Atoi(v)
+	}
+	return e.newRuntimeConfig(b, cfg)
 }
