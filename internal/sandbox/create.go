@@ -171,11 +171,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	var slot netns.Slot
 	if warm != nil {
 		slot = warm.slot
-		cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	} else if slot, err = m.d.Slots.Get(ctx); err != nil {
 		return fail(busy("set up the sandbox's network", err))
 	}
 	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
+	// The container (a warm one, or the one started below) goes before its
+	// slot; destroying one that was never made is a no-op.
+	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	sb.Slot = slot
 
 	// Persist before starting the sandbox, so that a crash from here on
@@ -208,7 +210,6 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 
 	tSlot := time.Since(now)
 	spec := m.spec(sb, image)
-	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, sb.ID) })
 	if src == nil {
 		if err := m.d.Runtime.Create(ctx, spec); err != nil {
 			return fail(busy("start the sandbox", err))

@@ -82,10 +82,10 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64) *warmEn
 func (m *Manager) popWarm(template string, cpus, memMB int, pids int64) *warmEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.warmS.lastTake = time.Now()
 	list := m.warm[template]
 	for i, w := range list {
 		if w.cpus == cpus && w.memMB == memMB && w.pids == pids {
+			m.warmS.lastTake = time.Now()
 			m.warm[template] = append(list[:i:i], list[i+1:]...)
 			return &w
 		}
