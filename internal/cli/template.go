@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -41,11 +40,11 @@ func templateBuild(g *globals) *cobra.Command {
 				if req.Debian != "" || req.Rootfs != "" {
 					return fmt.Errorf("give one source: --debian, --rootfs or --import")
 				}
-				r, closeFn, err := openUpload(cmd.Context(), upload)
+				r, err := template.OpenRootfs(cmd.Context(), upload)
 				if err != nil {
-					return err
+					return fmt.Errorf("--rootfs: %w", err)
 				}
-				defer closeFn()
+				defer r.Close()
 				tarball = r
 			}
 			bar := progressbar.NewOptions(100,
@@ -89,25 +88,6 @@ func templateBuild(g *globals) *cobra.Command {
 	f.StringVar(&upload, "rootfs", "", "root filesystem directory or tarball (.tar, .tar.gz) on this machine, uploaded to the server")
 	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
 	return cmd
-}
-
-// openUpload returns a tar stream of a rootfs directory (written as it is
-// read) or the tarball file itself.
-func openUpload(ctx context.Context, path string) (io.Reader, func(), error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--rootfs: %w", err)
-	}
-	if !st.IsDir() {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--rootfs: %w", err)
-		}
-		return f, func() { f.Close() }, nil
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(template.WriteTar(ctx, pw, path)) }()
-	return pr, func() { pr.Close() }, nil
 }
 
 func templateList(g *globals) *cobra.Command {

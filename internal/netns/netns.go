@@ -249,10 +249,6 @@ func (m *Manager) Readdress(_ context.Context, slot Slot) error {
 // sandbox has taken eth0 over: from then on the host reaches the sandbox
 // at slot.SandboxIP and the sandbox's traffic leaves through the host.
 func (m *Manager) Activate(_ context.Context, slot Slot) error {
-	// A neighbour entry for the slot's address left by an earlier sandbox
-	// (or by a probe before the link was up) makes the next connection
-	// wait a full ARP retry (~1 s): start clean.
-	flushNeighbours(nil, slot.HostIf)
 	h, err := handleIn(slot)
 	if err != nil {
 		return err
@@ -290,7 +286,10 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 		return fmt.Errorf("namespace default route: %w", err)
 	}
 	// Permanent neighbour entries both ways on the host link: no ARP on
-	// the host link either, and permanent entries are exempt from the
+	// the host link either; setting one replaces a stale entry for the
+	// address (left by a packet to the previous sandbox, whose ARP retry
+	// would cost 1 s) without a dump of the host's neighbour table; and
+	// permanent entries are exempt from the
 	// kernel's neighbour garbage collection, whose table (gc_thresh3 =
 	// 1024 entries for all namespaces) overflowed at ~500 sandboxes with
 	// two dynamic entries each, leaving the longest-idle unreachable.

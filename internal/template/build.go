@@ -274,23 +274,12 @@ func ensureLine(root *os.Root, name, prefix, line string) error {
 // copyInto copies the host file src to name inside root, replacing what
 // is there (a symlink is replaced, not followed).
 func copyInto(root *os.Root, src, name string, mode os.FileMode) error {
-	if err := replaceable(root, name); err != nil {
-		return err
-	}
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Close(); err != nil {
+	if _, err := writeEntry(root, name, in); err != nil {
 		return err
 	}
 	return root.Chmod(name, mode)
@@ -347,23 +336,12 @@ func (s *Store) importRootfs(ctx context.Context, p, rootfs string, progress fun
 	if err != nil {
 		return err
 	}
-	st, err := os.Stat(src)
+	r, err := OpenRootfs(ctx, src)
 	if err != nil {
 		return errdefs.Invalid("rootfs %q: %v", p, err)
 	}
-	if !st.IsDir() {
-		f, err := os.Open(src)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return s.extract(ctx, f, rootfs, progress)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(WriteTar(ctx, pw, src)) }()
-	err = s.extract(ctx, pr, rootfs, progress)
-	pr.CloseWithError(errors.New("extraction ended"))
-	return err
+	defer r.Close()
+	return s.extract(ctx, r, rootfs, progress)
 }
 
 // debootstrap builds a Debian rootfs from the operator's mirror and turns

@@ -238,6 +238,10 @@ func writeEntry(root *os.Root, name string, r io.Reader) (int64, error) {
 // directory through the same extraction as an upload.
 func WriteTar(ctx context.Context, w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
+	// Files with several links are written once, then as hard links to
+	// that first name (as tar and cp -a keep them).
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]string{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -271,6 +275,15 @@ func WriteTar(ctx context.Context, w io.Writer, dir string) error {
 		if info.IsDir() {
 			hdr.Name += "/"
 		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok && info.Mode().IsRegular() && st.Nlink > 1 {
+			key := inode{uint64(st.Dev), st.Ino}
+			if first, ok := seen[key]; ok {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+				hdr.Uname, hdr.Gname = "", ""
+				return tw.WriteHeader(hdr)
+			}
+			seen[key] = hdr.Name
+		}
 		hdr.Uname, hdr.Gname = "", ""
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -292,4 +305,20 @@ func WriteTar(ctx context.Context, w io.Writer, dir string) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// OpenRootfs returns a tar stream of a rootfs: the file itself when path
+// is a tarball, or a directory's tree written by WriteTar as it is read.
+// Close ends the stream (and the writing).
+func OpenRootfs(ctx context.Context, path string) (io.ReadCloser, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		return os.Open(path)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(WriteTar(ctx, pw, path)) }()
+	return pr, nil
 }
