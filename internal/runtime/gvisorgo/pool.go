@@ -247,7 +247,11 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 			req.Op, req.Spec.ID, errWorker, w.pid, err, w.cmd.ProcessState, errdefs.ErrUnavailable)
 	}
 	w.conn.SetDeadline(time.Time{})
-	p.disp.put(w)
+	if resp.Retire {
+		<-w.exited // its watcher replaces it
+	} else {
+		p.disp.put(w)
+	}
 	return resp, f, nil
 }
 
@@ -284,6 +288,11 @@ func (d *dispatch) put(w *proc) {
 // get returns an idle worker, waiting for one as long as ctx allows and
 // the pool is open.
 func (d *dispatch) get(ctx context.Context, closed <-chan struct{}, prio int) (*proc, error) {
+	select {
+	case <-closed:
+		return nil, fmt.Errorf("gVisor runtime closed: %w", errdefs.ErrUnavailable)
+	default:
+	}
 	d.mu.Lock()
 	if n := len(d.idle); n > 0 {
 		w := d.idle[n-1]

@@ -44,6 +44,9 @@ type response struct {
 	// errdefs.HTTPStatus), so that errors.Is works across the socket.
 	Err   string `json:"err,omitempty"`
 	Class string `json:"class,omitempty"`
+	// Retire says the worker exits after this answer: it must not be
+	// handed another request.
+	Retire bool `json:"retire,omitempty"`
 }
 
 // hello is the worker's answer to the settings.

@@ -118,16 +118,18 @@ func serveWorker() error {
 			return fmt.Errorf("read request: %w", err)
 		}
 		resp, pfd := w.handle(req)
+		// On cgroup v1 gVisor moves this process through each new
+		// sandbox's cgroups and only logs a failure to move back: a worker
+		// left there would be killed with that sandbox and keep its
+		// cgroups busy. Exit after answering; the pool starts a fresh one.
+		now, _ := os.ReadFile("/proc/self/cgroup")
+		resp.Retire = string(now) != string(home)
 		err := writeFrame(conn, resp, pfd)
 		closeFile(pfd)
 		if err != nil {
 			return fmt.Errorf("write response: %w", err)
 		}
-		// On cgroup v1 gVisor moves this process through each new
-		// sandbox's cgroups and only logs a failure to move back: a worker
-		// left there would be killed with that sandbox and keep its
-		// cgroups busy. Exit instead; the pool starts a fresh one.
-		if now, _ := os.ReadFile("/proc/self/cgroup"); string(now) != string(home) {
+		if resp.Retire {
 			return fmt.Errorf("worker left in a sandbox's cgroups after %s %s:\n%s", req.Op, req.Spec.ID, now)
 		}
 	}
