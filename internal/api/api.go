@@ -18,8 +18,6 @@ import (
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
 	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
 )
 
 // MaxBody caps JSON request bodies.
@@ -27,10 +25,13 @@ const MaxBody = 1 << 20
 
 // Config configures the API server.
 type Config struct {
-	APIKey    string
-	Sandboxes *sandbox.Manager
-	Templates *template.Store
-	Snapshots *snapshot.Store
+	APIKey string
+	// Backend runs what the routes ask: Local on one host, the fleet's
+	// remote backend behind `agentenv api`.
+	Backend Backend
+	// Fleet, if set, serves the node routes (agentenv api); without it
+	// they answer that this server is not a fleet.
+	Fleet Fleet
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
@@ -81,6 +82,8 @@ func (s *Server) Handler() http.Handler {
 	auth("DELETE /templates/{name}", s.deleteTemplate)
 	auth("POST /agentenv/templates", s.buildTemplate)
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
+	auth("GET /agentenv/nodes", s.listNodes)
+	auth("POST /agentenv/nodes/{name}/{action}", s.nodeAction)
 	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))
 	}))

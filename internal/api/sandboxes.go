@@ -61,13 +61,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		cr.Timeout = d
 	}
-	if cr.Template != "" && (s.cfg.Snapshots == nil || !s.cfg.Snapshots.Has(cr.Template)) {
-		if _, err := s.cfg.Templates.Get(cr.Template); err != nil {
-			writeError(w, err)
-			return
-		}
-	}
-	sb, err := s.cfg.Sandboxes.Create(r.Context(), cr)
+	sb, err := s.cfg.Backend.Create(r.Context(), cr)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -101,8 +95,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	} else {
 		f.States = []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}
 	}
+	list, err := s.cfg.Backend.List(r.Context(), f)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	out := []sandboxJSON{}
-	for _, sb := range s.cfg.Sandboxes.List(f) {
+	for _, sb := range list {
 		out = append(out, s.toJSON(sb, false))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -128,7 +127,7 @@ func parseMetadata(raw string) (map[string]string, error) {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Sandboxes.Get(r.PathValue("id"))
+	sb, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -137,7 +136,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Sandboxes.Kill(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.cfg.Backend.Kill(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -161,7 +160,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, err := s.cfg.Sandboxes.SetTimeout(r.PathValue("id"), d); err != nil {
+	if _, err := s.cfg.Backend.SetTimeout(r.Context(), r.PathValue("id"), d); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -179,7 +178,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	sb, err := s.cfg.Sandboxes.Get(id)
+	sb, err := s.cfg.Backend.Get(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -197,7 +196,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 				d = 0
 			}
 		}
-		if sb, err = s.cfg.Sandboxes.Resume(r.Context(), id, d); err != nil {
+		if sb, err = s.cfg.Backend.Resume(r.Context(), id, d); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -211,7 +210,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// Connect never shortens a sandbox's life.
-		if sb, err = s.cfg.Sandboxes.Extend(id, d); err != nil {
+		if sb, err = s.cfg.Backend.Extend(r.Context(), id, d); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -247,7 +246,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	sb, err := s.cfg.Sandboxes.Get(id)
+	sb, err := s.cfg.Backend.Get(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -262,7 +261,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	if req.AllowInternetAccess != nil {
 		n.AllowInternet = *req.AllowInternetAccess
 	}
-	if _, err := s.cfg.Sandboxes.SetNetwork(r.Context(), id, n); err != nil {
+	if _, err := s.cfg.Backend.SetNetwork(r.Context(), id, n); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -287,7 +286,7 @@ func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if _, err := s.cfg.Sandboxes.Extend(r.PathValue("id"), d); err != nil {
+	if _, err := s.cfg.Backend.Extend(r.Context(), r.PathValue("id"), d); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -298,7 +297,7 @@ func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
 // metrics yet: the list is empty (not a 404, which the SDK would read as
 // "no such sandbox").
 func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.cfg.Sandboxes.Get(r.PathValue("id")); err != nil {
+	if _, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}

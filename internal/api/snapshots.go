@@ -35,7 +35,7 @@ func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.cfg.Sandboxes.Pause(r.Context(), r.PathValue("id")); err != nil {
+	if _, err := s.cfg.Backend.Pause(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -58,7 +58,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Sandboxes.Resume(r.Context(), r.PathValue("id"), d)
+	sb, err := s.cfg.Backend.Resume(r.Context(), r.PathValue("id"), d)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -75,7 +75,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	sn, err := s.cfg.Sandboxes.Snapshot(r.Context(), r.PathValue("id"), sandbox.SnapshotRequest{Name: req.Name, Metadata: req.Metadata})
+	sn, err := s.cfg.Backend.Snapshot(r.Context(), r.PathValue("id"), sandbox.SnapshotRequest{Name: req.Name, Metadata: req.Metadata})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -86,7 +86,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	out := []snapshotJSON{}
 	name := r.URL.Query().Get("name")
-	for _, sn := range s.cfg.Snapshots.List(r.URL.Query().Get("sandboxID")) {
+	list, err := s.cfg.Backend.ListSnapshots(r.Context(), r.URL.Query().Get("sandboxID"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	for _, sn := range list {
 		if name != "" && sn.Name != name {
 			continue
 		}
@@ -96,7 +101,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	sn, err := s.cfg.Snapshots.Get(r.PathValue("id"))
+	sn, err := s.cfg.Backend.GetSnapshot(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -105,7 +110,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Sandboxes.DeleteSnapshot(r.PathValue("id")); err != nil {
+	if err := s.cfg.Backend.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -145,7 +150,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	results, err := s.cfg.Sandboxes.Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
+	results, err := s.cfg.Backend.Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
 	if err != nil {
 		// No child at all: an error status, not a 201 full of errors.
 		writeError(w, err)

@@ -28,8 +28,9 @@ type templateJSON struct {
 	Ready bool `json:"ready"`
 }
 
-func toTemplateJSON(t template.Template) templateJSON {
-	return templateJSON{
+func toTemplateJSON(ti TemplateInfo) templateJSON {
+	t := ti.Template
+	return templateJSON{Ready: ti.Ready,
 		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
 		ImageSize: t.ImageSize, InUse: t.InUse,
@@ -37,37 +38,29 @@ func toTemplateJSON(t template.Template) templateJSON {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	list, err := s.cfg.Backend.ListTemplates(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	out := []templateJSON{}
-	for _, t := range s.cfg.Templates.List() {
-		tj := toTemplateJSON(t)
-		tj.Ready = s.cfg.Sandboxes.IsReady(t.Name)
-		out = append(out, tj)
+	for _, t := range list {
+		out = append(out, toTemplateJSON(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.cfg.Templates.Get(r.PathValue("name"))
+	t, err := s.cfg.Backend.GetTemplate(r.Context(), r.PathValue("name"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	tj := toTemplateJSON(t)
-	tj.Ready = s.cfg.Sandboxes.IsReady(t.Name)
-	writeJSON(w, http.StatusOK, tj)
+	writeJSON(w, http.StatusOK, toTemplateJSON(t))
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	// The E2B SDK deletes snapshots through this route.
-	if s.cfg.Snapshots != nil && s.cfg.Snapshots.Has(r.PathValue("name")) {
-		if err := s.cfg.Sandboxes.DeleteSnapshot(r.PathValue("name")); err != nil {
-			writeError(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	if err := s.cfg.Sandboxes.DeleteTemplate(r.PathValue("name")); err != nil {
+	if err := s.cfg.Backend.DeleteTemplate(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -106,43 +99,41 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request) {
 	s.streamBuild(w, r, template.BuildRequest{Name: r.PathValue("name"), Upload: r.Body})
 }
 
+// streamBuild answers an invalid request with a plain 4xx; once the build
+// reports progress, the answer is a 200 stream ending in the template or
+// an error line.
 func (s *Server) streamBuild(w http.ResponseWriter, r *http.Request, req template.BuildRequest) {
-	if err := s.cfg.Templates.Validate(req); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := s.cfg.Templates.CanBuild(req.Name); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
 	flusher, _ := w.(http.Flusher)
+	started := false
 	var last template.Progress
 	emit := func(ev BuildEvent) {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
 		enc.Encode(ev)
 		if flusher != nil {
 			flusher.Flush()
 		}
 	}
-	t, err := s.cfg.Templates.Build(r.Context(), req, func(p template.Progress) {
+	t, err := s.cfg.Backend.BuildTemplate(r.Context(), req, func(p template.Progress) {
 		// Skip repeats of the same whole percent to keep the stream small.
-		if p.Phase == last.Phase && int(p.Percent) == int(last.Percent) && !strings.HasPrefix(p.Message, "Configuring") {
+		if started && p.Phase == last.Phase && int(p.Percent) == int(last.Percent) && !strings.HasPrefix(p.Message, "Configuring") {
 			return
 		}
 		last = p
 		emit(BuildEvent{Progress: &p})
 	})
-	if err == nil {
-		emit(BuildEvent{Progress: &template.Progress{Phase: "ready", Percent: 99, Message: "booting once for fast creates"}})
-		err = s.cfg.Sandboxes.MakeReady(r.Context(), req.Name, true)
-	}
-	if err != nil {
+	switch {
+	case err != nil && !started:
+		writeError(w, err)
+	case err != nil:
 		status, code := errdefs.HTTPStatus(err)
 		emit(BuildEvent{Error: &errorBody{Code: status, ErrorCode: code, Message: err.Error()}})
-		return
+	default:
+		tj := toTemplateJSON(t)
+		emit(BuildEvent{Template: &tj})
 	}
-	tj := toTemplateJSON(t)
-	emit(BuildEvent{Template: &tj})
 }

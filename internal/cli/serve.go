@@ -13,43 +13,67 @@ import (
 	"agentenv/internal/template"
 )
 
+// hostFlags are the flags of the sandbox stack on this machine, shared by
+// `serve` and `node`.
+type hostFlags struct {
+	cfg        server.Config
+	debug      bool
+	maxTimeout time.Duration
+	uploadMB   int64
+}
+
+// config finishes the host's configuration from the flags.
+func (h *hostFlags) config(g *globals) (server.Config, error) {
+	cfg := h.cfg
+	level := slog.LevelInfo
+	if h.debug {
+		level = slog.LevelDebug
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.DataDir = g.dataDir
+	cfg.Limits.MaxTimeout = h.maxTimeout
+	cfg.TemplateOptions.MaxUploadBytes = h.uploadMB << 20
+	if cfg.Limits.MaxFork < 1 || cfg.Limits.MaxFork > 100 {
+		return cfg, fmt.Errorf("--max-fork %d: give 1..100", cfg.Limits.MaxFork)
+	}
+	return cfg, nil
+}
+
 func serveCmd(g *globals) *cobra.Command {
-	cfg := server.Config{Limits: sandbox.DefaultLimits()}
-	var debug bool
-	var maxTimeout time.Duration
-	var uploadMB int64
+	h := &hostFlags{cfg: server.Config{Limits: sandbox.DefaultLimits()}}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API server, the sandbox proxy and the sandboxes on this machine",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level := slog.LevelInfo
-			if debug {
-				level = slog.LevelDebug
+			cfg, err := h.config(g)
+			if err != nil {
+				return err
 			}
-			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("AGENTENV_API_KEY")
-			cfg.Limits.MaxTimeout = maxTimeout
-			cfg.TemplateOptions.MaxUploadBytes = uploadMB << 20
-			if cfg.Limits.MaxFork < 1 || cfg.Limits.MaxFork > 100 {
-				return fmt.Errorf("--max-fork %d: give 1..100", cfg.Limits.MaxFork)
-			}
 			return server.Run(cmd.Context(), cfg, nil)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
-	f.StringVar(&cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
+	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
+	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
+	f.StringVar(&h.cfg.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
+	h.add(cmd)
+	return cmd
+}
+
+// add defines the host flags on cmd.
+func (h *hostFlags) add(cmd *cobra.Command) {
+	cfg := &h.cfg
+	f := cmd.Flags()
 	f.StringVar(&cfg.Runsc, "runsc", "runsc", "path of the pinned runsc binary")
 	f.StringVar(&cfg.Envd, "envd", "", "path of the envd binary (default: next to agentenv)")
 	f.StringVar(&cfg.NetworkCIDR, "network-cidr", "10.88.0.0/16", "host-side address range for sandbox network slots (/30 each)")
 	f.StringVar(&cfg.NetworkTag, "network-tag", "", "up to 3 characters that keep this server's namespace and interface names apart from another server's on the same host")
-	f.StringVar(&cfg.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
 	f.BoolVar(&cfg.NoCgroups, "no-cgroups", false, "run sandboxes without cgroup limits")
 	f.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", cfg.Limits.MaxSandboxes, "most sandboxes at once")
 	f.IntVar(&cfg.Limits.DefaultMemMB, "default-memory-mb", cfg.Limits.DefaultMemMB, "memory limit of a sandbox that asks for none")
 	f.IntVar(&cfg.Limits.DefaultCPUs, "default-cpus", cfg.Limits.DefaultCPUs, "CPU limit of a sandbox that asks for none")
-	f.DurationVar(&maxTimeout, "max-timeout", cfg.Limits.MaxTimeout, "longest sandbox timeout a client may ask for")
+	f.DurationVar(&h.maxTimeout, "max-timeout", cfg.Limits.MaxTimeout, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&cfg.SnapshotPolicy.MaxAge, "snapshot-max-age", 7*24*time.Hour, "delete snapshots nothing uses after this long (0: never)")
 	f.IntVar(&cfg.SnapshotPolicy.MaxCount, "snapshot-max-count", 1000, "keep at most this many snapshots, deleting the oldest unused (0: no limit)")
 	f.Int64Var(&cfg.SnapshotPolicy.MaxBytes, "snapshot-max-bytes", 50<<30, "keep snapshots within this many bytes, deleting the oldest unused (0: no limit)")
@@ -62,7 +86,6 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.TemplateOptions.ImportDir, "import-dir", "", "host directory whose rootfs directories and tarballs template builds may import (`template build --import`); none by default: clients upload")
 	f.StringVar(&cfg.TemplateOptions.DebianMirror, "debian-mirror", "", "Debian mirror for template builds (default: this host's apt mirror); its signatures are checked")
 	f.StringVar(&cfg.TemplateOptions.DebianKeyring, "debian-keyring", template.DefaultKeyring, "keyring the Debian mirror's Release files must be signed with")
-	f.Int64Var(&uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
-	f.BoolVar(&debug, "debug", false, "log every request")
-	return cmd
+	f.Int64Var(&h.uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
+	f.BoolVar(&h.debug, "debug", false, "log every request")
 }

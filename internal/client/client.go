@@ -445,3 +445,34 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapsho
 func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(id), nil, nil)
 }
+
+// Node is a fleet node as `agentenv api` lists it.
+type Node struct {
+	Name      string    `json:"name"`
+	Addr      string    `json:"addr"`
+	Alive     bool      `json:"alive"`
+	Cordoned  bool      `json:"cordoned"`
+	Draining  bool      `json:"draining"`
+	LostAt    time.Time `json:"lostAt"`
+	Sandboxes int       `json:"sandboxes"`
+	Capacity  struct {
+		CPUs         int   `json:"cpus"`
+		MemoryMB     int64 `json:"memoryMB"`
+		FreeMemoryMB int64 `json:"freeMemoryMB"`
+		MaxSandboxes int   `json:"maxSandboxes"`
+		Templates    int   `json:"templates"`
+		Snapshots    int   `json:"snapshots"`
+	} `json:"capacity"`
+}
+
+// Nodes lists a fleet's nodes (an `agentenv api` server only).
+func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
+	var out []Node
+	err := c.do(ctx, http.MethodGet, "/agentenv/nodes", nil, &out)
+	return out, err
+}
+
+// NodeAction cordons, uncordons or drains a fleet node.
+func (c *Client) NodeAction(ctx context.Context, name, action string) error {
+	return c.do(ctx, http.MethodPost, "/agentenv/nodes/"+url.PathEscape(name)+"/"+action, nil, nil)
+}

@@ -87,3 +87,25 @@ func HTTPStatus(err error) (int, string) {
 	}
 	return http.StatusInternalServerError, "internal"
 }
+
+// FromCode rebuilds an error of the class with the machine-readable code
+// (from HTTPStatus) around message: how an error crosses a process
+// boundary (node → API server) and keeps its class.
+func FromCode(code, message string) error {
+	for _, c := range classes {
+		if c.code == code {
+			return &coded{msg: message, class: c.err}
+		}
+	}
+	return errors.New(message)
+}
+
+// coded is an error received from another process: its text as sent,
+// its class for errors.Is.
+type coded struct {
+	msg   string
+	class error
+}
+
+func (e *coded) Error() string { return e.msg }
+func (e *coded) Unwrap() error { return e.class }

@@ -43,6 +43,10 @@ type Deps struct {
 	Dir    string
 	Limits Limits
 	Log    *slog.Logger
+	// OnPersist, if set, is called with every sandbox record written (each
+	// state transition, timeout and network change), while the sandbox's
+	// lock is held: it must not block or call back into the manager.
+	OnPersist func(Sandbox)
 }
 
 // Manager creates, tracks and kills sandboxes.
@@ -147,7 +151,13 @@ func (m *Manager) persist(sb Sandbox) error {
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, p)
+	if err := os.Rename(tmp, p); err != nil {
+		return err
+	}
+	if m.d.OnPersist != nil {
+		m.d.OnPersist(sb)
+	}
+	return nil
 }
 
 // move applies a state transition and persists it.
@@ -290,7 +300,8 @@ type Filter struct {
 	States   []State
 }
 
-func (f Filter) match(sb Sandbox) bool {
+// Match reports whether sb passes the filter.
+func (f Filter) Match(sb Sandbox) bool {
 	for k, v := range f.Metadata {
 		if sb.Metadata[k] != v {
 			return false
@@ -320,7 +331,7 @@ func (m *Manager) List(f Filter) []Sandbox {
 		e.mu.Lock()
 		sb := e.sb
 		e.mu.Unlock()
-		if f.match(sb) {
+		if f.Match(sb) {
 			out = append(out, sb)
 		}
 	}

@@ -61,7 +61,126 @@ type Config struct {
 	// TemplateOptions are the operator's choices for template builds
 	// (import directory, Debian mirror and keyring, upload limit).
 	TemplateOptions template.Options
-	Log             *slog.Logger
+	// OnPersist, if set, is told of every persisted sandbox state (see
+	// sandbox.Deps.OnPersist); a fleet node publishes them.
+	OnPersist func(sandbox.Sandbox)
+	Log       *slog.Logger
+}
+
+// Host is this machine's sandbox stack: runtime, template and snapshot
+// stores, network slots and the sandbox manager with its pools. `serve`
+// puts the REST API and the proxy in front of it; a fleet node, its RPC
+// and proxy.
+type Host struct {
+	Manager   *sandbox.Manager
+	Templates *template.Store
+	Snapshots *snapshot.Store
+	// Backend is the API's view of this host.
+	Backend *api.Local
+	closers []func()
+}
+
+// Close stops the pools and the runtime; running sandboxes stay up and
+// are adopted at the next start.
+func (h *Host) Close() {
+	for i := len(h.closers) - 1; i >= 0; i-- {
+		h.closers[i]()
+	}
+}
+
+// StartHost brings up the sandbox stack of this machine: it adopts the
+// sandboxes a previous run left, and keeps the pools filled until Close.
+func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
+	log := cfg.Log
+	if os.Geteuid() != 0 {
+		return nil, errors.New("agentenv needs root to run sandboxes (network namespaces, cgroups, gVisor): run it with sudo")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	// Whoever made it, the data dir (API key, templates, snapshots) is for
+	// root alone.
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	envdPath, err := findEnvd(cfg.Envd)
+	if err != nil {
+		return nil, err
+	}
+	h = &Host{}
+	defer func() {
+		if err != nil {
+			h.Close()
+		}
+	}()
+	rt, err := newRuntime(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := rt.(io.Closer); ok {
+		// Last: stops the gVisor workers once nothing creates sandboxes.
+		h.closers = append(h.closers, func() { c.Close() })
+	}
+	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
+	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, cfg.TemplateOptions, log)
+	if err != nil {
+		return nil, err
+	}
+	nets, err := netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
+	if err != nil {
+		return nil, err
+	}
+	if err := nets.CheckRange(); err != nil {
+		return nil, err
+	}
+	if err := nets.InstallFirewall(ctx); err != nil {
+		return nil, err
+	}
+	snaps, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	slots := netns.NewPool(nets, cfg.SlotPool, log)
+	mgr, err := sandbox.New(sandbox.Deps{
+		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
+		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log, OnPersist: cfg.OnPersist,
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.Manager, h.Templates, h.Snapshots = mgr, templates, snaps
+	h.Backend = &api.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps}
+	adopted, lost, err := mgr.Recover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recover sandboxes: %w", err)
+	}
+	if len(adopted)+len(lost) > 0 {
+		log.Info("recovered after restart", "adopted", len(adopted), "lost", len(lost))
+	}
+	if err := templates.RefreshEnvd(ctx); err != nil {
+		return nil, err
+	}
+	if err := templates.EnsureBusybox(ctx); err != nil {
+		return nil, fmt.Errorf("build busybox template: %w", err)
+	}
+
+	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	go collectSnapshots(bg, snaps, cfg.SnapshotPolicy, log)
+	// Make every template ready in the background; until a template is
+	// ready, its sandboxes boot.
+	go func() {
+		for _, t := range templates.List() {
+			if err := mgr.MakeReady(bg, t.Name, false); err != nil {
+				log.Warn("template not ready; its sandboxes will boot", "template", t.Name, "err", err)
+			}
+		}
+	}()
+	go slots.Run(bg)
+	warmDone, hotDone := make(chan struct{}), make(chan struct{})
+	go func() { mgr.RunWarm(bg); close(warmDone) }()
+	go func() { mgr.RunHot(bg); close(hotDone) }()
+	h.closers = append(h.closers, func() { stopBg(); <-warmDone; <-hotDone; slots.Close() })
+	return h, nil
 }
 
 // Run serves until ctx ends. ready, if not nil, is called with the bound
@@ -74,84 +193,15 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	// Whoever made it, the data dir (API key, templates, snapshots) is for
-	// root alone.
-	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
 	key, err := apiKey(cfg, log)
 	if err != nil {
 		return err
 	}
-	envdPath, err := findEnvd(cfg.Envd)
+	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	rt, err := newRuntime(cfg)
-	if err != nil {
-		return err
-	}
-	if c, ok := rt.(io.Closer); ok {
-		// Last: stops the gVisor workers once nothing creates sandboxes.
-		defer c.Close()
-	}
-	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
-	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, cfg.TemplateOptions, log)
-	if err != nil {
-		return err
-	}
-	nets, err := netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
-	if err != nil {
-		return err
-	}
-	if err := nets.CheckRange(); err != nil {
-		return err
-	}
-	if err := nets.InstallFirewall(ctx); err != nil {
-		return err
-	}
-	snaps, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"))
-	if err != nil {
-		return fmt.Errorf("snapshot store: %w", err)
-	}
-	slots := netns.NewPool(nets, cfg.SlotPool, log)
-	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
-		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log,
-	})
-	if err != nil {
-		return err
-	}
-	adopted, lost, err := mgr.Recover(ctx)
-	if err != nil {
-		return fmt.Errorf("recover sandboxes: %w", err)
-	}
-	if len(adopted)+len(lost) > 0 {
-		log.Info("recovered after restart", "adopted", len(adopted), "lost", len(lost))
-	}
-	if err := templates.RefreshEnvd(ctx); err != nil {
-		return err
-	}
-	if err := templates.EnsureBusybox(ctx); err != nil {
-		return fmt.Errorf("build busybox template: %w", err)
-	}
-
-	go collectSnapshots(ctx, snaps, cfg.SnapshotPolicy, log)
-	// Make every template ready in the background; until a template is
-	// ready, its sandboxes boot.
-	go func() {
-		for _, t := range templates.List() {
-			if err := mgr.MakeReady(ctx, t.Name, false); err != nil {
-				log.Warn("template not ready; its sandboxes will boot", "template", t.Name, "err", err)
-			}
-		}
-	}()
-	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
-	go slots.Run(poolCtx)
-	warmDone, hotDone := make(chan struct{}), make(chan struct{})
-	go func() { mgr.RunWarm(poolCtx); close(warmDone) }()
-	go func() { mgr.RunHot(poolCtx); close(hotDone) }()
-	defer func() { stopPool(); <-warmDone; <-hotDone; slots.Close() }()
+	defer h.Close()
 
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -166,9 +216,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if domain == "" {
 		domain = proxyLn.Addr().String()
 	}
-	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Sandboxes: mgr, Templates: templates, Snapshots: snaps, Domain: domain, Log: log}).Handler(),
+	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Backend: h.Backend, Domain: domain, Log: log}).Handler(),
 		ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: proxy.New(mgr, log), ReadHeaderTimeout: 10 * time.Second}
+	proxySrv := &http.Server{Handler: proxy.New(h.Manager, log), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- apiSrv.Serve(apiLn) }()
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
@@ -185,7 +235,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	defer cancel()
 	apiSrv.Shutdown(sctx)
 	proxySrv.Shutdown(sctx)
-	mgr.Shutdown()
+	h.Manager.Shutdown()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

@@ -413,3 +413,19 @@ func (s *Store) hasChild(id string) bool {
 	}
 	return false
 }
+
+// FilePath returns the path of one checkpoint file of a snapshot (to copy
+// it to another node). The file may go away once the snapshot is deleted.
+func (s *Store) FilePath(id, name string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn, ok := s.snaps[id]
+	if !ok {
+		return "", errdefs.NotFound("snapshot %q does not exist on this node", id)
+	}
+	h, ok := sn.Files[name]
+	if !ok {
+		return "", errdefs.NotFound("snapshot %q has no file %q", id, name)
+	}
+	return s.blob(h), nil
+}

@@ -1,0 +1,189 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// Backend is everything the REST API asks of sandboxes, snapshots and
+// templates. It is the one seam between the API layer and the sandbox
+// logic: Local implements it over this host's manager and stores
+// (`agentenv serve`, and each fleet node), the fleet package over the
+// network (`agentenv api`), so every route behaves the same in both.
+//
+// Errors wrap errdefs classes; the API maps them to HTTP. Every method
+// may be called concurrently.
+type Backend interface {
+	// Create starts a sandbox from a template or a snapshot (req.Template
+	// names either). Unknown names are ErrNotFound.
+	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	// List returns the sandboxes matching f.
+	List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error)
+	// Get returns one sandbox; a killed or unknown one is ErrNotFound (a
+	// lost one too, with the reason in the message).
+	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// Kill stops a sandbox; it is gone when Kill returns.
+	Kill(ctx context.Context, id string) error
+	// SetTimeout makes the sandbox end d from now.
+	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
+	// Extend makes the sandbox live at least d more (never shortens).
+	Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
+	// SetNetwork replaces a running sandbox's egress policy.
+	SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error)
+	// Pause freezes a running sandbox; Resume continues it (d > 0 sets a
+	// new timeout).
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
+	// Snapshot saves a running sandbox; creates may name the snapshot.
+	Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error)
+	// Fork restores count children of a running sandbox; an error only
+	// when no child could be attempted.
+	Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error)
+	// ListSnapshots lists the (non-internal) snapshots, of one sandbox when
+	// sandboxID is not empty.
+	ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error)
+	GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
+	// ListTemplates lists the templates; GetTemplate returns one.
+	ListTemplates(ctx context.Context) ([]TemplateInfo, error)
+	GetTemplate(ctx context.Context, name string) (TemplateInfo, error)
+	// DeleteTemplate deletes a template, or the snapshot of that ID (E2B's
+	// SDK deletes snapshots through the template route).
+	DeleteTemplate(ctx context.Context, name string) error
+	// BuildTemplate builds (and makes ready) a template. An invalid
+	// request fails before progress is first called.
+	BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error)
+}
+
+// TemplateInfo is a template and whether creates from it restore a
+// ready snapshot.
+type TemplateInfo struct {
+	template.Template
+	Ready bool `json:"ready"`
+}
+
+// Local is the Backend over this host's sandbox manager and stores.
+type Local struct {
+	Manager *sandbox.Manager
+	TemplateStore *template.Store
+	// SnapshotStore may be nil (snapshots disabled).
+	SnapshotStore *snapshot.Store
+}
+
+var _ Backend = (*Local)(nil)
+
+func (l *Local) hasSnapshot(id string) bool { return l.SnapshotStore != nil && l.SnapshotStore.Has(id) }
+
+func (l *Local) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	if req.Template != "" && !l.hasSnapshot(req.Template) {
+		if _, err := l.TemplateStore.Get(req.Template); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+	}
+	return l.Manager.Create(ctx, req)
+}
+
+func (l *Local) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
+	return l.Manager.List(f), nil
+}
+
+func (l *Local) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return l.Manager.Get(id)
+}
+
+func (l *Local) Kill(ctx context.Context, id string) error { return l.Manager.Kill(ctx, id) }
+
+func (l *Local) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return l.Manager.SetTimeout(id, d)
+}
+
+func (l *Local) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return l.Manager.Extend(id, d)
+}
+
+func (l *Local) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
+	return l.Manager.SetNetwork(ctx, id, n)
+}
+
+func (l *Local) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return l.Manager.Pause(ctx, id)
+}
+
+func (l *Local) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return l.Manager.Resume(ctx, id, d)
+}
+
+func (l *Local) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	return l.Manager.Snapshot(ctx, id, req)
+}
+
+func (l *Local) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
+	return l.Manager.Fork(ctx, id, count, d, metadata)
+}
+
+func (l *Local) ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error) {
+	if l.SnapshotStore == nil {
+		return nil, nil
+	}
+	return l.SnapshotStore.List(sandboxID), nil
+}
+
+func (l *Local) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot, error) {
+	if l.SnapshotStore == nil {
+		return snapshot.Snapshot{}, errdefs.NotFound("snapshot %q does not exist (snapshots are off on this server)", id)
+	}
+	return l.SnapshotStore.Get(id)
+}
+
+func (l *Local) DeleteSnapshot(ctx context.Context, id string) error {
+	return l.Manager.DeleteSnapshot(id)
+}
+
+func (l *Local) info(t template.Template) TemplateInfo {
+	return TemplateInfo{Template: t, Ready: l.Manager.IsReady(t.Name)}
+}
+
+func (l *Local) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
+	var out []TemplateInfo
+	for _, t := range l.TemplateStore.List() {
+		out = append(out, l.info(t))
+	}
+	return out, nil
+}
+
+func (l *Local) GetTemplate(ctx context.Context, name string) (TemplateInfo, error) {
+	t, err := l.TemplateStore.Get(name)
+	if err != nil {
+		return TemplateInfo{}, err
+	}
+	return l.info(t), nil
+}
+
+func (l *Local) DeleteTemplate(ctx context.Context, name string) error {
+	if l.hasSnapshot(name) {
+		return l.Manager.DeleteSnapshot(name)
+	}
+	return l.Manager.DeleteTemplate(name)
+}
+
+func (l *Local) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error) {
+	if err := l.TemplateStore.Validate(req); err != nil {
+		return TemplateInfo{}, err
+	}
+	if err := l.TemplateStore.CanBuild(req.Name); err != nil {
+		return TemplateInfo{}, err
+	}
+	if _, err := l.TemplateStore.Build(ctx, req, progress); err != nil {
+		return TemplateInfo{}, err
+	}
+	progress(template.Progress{Phase: "ready", Percent: 99, Message: "booting once for fast creates"})
+	if err := l.Manager.MakeReady(ctx, req.Name, true); err != nil {
+		return TemplateInfo{}, err
+	}
+	return l.GetTemplate(ctx, req.Name)
+}

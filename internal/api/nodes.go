@@ -1,0 +1,62 @@
+package api
+
+import (
+	"context"
+	"net/http"
+
+	"agentenv/internal/errdefs"
+)
+
+// Fleet is what the node routes need of a fleet's API server.
+type Fleet interface {
+	// NodeList returns the nodes (JSON-encodable), alive or lost.
+	NodeList(ctx context.Context) (any, error)
+	// Cordon stops placement on a node; mode "drain" also marks it as
+	// being emptied. Uncordon lets placement use it again.
+	Cordon(ctx context.Context, node, mode string) error
+	Uncordon(ctx context.Context, node string) error
+}
+
+func (s *Server) fleet() (Fleet, error) {
+	if s.cfg.Fleet == nil {
+		return nil, errdefs.NotFound("this server is not a fleet (agentenv serve runs one machine): nodes exist behind `agentenv api`")
+	}
+	return s.cfg.Fleet, nil
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	f, err := s.fleet()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	list, err := f.NodeList(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// nodeAction is POST /agentenv/nodes/{name}/cordon|uncordon|drain.
+func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
+	f, err := s.fleet()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	switch a := r.PathValue("action"); a {
+	case "cordon", "drain":
+		err = f.Cordon(r.Context(), name, a)
+	case "uncordon":
+		err = f.Uncordon(r.Context(), name)
+	default:
+		err = errdefs.NotFound("no node action %q: use cordon, uncordon or drain", a)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

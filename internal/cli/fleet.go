@@ -1,0 +1,189 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"agentenv/internal/fleet"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/server"
+)
+
+// nodeCmd is both the node agent (`agentenv node --etcd ...`) and the
+// node admin commands (`agentenv node list|cordon|uncordon|drain`).
+func nodeCmd(g *globals) *cobra.Command {
+	h := &hostFlags{cfg: server.Config{Limits: sandbox.DefaultLimits()}}
+	var run fleet.NodeRun
+	var secretFile string
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run a fleet node agent (sandboxes on this host, registered in etcd); or list and cordon nodes",
+		Long: "With --etcd, runs this host's sandboxes for a fleet: it registers in etcd under a lease and serves\n" +
+			"API servers (agentenv api) over its --listen address, which only answers with the cluster secret.\n" +
+			"The subcommands talk to an API server (--server) to list, cordon, uncordon and drain nodes.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if run.Etcd == "" {
+				return cmd.Help()
+			}
+			cfg, err := h.config(g)
+			if err != nil {
+				return err
+			}
+			if run.Node.Secret, err = fleet.ReadSecret(secretFile); err != nil {
+				return err
+			}
+			run.Host = cfg
+			return fleet.RunNode(cmd.Context(), run)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&run.Node.Name, "name", hostname(), "node name, unique in the fleet")
+	f.StringVar(&run.Etcd, "etcd", "", "etcd client URLs, comma separated")
+	f.StringVar(&run.Listen, "listen", "0.0.0.0:3100", "address of the node's RPC and sandbox proxy (API servers connect here)")
+	f.StringVar(&run.Node.Advertise, "advertise", "", "host:port API servers reach --listen at (default: the listen address)")
+	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
+	f.DurationVar(&run.Node.LeaseTTL, "lease-ttl", 10*time.Second, "how long the node may go unheard before its sandboxes are reported lost")
+	h.add(cmd)
+	cmd.AddCommand(nodeList(g), nodeAction(g, "cordon", "Stop placing new sandboxes on a node"),
+		nodeAction(g, "uncordon", "Place new sandboxes on a node again"), nodeDrain(g))
+	return cmd
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+func nodeList(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the fleet's nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			nodes, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(cmd.OutOrStdout(), nodes)
+			}
+			var rows [][]string
+			for _, n := range nodes {
+				state := "alive"
+				switch {
+				case !n.Alive:
+					state = "lost"
+				case n.Draining:
+					state = "draining"
+				case n.Cordoned:
+					state = "cordoned"
+				}
+				rows = append(rows, []string{n.Name, n.Addr, state, strconv.Itoa(n.Sandboxes), strconv.Itoa(n.Capacity.MaxSandboxes),
+					strconv.Itoa(n.Capacity.CPUs), fmt.Sprintf("%d/%d", n.Capacity.FreeMemoryMB, n.Capacity.MemoryMB),
+					strconv.Itoa(n.Capacity.Templates), strconv.Itoa(n.Capacity.Snapshots)})
+			}
+			table(cmd.OutOrStdout(), "NAME\tADDR\tSTATE\tSANDBOXES\tMAX\tCPUS\tFREE/MEM MiB\tTEMPLATES\tSNAPSHOTS", rows)
+			return nil
+		},
+	}
+}
+
+func nodeAction(g *globals, action, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   action + " NODE",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			return c.NodeAction(cmd.Context(), args[0], action)
+		},
+	}
+}
+
+// nodeDrain cordons a node and waits until its sandboxes are gone (killed
+// or timed out; running sandboxes cannot move).
+func nodeDrain(g *globals) *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Cordon a node and wait until it runs no sandboxes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.NodeAction(cmd.Context(), args[0], "drain"); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(wait)
+			for {
+				nodes, err := c.Nodes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				left := 0
+				for _, n := range nodes {
+					if n.Name == args[0] {
+						left = n.Sandboxes
+					}
+				}
+				if left == 0 {
+					fmt.Fprintf(cmd.OutOrStdout(), "node %s is drained\n", args[0])
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("node %s still runs %d sandboxes after %s (it takes no new ones; kill them or wait for their timeouts)", args[0], left, wait)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "node %s: %d sandboxes left\n", args[0], left)
+				time.Sleep(2 * time.Second)
+			}
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", 10*time.Minute, "how long to wait for the node's sandboxes to end")
+	return cmd
+}
+
+// apiCmd runs a stateless API server and sandbox proxy of a fleet.
+func apiCmd(g *globals) *cobra.Command {
+	var run fleet.APIRun
+	var secretFile string
+	var debug bool
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "Run a fleet API server and sandbox proxy (stateless; run several behind a load balancer)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			run.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			var err error
+			if run.Secret, err = fleet.ReadSecret(secretFile); err != nil {
+				return err
+			}
+			run.APIKey = os.Getenv("AGENTENV_API_KEY")
+			return fleet.RunAPI(cmd.Context(), run)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&run.Etcd, "etcd", "", "etcd client URLs, comma separated")
+	f.StringVar(&run.Listen, "listen", "127.0.0.1:3000", "REST API address")
+	f.StringVar(&run.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
+	f.StringVar(&run.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
+	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
+	f.BoolVar(&debug, "debug", false, "log every request")
+	return cmd
+}

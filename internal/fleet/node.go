@@ -1,0 +1,559 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/http"
+	"os"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/singleflight"
+
+	"agentenv/internal/api"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/proxy"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/server"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// NodeConfig configures a node agent.
+type NodeConfig struct {
+	Name string
+	// Advertise is the host:port API servers and other nodes reach this
+	// node's RPC and proxy at.
+	Advertise string
+	Secret    string
+	Etcd      *clientv3.Client
+	// LeaseTTL is how long the node may go unheard before it counts as
+	// lost (and its sandboxes with it).
+	LeaseTTL     time.Duration
+	MaxSandboxes int
+	Log          *slog.Logger
+	// Metrics, if set, serves /metrics.
+	Metrics http.Handler
+}
+
+// Node is a node agent: this host's sandbox stack, published in etcd and
+// served to API servers over the node RPC.
+type Node struct {
+	cfg  NodeConfig
+	host *server.Host
+	cli  *clientv3.Client
+	log  *slog.Logger
+	px   *proxy.Proxy
+	http *http.Client
+
+	// gate: creates and forks hold it shared, reconcile exclusively (a
+	// sandbox being created has no record yet; reconcile must not take
+	// it for a leftover).
+	gate  sync.RWMutex
+	locks [64]sync.Mutex
+
+	leaseMu sync.RWMutex
+	lease   clientv3.LeaseID
+
+	dirtyMu sync.Mutex
+	dirty   map[string]bool
+	kick    chan struct{}
+
+	pubMu     sync.Mutex
+	published map[string]string // key → value of template/snapshot keys under the lease
+	recorded  sync.Map          // sandbox IDs with a record in etcd
+
+	fetch singleflight.Group
+}
+
+// NewNode returns a node agent; pass Changed as the sandbox manager's
+// OnPersist, then call Run with the started host.
+func NewNode(cfg NodeConfig) *Node {
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 10 * time.Second
+	}
+	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
+		published: map[string]string{}, http: &http.Client{Transport: newTransport()}}
+}
+
+// Changed is told of every persisted sandbox state; the record in etcd
+// follows behind (timeouts, deaths; API calls publish before answering).
+func (n *Node) Changed(sb sandbox.Sandbox) {
+	n.dirtyMu.Lock()
+	n.dirty[sb.ID] = true
+	n.dirtyMu.Unlock()
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Backend is the node's api.Backend: this host's, publishing each
+// change in etcd before it answers.
+func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, n: n} }
+
+// Run registers the node and keeps it registered until ctx ends: each
+// time its lease is lost (cut off longer than the TTL), it reconciles
+// with etcd and registers again.
+func (n *Node) Run(ctx context.Context, host *server.Host) error {
+	n.host = host
+	n.px = proxy.New(host.Manager, n.log)
+	go n.flushLoop(ctx)
+	for ctx.Err() == nil {
+		if err := n.session(ctx); err != nil && ctx.Err() == nil {
+			n.log.Warn("fleet: node session ended; registering again", "err", err)
+			sleep(ctx, time.Second)
+		}
+	}
+	// Leave at once rather than after the TTL: API servers see the node go.
+	n.leaseMu.RLock()
+	lease := n.lease
+	n.leaseMu.RUnlock()
+	if lease != 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		n.cli.Revoke(rctx, lease)
+		cancel()
+	}
+	return nil
+}
+
+// session is one lease: grant, reconcile, register, keep alive.
+func (n *Node) session(ctx context.Context) error {
+	g, err := n.cli.Grant(ctx, int64(n.cfg.LeaseTTL.Seconds()))
+	if err != nil {
+		return fmt.Errorf("etcd lease: %w", err)
+	}
+	n.leaseMu.Lock()
+	n.lease = g.ID
+	n.leaseMu.Unlock()
+	n.pubMu.Lock()
+	n.published = map[string]string{}
+	n.pubMu.Unlock()
+	n.gate.Lock()
+	err = n.reconcile(ctx)
+	if err == nil {
+		err = n.register(ctx)
+	}
+	n.gate.Unlock()
+	if err != nil {
+		return err
+	}
+	ka, err := n.cli.KeepAlive(ctx, g.ID)
+	if err != nil {
+		return fmt.Errorf("etcd keepalive: %w", err)
+	}
+	n.log.Info("fleet: node registered", "node", n.cfg.Name, "addr", n.cfg.Advertise, "lease_ttl", n.cfg.LeaseTTL)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-ka:
+			if !ok {
+				return errors.New("lease lost (etcd unreachable for longer than the lease TTL)")
+			}
+		case <-tick.C:
+			if err := n.register(ctx); err != nil {
+				n.log.Warn("fleet: updating node record", "err", err)
+			}
+		}
+	}
+}
+
+func (n *Node) leaseID() clientv3.LeaseID {
+	n.leaseMu.RLock()
+	defer n.leaseMu.RUnlock()
+	return n.lease
+}
+
+// register writes the node record (capacity now) and the templates and
+// snapshots it holds, all under its lease.
+func (n *Node) register(ctx context.Context) error {
+	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, StartedAt: time.Now().UTC(), Capacity: n.capacity()}
+	want := map[string]string{}
+	b, _ := json.Marshal(rec)
+	want[nodesPrefix+n.cfg.Name] = string(b)
+	tmpls, _ := n.host.Backend.ListTemplates(ctx)
+	for _, t := range tmpls {
+		t.InUse = 0
+		b, _ := json.Marshal(t)
+		want[templatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
+	}
+	for _, sn := range n.host.Snapshots.ListAll() {
+		if sn.Internal {
+			continue
+		}
+		sn.InUse = 0
+		b, _ := json.Marshal(sn)
+		want[snapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
+	}
+	return n.sync(ctx, want, strings.HasPrefix)
+}
+
+// sync makes the lease's keys match want, writing only what changed.
+// (A node record differs by its capacity; StartedAt is kept stable.)
+func (n *Node) sync(ctx context.Context, want map[string]string, _ func(string, string) bool) error {
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
+	lease := n.leaseID()
+	var ops []clientv3.Op
+	for k, v := range want {
+		if strings.HasPrefix(k, nodesPrefix) {
+			if old, ok := n.published[k]; ok && sameExceptStart(old, v) {
+				continue
+			}
+		} else if n.published[k] == v {
+			continue
+		}
+		ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease)))
+	}
+	for k := range n.published {
+		if _, ok := want[k]; !ok {
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+	}
+	for len(ops) > 0 {
+		batch := ops[:min(len(ops), 100)]
+		ops = ops[len(batch):]
+		if _, err := n.cli.Txn(ctx).Then(batch...).Commit(); err != nil {
+			return err
+		}
+	}
+	for k := range n.published {
+		if _, ok := want[k]; !ok {
+			delete(n.published, k)
+		}
+	}
+	for k, v := range want {
+		if strings.HasPrefix(k, nodesPrefix) {
+			if _, ok := n.published[k]; ok {
+				if old := n.published[k]; sameExceptStart(old, v) {
+					continue
+				}
+			}
+		}
+		n.published[k] = v
+	}
+	return nil
+}
+
+func sameExceptStart(a, b string) bool {
+	var ra, rb NodeRecord
+	if json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil {
+		return false
+	}
+	ra.StartedAt, rb.StartedAt = time.Time{}, time.Time{}
+	// Free memory moves all the time: only changes of 64 MiB count.
+	if d := ra.Capacity.FreeMemoryMB - rb.Capacity.FreeMemoryMB; d < 64 && d > -64 {
+		ra.Capacity.FreeMemoryMB = rb.Capacity.FreeMemoryMB
+	}
+	return ra == rb
+}
+
+// publishNow writes the lease's keys at once (after a snapshot, build or
+// delete), so that API servers can use them when the call returns.
+func (n *Node) publishNow(ctx context.Context) error {
+	if err := n.register(ctx); err != nil {
+		return errdefs.Unavailable("publishing to etcd: %v", err)
+	}
+	return nil
+}
+
+func (n *Node) capacity() Capacity {
+	c := Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
+	c.MemoryMB, c.FreeMemoryMB = meminfo()
+	c.Sandboxes = len(n.host.Manager.List(sandbox.Filter{States: []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}}))
+	c.Templates = len(n.host.Templates.List())
+	c.Snapshots = len(n.host.Snapshots.ListAll())
+	return c
+}
+
+// meminfo reads MemTotal and MemAvailable in MiB.
+func meminfo() (total, avail int64) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int64
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+			total = kb >> 10
+		}
+		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
+			avail = kb >> 10
+		}
+	}
+	return total, avail
+}
+
+// reconcile makes etcd and this host agree after a (re)start or a lost
+// lease: records of sandboxes still running here are adopted; records of
+// sandboxes gone from here are removed with a tombstone; sandboxes
+// running here without a record (killed by a client while this node was
+// cut off) are killed.
+func (n *Node) reconcile(ctx context.Context) error {
+	resp, err := n.cli.Get(ctx, sandboxPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("reading sandbox records: %w", err)
+	}
+	mine := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		var r SandboxRecord
+		if json.Unmarshal(kv.Value, &r) == nil && r.Node == n.cfg.Name {
+			mine[r.Sandbox.ID] = true
+		}
+	}
+	local := map[string]bool{}
+	for _, sb := range n.host.Manager.List(sandbox.Filter{States: []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}}) {
+		local[sb.ID] = true
+	}
+	adopted, removed, killed := 0, 0, 0
+	for id := range mine {
+		if local[id] {
+			n.recorded.Store(id, true)
+			if err := n.record(ctx, id); err != nil {
+				return err
+			}
+			adopted++
+			continue
+		}
+		t, _ := json.Marshal(Tombstone{Reason: "its node " + n.cfg.Name + " restarted and the sandbox did not survive", At: time.Now().UTC()})
+		if _, err := n.cli.Txn(ctx).Then(clientv3.OpDelete(sandboxPrefix+id), clientv3.OpPut(lostPrefix+id, string(t))).Commit(); err != nil {
+			return err
+		}
+		removed++
+	}
+	for id := range local {
+		if !mine[id] {
+			n.host.Manager.Kill(ctx, id)
+			killed++
+		}
+	}
+	if adopted+removed+killed > 0 {
+		n.log.Info("fleet: reconciled with etcd", "adopted", adopted, "records_removed", removed, "killed_unrecorded", killed)
+	}
+	return nil
+}
+
+// record makes the etcd record of sandbox id match this host: a running
+// or paused sandbox has one, any other none. Calls for one ID are
+// serialized, so a late writer cannot bring back a deleted record.
+func (n *Node) record(ctx context.Context, id string) error {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	l := &n.locks[h.Sum32()%uint32(len(n.locks))]
+	l.Lock()
+	defer l.Unlock()
+	sb, err := n.host.Manager.Get(id)
+	if err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused) {
+		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})
+		if _, err := n.cli.Put(ctx, sandboxPrefix+id, string(b)); err != nil {
+			return errdefs.Unavailable("recording sandbox %s in etcd: %v", id, err)
+		}
+		n.recorded.Store(id, true)
+		return nil
+	}
+	if _, ok := n.recorded.Load(id); !ok {
+		return nil // never published (still creating, or a pooled sandbox)
+	}
+	ops := []clientv3.Op{clientv3.OpDelete(sandboxPrefix + id)}
+	if err != nil && strings.Contains(err.Error(), "was lost") {
+		t, _ := json.Marshal(Tombstone{Reason: err.Error(), At: time.Now().UTC()})
+		ops = append(ops, clientv3.OpPut(lostPrefix+id, string(t)))
+	}
+	if _, err := n.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, err)
+	}
+	n.recorded.Delete(id)
+	return nil
+}
+
+// flushLoop writes the records of sandboxes that changed on their own.
+func (n *Node) flushLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.kick:
+		}
+		n.dirtyMu.Lock()
+		ids := n.dirty
+		n.dirty = map[string]bool{}
+		n.dirtyMu.Unlock()
+		for id := range ids {
+			if err := n.record(ctx, id); err != nil {
+				// Put it back: etcd is away; the next change or the
+				// reconcile of the next lease settles it.
+				n.log.Warn("fleet: sandbox record not written", "sandbox", id, "err", err)
+				n.dirtyMu.Lock()
+				n.dirty[id] = true
+				n.dirtyMu.Unlock()
+				sleep(ctx, time.Second)
+				select {
+				case n.kick <- struct{}{}:
+				default:
+				}
+				break
+			}
+		}
+	}
+}
+
+// Handler serves the node: /health and /metrics openly; the RPC, the
+// exports and sandbox traffic only with the cluster secret.
+func (n *Node) Handler() http.Handler {
+	mux := http.NewServeMux()
+	b := n.Backend()
+	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
+	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) { serveRPC(b, w, r, r.PathValue("method")) })
+	mux.HandleFunc("GET "+rpcPath+"templates/{name}/rootfs", n.exportTemplate)
+	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
+	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("E2b-Sandbox-Id") == "" {
+			switch r.URL.Path {
+			case "/health":
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(`{"status":"ok"}` + "\n"))
+				return
+			case "/metrics":
+				if n.cfg.Metrics != nil {
+					n.cfg.Metrics.ServeHTTP(w, r)
+					return
+				}
+			}
+		}
+		if !checkSecret(r, n.cfg.Secret) {
+			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers with the cluster secret may call it: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		r.Header.Del(SecretHeader)
+		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			n.px.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// published is the node's api.Backend: the host's, with each change
+// written to etcd before the answer.
+type published struct {
+	*api.Local
+	n *Node
+}
+
+func (p *published) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	p.n.gate.RLock()
+	defer p.n.gate.RUnlock()
+	if err := p.n.ensure(ctx, req.Template); err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	sb, err := p.Local.Create(ctx, req)
+	if err != nil {
+		return sb, err
+	}
+	return p.recorded(ctx, sb)
+}
+
+// recorded publishes a new sandbox; one that cannot be recorded is killed
+// (unrecorded, it would be killed at the next reconcile anyway).
+func (p *published) recorded(ctx context.Context, sb sandbox.Sandbox) (sandbox.Sandbox, error) {
+	if err := p.n.record(ctx, sb.ID); err != nil {
+		p.Local.Kill(context.WithoutCancel(ctx), sb.ID)
+		return sandbox.Sandbox{}, err
+	}
+	return sb, nil
+}
+
+func (p *published) after(ctx context.Context, id string, sb sandbox.Sandbox, err error) (sandbox.Sandbox, error) {
+	if err != nil {
+		return sb, err
+	}
+	if err := p.n.record(ctx, id); err != nil {
+		return sb, err
+	}
+	return sb, nil
+}
+
+func (p *published) Kill(ctx context.Context, id string) error {
+	if err := p.Local.Kill(ctx, id); err != nil {
+		return err
+	}
+	return p.n.record(ctx, id)
+}
+
+func (p *published) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	sb, err := p.Local.SetTimeout(ctx, id, d)
+	return p.after(ctx, id, sb, err)
+}
+
+func (p *published) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	sb, err := p.Local.Extend(ctx, id, d)
+	return p.after(ctx, id, sb, err)
+}
+
+func (p *published) SetNetwork(ctx context.Context, id string, nw sandbox.Network) (sandbox.Sandbox, error) {
+	sb, err := p.Local.SetNetwork(ctx, id, nw)
+	return p.after(ctx, id, sb, err)
+}
+
+func (p *published) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	sb, err := p.Local.Pause(ctx, id)
+	return p.after(ctx, id, sb, err)
+}
+
+func (p *published) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	sb, err := p.Local.Resume(ctx, id, d)
+	return p.after(ctx, id, sb, err)
+}
+
+func (p *published) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	sn, err := p.Local.Snapshot(ctx, id, req)
+	if err != nil {
+		return sn, err
+	}
+	return sn, p.n.publishNow(ctx)
+}
+
+func (p *published) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
+	p.n.gate.RLock()
+	defer p.n.gate.RUnlock()
+	res, err := p.Local.Fork(ctx, id, count, d, metadata)
+	for i, fr := range res {
+		if fr.Err == nil {
+			res[i].Sandbox, res[i].Err = p.recorded(ctx, fr.Sandbox)
+		}
+	}
+	return res, err
+}
+
+func (p *published) DeleteSnapshot(ctx context.Context, id string) error {
+	if err := p.Local.DeleteSnapshot(ctx, id); err != nil {
+		return err
+	}
+	return p.n.publishNow(ctx)
+}
+
+func (p *published) DeleteTemplate(ctx context.Context, name string) error {
+	if err := p.Local.DeleteTemplate(ctx, name); err != nil {
+		return err
+	}
+	return p.n.publishNow(ctx)
+}
+
+func (p *published) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+	t, err := p.Local.BuildTemplate(ctx, req, progress)
+	if err != nil {
+		return t, err
+	}
+	return t, p.n.publishNow(ctx)
+}

@@ -1,0 +1,76 @@
+package fleet
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/proxy"
+)
+
+// Proxy is an API server's sandbox proxy: it finds the node that owns the
+// sandbox a request is for (E2b-Sandbox-Id/-Port headers or a Host of
+// <port>-<id>.<domain>) and forwards the request there, streaming both
+// ways. The node's own proxy does the rest (traffic tokens, envd).
+type Proxy struct {
+	remote *Remote
+	rp     *httputil.ReverseProxy
+}
+
+// NewProxy returns the proxy of an API server.
+func NewProxy(r *Remote) *Proxy {
+	p := &Proxy{remote: r}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) {},
+		Transport:     newTransport(),
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			writeProxyError(w, r.Header.Get("E2b-Sandbox-Id"), http.StatusBadGateway, "the sandbox's node did not answer: "+err.Error())
+		},
+	}
+	return p
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, err := proxy.Target(r.Header, r.Host)
+	if err != nil {
+		writeProxyError(w, "", http.StatusBadRequest, err.Error())
+		return
+	}
+	_, c, err := p.remote.locate(r.Context(), id)
+	if err != nil {
+		status := http.StatusBadGateway
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			status = http.StatusServiceUnavailable
+		}
+		writeProxyError(w, id, status, err.Error())
+		return
+	}
+	// The node routes by these headers whatever the client used; the
+	// Host header travels unchanged.
+	r.Header.Set("E2b-Sandbox-Id", id)
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
+	r.Header.Set(SecretHeader, p.remote.secret)
+	r.URL.Scheme = "http"
+	r.URL.Host = c.addr
+	http.NewResponseController(w).EnableFullDuplex()
+	p.rp.ServeHTTP(w, r)
+}
+
+// writeProxyError answers as E2B's proxy does: the SDK reads 502 as "the
+// sandbox is not running".
+func writeProxyError(w http.ResponseWriter, id string, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	body := map[string]any{"code": status, "message": msg}
+	if id != "" {
+		body["sandboxId"] = id
+	}
+	json.NewEncoder(w).Encode(body)
+}

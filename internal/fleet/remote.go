@@ -1,0 +1,391 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"agentenv/internal/api"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// Remote is the api.Backend of an API server: it places new sandboxes on
+// nodes and sends every other call to the node that owns the sandbox.
+type Remote struct {
+	cli    *clientv3.Client
+	cache  *Cache
+	secret string
+	log    *slog.Logger
+	http   *http.Client
+	// Observe, if set, is told how long each placement took.
+	Observe func(op string, d time.Duration, err error)
+
+	mu      sync.Mutex
+	pending map[string]int // creates sent to a node and not answered yet
+}
+
+var _ api.Backend = (*Remote)(nil)
+
+// NewRemote returns the backend of an API server.
+func NewRemote(cli *clientv3.Client, cache *Cache, secret string, log *slog.Logger) *Remote {
+	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport()}, pending: map[string]int{}}
+}
+
+func (r *Remote) client(n NodeRecord) *nodeClient {
+	return &nodeClient{name: n.Name, addr: n.Addr, secret: r.secret, http: r.http}
+}
+
+// locate finds the node that owns a sandbox: from the cache, else (a
+// sandbox created through another API server a moment ago) from etcd.
+// A sandbox whose node is gone is reported lost, with why and since when.
+func (r *Remote) locate(ctx context.Context, id string) (SandboxRecord, *nodeClient, error) {
+	rec, ok := r.cache.sandbox(id)
+	if !ok {
+		resp, err := r.cli.Get(ctx, sandboxPrefix+id)
+		if err != nil {
+			return SandboxRecord{}, nil, errdefs.Unavailable("reading sandbox %s from etcd: %v", id, err)
+		}
+		if len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil {
+			return SandboxRecord{}, nil, r.notFound(ctx, id)
+		}
+	}
+	n, ok := r.cache.node(rec.Node)
+	if !ok {
+		since := "it left the fleet"
+		if t := r.cache.lostSince(rec.Node); !t.IsZero() {
+			since = "its lease expired at " + t.UTC().Format(time.RFC3339)
+		}
+		return rec, nil, fmt.Errorf("sandbox %q is lost: its node %s stopped answering (%s); it comes back if the node returns with it still running: %w",
+			id, rec.Node, since, errdefs.ErrNotFound)
+	}
+	return rec, r.client(n), nil
+}
+
+// notFound explains a sandbox with no record: a tombstone says why.
+func (r *Remote) notFound(ctx context.Context, id string) error {
+	if resp, err := r.cli.Get(ctx, lostPrefix+id); err == nil && len(resp.Kvs) > 0 {
+		var t Tombstone
+		if json.Unmarshal(resp.Kvs[0].Value, &t) == nil {
+			return errdefs.NotFound("sandbox %q is gone: %s", id, t.Reason)
+		}
+	}
+	return errdefs.NotFound("sandbox %q does not exist (it was killed, timed out, or never existed)", id)
+}
+
+// Create places the sandbox: nodes ranked by free room and locality; a
+// node that is full or failing is skipped for the next.
+func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	start := time.Now()
+	order := r.place(req.Template, int64(req.MemoryMB))
+	if r.Observe != nil {
+		r.Observe("place", time.Since(start), nil)
+	}
+	if len(order) == 0 {
+		return sandbox.Sandbox{}, errdefs.Unavailable("no node can take a sandbox now (none alive and uncordoned with room; see `agentenv node list`)")
+	}
+	var errs []error
+	for i, n := range order {
+		if i == 3 {
+			break
+		}
+		sb, err := r.createOn(ctx, n, req)
+		if err == nil {
+			return sb, nil
+		}
+		// Only a refusal that says nothing about the request moves on.
+		if !errdefs.Retryable(err) {
+			return sandbox.Sandbox{}, err
+		}
+		errs = append(errs, err)
+	}
+	return sandbox.Sandbox{}, errors.Join(errs...)
+}
+
+func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	r.mu.Lock()
+	r.pending[n.Name]++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.pending[n.Name]--
+		r.mu.Unlock()
+	}()
+	sb, err := r.client(n).Create(ctx, req)
+	if err == nil {
+		r.cache.putSandbox(SandboxRecord{Node: n.Name, Sandbox: sb})
+	}
+	return sb, err
+}
+
+// place ranks the live, uncordoned nodes for a sandbox from name.
+func (r *Remote) place(name string, memMB int64) []NodeRecord {
+	holders := r.cache.holders(name)
+	var cands []Candidate
+	byName := map[string]NodeRecord{}
+	r.mu.Lock()
+	for _, v := range r.cache.Nodes() {
+		if !v.Alive || v.Cordoned {
+			continue
+		}
+		byName[v.Name] = v.NodeRecord
+		cands = append(cands, Candidate{
+			Name: v.Name, Sandboxes: v.Sandboxes + r.pending[v.Name], MaxSandboxes: v.Capacity.MaxSandboxes,
+			FreeMemoryMB: v.Capacity.FreeMemoryMB, NeedMemoryMB: memMB, Holds: slices.Contains(holders, v.Name),
+		})
+	}
+	r.mu.Unlock()
+	var out []NodeRecord
+	for _, name := range Place(cands) {
+		out = append(out, byName[name])
+	}
+	return out
+}
+
+func (r *Remote) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
+	var out []sandbox.Sandbox
+	for _, rec := range r.cache.liveSandboxes() {
+		if f.Match(rec.Sandbox) {
+			out = append(out, rec.Sandbox)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.After(out[j].StartedAt) })
+	return out, nil
+}
+
+func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return c.Get(ctx, id)
+}
+
+// Kill stops a sandbox. A lost sandbox's record is removed (with a
+// tombstone), so that its node kills it if it ever comes back.
+func (r *Remote) Kill(ctx context.Context, id string) error {
+	rec, c, err := r.locate(ctx, id)
+	if c == nil && rec.Node != "" {
+		t, _ := json.Marshal(Tombstone{Reason: "killed while its node " + rec.Node + " was unreachable", At: time.Now().UTC()})
+		_, err := r.cli.Txn(ctx).Then(clientv3.OpDelete(sandboxPrefix+id), clientv3.OpPut(lostPrefix+id, string(t))).Commit()
+		if err != nil {
+			return errdefs.Unavailable("removing lost sandbox %s: %v", id, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.Kill(ctx, id)
+}
+
+// onOwner runs a call on the node that owns sandbox id.
+func onOwner[T any](r *Remote, ctx context.Context, id string, call func(*nodeClient) (T, error)) (T, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return call(c)
+}
+
+func (r *Remote) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
+}
+
+func (r *Remote) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Extend(ctx, id, d) })
+}
+
+func (r *Remote) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetNetwork(ctx, id, n) })
+}
+
+func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
+}
+
+func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Resume(ctx, id, d) })
+}
+
+func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) { return c.Snapshot(ctx, id, req) })
+}
+
+// Fork restores the children on the parent's node, where its memory is.
+func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.Fork(ctx, id, count, d, metadata)
+	for _, fr := range res {
+		if fr.Err == nil {
+			r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
+		}
+	}
+	return res, err
+}
+
+// snapshots returns one copy of each published snapshot.
+func (r *Remote) snapshots() []snapshot.Snapshot {
+	r.cache.mu.RLock()
+	defer r.cache.mu.RUnlock()
+	var out []snapshot.Snapshot
+	for _, byNode := range r.cache.snaps {
+		for _, sn := range byNode {
+			out = append(out, sn)
+			break
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+func (r *Remote) ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error) {
+	var out []snapshot.Snapshot
+	for _, sn := range r.snapshots() {
+		if !sn.Internal && (sandboxID == "" || sn.Sandbox == sandboxID) {
+			out = append(out, sn)
+		}
+	}
+	return out, nil
+}
+
+func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot, error) {
+	for _, sn := range r.snapshots() {
+		if sn.ID == id || (sn.Name != "" && sn.Name == id) {
+			return sn, nil
+		}
+	}
+	return snapshot.Snapshot{}, errdefs.NotFound("snapshot %q does not exist on any live node", id)
+}
+
+// DeleteSnapshot deletes every copy.
+func (r *Remote) DeleteSnapshot(ctx context.Context, id string) error {
+	return r.onHolders(ctx, id, "snapshot", func(c *nodeClient) error { return c.DeleteSnapshot(ctx, id) })
+}
+
+// onHolders runs call on every live node holding name.
+func (r *Remote) onHolders(ctx context.Context, name, what string, call func(*nodeClient) error) error {
+	holders := r.cache.holders(name)
+	if len(holders) == 0 {
+		return errdefs.NotFound("%s %q does not exist on any live node", what, name)
+	}
+	var errs []error
+	for _, h := range holders {
+		n, ok := r.cache.node(h)
+		if !ok {
+			continue
+		}
+		if err := call(r.client(n)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Remote) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
+	r.cache.mu.RLock()
+	defer r.cache.mu.RUnlock()
+	var out []api.TemplateInfo
+	for _, byNode := range r.cache.templates {
+		var ti api.TemplateInfo
+		found := false
+		for node, t := range byNode {
+			if _, alive := r.cache.nodes[node]; !alive {
+				continue
+			}
+			if !found || t.Ready {
+				ti, found = t, true
+			}
+		}
+		if found {
+			ti.InUse = 0
+			out = append(out, ti)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func (r *Remote) GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error) {
+	list, _ := r.ListTemplates(ctx)
+	for _, t := range list {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return api.TemplateInfo{}, errdefs.NotFound("template %q does not exist on any live node (list them with `agentenv template list`)", name)
+}
+
+// DeleteTemplate deletes a template (or snapshot) on every node holding it.
+func (r *Remote) DeleteTemplate(ctx context.Context, name string) error {
+	return r.onHolders(ctx, name, "template", func(c *nodeClient) error { return c.DeleteTemplate(ctx, name) })
+}
+
+// BuildTemplate builds on the node with the most room; other nodes copy
+// the template from it on first use.
+func (r *Remote) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+	order := r.place("", 0)
+	if len(order) == 0 {
+		return api.TemplateInfo{}, errdefs.Unavailable("no node can build a template now (none alive and uncordoned)")
+	}
+	return r.client(order[0]).BuildTemplate(ctx, req, progress)
+}
+
+// Cordon marks a node so that placement skips it ("drain" also tells
+// operators to move work off it); Uncordon clears the mark.
+func (r *Remote) Cordon(ctx context.Context, node, mode string) error {
+	if _, err := r.nodeKnown(node); err != nil {
+		return err
+	}
+	if _, err := r.cli.Put(ctx, cordonPrefix+node, mode); err != nil {
+		return errdefs.Unavailable("etcd: %v", err)
+	}
+	return nil
+}
+
+// Uncordon lets placement use a node again.
+func (r *Remote) Uncordon(ctx context.Context, node string) error {
+	if _, err := r.nodeKnown(node); err != nil {
+		return err
+	}
+	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
+		return errdefs.Unavailable("etcd: %v", err)
+	}
+	return nil
+}
+
+func (r *Remote) nodeKnown(name string) (NodeView, error) {
+	for _, v := range r.cache.Nodes() {
+		if v.Name == name {
+			return v, nil
+		}
+	}
+	return NodeView{}, errdefs.NotFound("node %q is not in the fleet (see `agentenv node list`)", name)
+}
+
+// Nodes lists the fleet's nodes.
+func (r *Remote) Nodes() []NodeView {
+	out := r.cache.Nodes()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// NodeList is Nodes for the API's node routes.
+func (r *Remote) NodeList(ctx context.Context) (any, error) { return r.Nodes(), nil }
+
+var _ api.Fleet = (*Remote)(nil)

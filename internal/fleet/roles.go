@@ -1,0 +1,185 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"agentenv/internal/api"
+	"agentenv/internal/server"
+)
+
+// Dial connects to etcd (comma-separated URLs).
+func Dial(urls string) (*clientv3.Client, error) {
+	var eps []string
+	for _, u := range strings.Split(urls, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			eps = append(eps, u)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, errors.New("--etcd: give the etcd cluster's client URLs, comma separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379)")
+	}
+	return clientv3.New(clientv3.Config{
+		Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 3 * time.Second,
+	})
+}
+
+// ReadSecret reads the cluster secret file.
+func ReadSecret(path string) (string, error) {
+	if path == "" {
+		return "", errors.New("--cluster-secret-file is required: a file holding the secret that API servers and nodes share (e.g. `head -c 32 /dev/urandom | base64 > secret`)")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("cluster secret: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) < 16 {
+		return "", fmt.Errorf("cluster secret in %s is shorter than 16 characters: use a long random one", path)
+	}
+	return s, nil
+}
+
+// NodeRun is everything `agentenv node` is told.
+type NodeRun struct {
+	Host   server.Config // the sandbox stack, as `serve` takes it
+	Node   NodeConfig
+	Etcd   string
+	Listen string
+}
+
+// RunNode runs a node agent until ctx ends.
+func RunNode(ctx context.Context, cfg NodeRun) error {
+	log := cfg.Host.Log
+	if cfg.Node.Name == "" {
+		return errors.New("--name is required: a name unique in the fleet (e.g. the host name)")
+	}
+	cli, err := Dial(cfg.Etcd)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+	if cfg.Node.Advertise == "" {
+		cfg.Node.Advertise = ln.Addr().String()
+	}
+	cfg.Node.Etcd, cfg.Node.Log = cli, log
+	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
+	node := NewNode(cfg.Node)
+	cfg.Host.OnPersist = node.Changed
+	host, err := server.StartHost(ctx, cfg.Host)
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	node.host = host
+	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("agentenv node serving", "node", cfg.Node.Name, "listen", ln.Addr().String(), "advertise", cfg.Node.Advertise)
+	runDone := make(chan struct{})
+	go func() { node.Run(ctx, host); close(runDone) }()
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	<-runDone
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	host.Manager.Shutdown()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// APIRun is everything `agentenv api` is told.
+type APIRun struct {
+	Etcd        string
+	Listen      string
+	ProxyListen string
+	Secret      string
+	APIKey      string
+	Domain      string
+	Log         *slog.Logger
+	// Wrap, if set, wraps each listener's handler (metrics).
+	Wrap func(role string, h http.Handler) http.Handler
+	// Ready, if set, is called with the bound addresses.
+	Ready func(apiAddr, proxyAddr string)
+}
+
+// RunAPI runs a stateless API server and sandbox proxy until ctx ends.
+func RunAPI(ctx context.Context, cfg APIRun) error {
+	log := cfg.Log
+	if cfg.APIKey == "" {
+		return errors.New("no API key: set AGENTENV_API_KEY (clients send it as X-API-Key, as E2B's SDKs do)")
+	}
+	cli, err := Dial(cfg.Etcd)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cache := NewCache(ctx, cli, log)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = cache.Wait(wctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	remote := NewRemote(cli, cache, cfg.Secret, log)
+	apiLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	proxyLn, err := net.Listen("tcp", cfg.ProxyListen)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("listen %s: %w", cfg.ProxyListen, err)
+	}
+	domain := cfg.Domain
+	if domain == "" {
+		domain = proxyLn.Addr().String()
+	}
+	wrap := cfg.Wrap
+	if wrap == nil {
+		wrap = func(_ string, h http.Handler) http.Handler { return h }
+	}
+	apiSrv := &http.Server{Handler: wrap("api", api.New(api.Config{APIKey: cfg.APIKey, Backend: remote, Fleet: remote, Domain: domain, Log: log}).Handler()),
+		ReadHeaderTimeout: 10 * time.Second}
+	proxySrv := &http.Server{Handler: wrap("proxy", NewProxy(remote)), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- apiSrv.Serve(apiLn) }()
+	go func() { errc <- proxySrv.Serve(proxyLn) }()
+	log.Info("agentenv api serving", "api", apiLn.Addr().String(), "proxy", proxyLn.Addr().String())
+	if cfg.Ready != nil {
+		cfg.Ready(apiLn.Addr().String(), proxyLn.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel2()
+	apiSrv.Shutdown(sctx)
+	proxySrv.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

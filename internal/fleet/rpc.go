@@ -1,0 +1,410 @@
+package fleet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"agentenv/internal/api"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// The node RPC: the api.Backend methods as JSON over HTTP, so an API
+// server runs the very same REST handlers against a node's sandboxes.
+// Every request carries the cluster secret; a node answers nothing
+// without it.
+
+// SecretHeader carries the cluster secret on API server → node requests.
+const SecretHeader = "X-Agentenv-Cluster-Secret"
+
+const rpcPath = "/fleet/v1/"
+
+// rpcArgs holds the arguments of any method (each uses some).
+type rpcArgs struct {
+	ID       string                   `json:"id,omitempty"`
+	Name     string                   `json:"name,omitempty"`
+	D        time.Duration            `json:"d,omitempty"`
+	Count    int                      `json:"count,omitempty"`
+	Metadata map[string]string        `json:"metadata,omitempty"`
+	Create   *sandbox.CreateRequest   `json:"create,omitempty"`
+	Filter   *sandbox.Filter          `json:"filter,omitempty"`
+	Network  *sandbox.Network         `json:"network,omitempty"`
+	Snapshot *sandbox.SnapshotRequest `json:"snapshot,omitempty"`
+}
+
+// wireError is an error as it crosses the wire: its class code and text.
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func toWire(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	_, code := errdefs.HTTPStatus(err)
+	return &wireError{Code: code, Message: err.Error()}
+}
+
+func (e *wireError) err() error {
+	if e == nil {
+		return nil
+	}
+	return errdefs.FromCode(e.Code, e.Message)
+}
+
+type forkResult struct {
+	Sandbox sandbox.Sandbox `json:"sandbox"`
+	Err     *wireError      `json:"error,omitempty"`
+}
+
+// buildEvent is one line of a streamed build.
+type buildEvent struct {
+	Progress *template.Progress `json:"progress,omitempty"`
+	Template *api.TemplateInfo  `json:"template,omitempty"`
+	Error    *wireError         `json:"error,omitempty"`
+}
+
+// checkSecret reports whether r carries the cluster secret.
+func checkSecret(r *http.Request, secret string) bool {
+	got := r.Header.Get(SecretHeader)
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(secret)) == 1
+}
+
+func writeWireError(w http.ResponseWriter, err error) {
+	status, _ := errdefs.HTTPStatus(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(toWire(err))
+}
+
+// serveRPC answers one Backend call.
+func serveRPC(b api.Backend, w http.ResponseWriter, r *http.Request, method string) {
+	var a rpcArgs
+	if err := json.NewDecoder(io.LimitReader(r.Body, api.MaxBody)).Decode(&a); err != nil && !errors.Is(err, io.EOF) {
+		writeWireError(w, errdefs.Invalid("fleet rpc %s: malformed arguments: %v", method, err))
+		return
+	}
+	ctx := r.Context()
+	var out any
+	var err error
+	switch method {
+	case "Create":
+		if a.Create == nil {
+			err = errdefs.Invalid("Create needs a request")
+			break
+		}
+		out, err = b.Create(ctx, *a.Create)
+	case "List":
+		var f sandbox.Filter
+		if a.Filter != nil {
+			f = *a.Filter
+		}
+		out, err = b.List(ctx, f)
+	case "Get":
+		out, err = b.Get(ctx, a.ID)
+	case "Kill":
+		err = b.Kill(ctx, a.ID)
+	case "SetTimeout":
+		out, err = b.SetTimeout(ctx, a.ID, a.D)
+	case "Extend":
+		out, err = b.Extend(ctx, a.ID, a.D)
+	case "SetNetwork":
+		if a.Network == nil {
+			err = errdefs.Invalid("SetNetwork needs a network")
+			break
+		}
+		out, err = b.SetNetwork(ctx, a.ID, *a.Network)
+	case "Pause":
+		out, err = b.Pause(ctx, a.ID)
+	case "Resume":
+		out, err = b.Resume(ctx, a.ID, a.D)
+	case "Snapshot":
+		var req sandbox.SnapshotRequest
+		if a.Snapshot != nil {
+			req = *a.Snapshot
+		}
+		out, err = b.Snapshot(ctx, a.ID, req)
+	case "Fork":
+		var res []sandbox.ForkResult
+		if res, err = b.Fork(ctx, a.ID, a.Count, a.D, a.Metadata); err == nil {
+			wire := make([]forkResult, len(res))
+			for i, fr := range res {
+				wire[i] = forkResult{Sandbox: fr.Sandbox, Err: toWire(fr.Err)}
+			}
+			out = wire
+		}
+	case "ListSnapshots":
+		out, err = b.ListSnapshots(ctx, a.ID)
+	case "GetSnapshot":
+		out, err = b.GetSnapshot(ctx, a.ID)
+	case "DeleteSnapshot":
+		err = b.DeleteSnapshot(ctx, a.ID)
+	case "ListTemplates":
+		out, err = b.ListTemplates(ctx)
+	case "GetTemplate":
+		out, err = b.GetTemplate(ctx, a.Name)
+	case "DeleteTemplate":
+		err = b.DeleteTemplate(ctx, a.Name)
+	default:
+		err = errdefs.NotFound("fleet rpc has no method %q (node and API server of different versions?)", method)
+	}
+	if err != nil {
+		writeWireError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// serveBuild runs a template build: the request in a header, the upload
+// (if any) as the body, progress streamed back as NDJSON.
+func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
+	var req template.BuildRequest
+	raw, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Agentenv-Build"))
+	if err == nil {
+		err = json.Unmarshal(raw, &req)
+	}
+	if err != nil {
+		writeWireError(w, errdefs.Invalid("fleet build: malformed request header: %v", err))
+		return
+	}
+	if r.Header.Get("X-Agentenv-Upload") == "1" {
+		http.NewResponseController(w).EnableFullDuplex()
+		req.Upload = r.Body
+	}
+	enc := json.NewEncoder(w)
+	started := false
+	emit := func(ev buildEvent) {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		enc.Encode(ev)
+		http.NewResponseController(w).Flush()
+	}
+	t, err := b.BuildTemplate(r.Context(), req, func(p template.Progress) { emit(buildEvent{Progress: &p}) })
+	switch {
+	case err != nil && !started:
+		writeWireError(w, err)
+	case err != nil:
+		emit(buildEvent{Error: toWire(err)})
+	default:
+		emit(buildEvent{Template: &t})
+	}
+}
+
+// nodeClient calls one node: it implements api.Backend for that node's
+// sandboxes.
+type nodeClient struct {
+	name, addr, secret string
+	http               *http.Client
+}
+
+var _ api.Backend = (*nodeClient)(nil)
+
+// newTransport is the HTTP transport API servers use to reach nodes.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+func (c *nodeClient) unreachable(err error) error {
+	return errdefs.Unavailable("node %s (%s) did not answer: %v; retry in a moment", c.name, c.addr, err)
+}
+
+func (c *nodeClient) call(ctx context.Context, method string, a rpcArgs, out any) error {
+	body, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+method, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set(SecretHeader, c.secret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.unreachable(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readWireError(resp)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return c.unreachable(fmt.Errorf("reading the answer to %s: %w", method, err))
+	}
+	return nil
+}
+
+func readWireError(resp *http.Response) error {
+	var we wireError
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &we) != nil || we.Message == "" {
+		return errdefs.Unavailable("node answered HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return we.err()
+}
+
+func (c *nodeClient) sandbox(ctx context.Context, method string, a rpcArgs) (sandbox.Sandbox, error) {
+	var sb sandbox.Sandbox
+	err := c.call(ctx, method, a, &sb)
+	return sb, err
+}
+
+func (c *nodeClient) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "Create", rpcArgs{Create: &req})
+}
+
+func (c *nodeClient) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
+	var out []sandbox.Sandbox
+	err := c.call(ctx, "List", rpcArgs{Filter: &f}, &out)
+	return out, err
+}
+
+func (c *nodeClient) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "Get", rpcArgs{ID: id})
+}
+
+func (c *nodeClient) Kill(ctx context.Context, id string) error {
+	return c.call(ctx, "Kill", rpcArgs{ID: id}, nil)
+}
+
+func (c *nodeClient) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "SetTimeout", rpcArgs{ID: id, D: d})
+}
+
+func (c *nodeClient) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "Extend", rpcArgs{ID: id, D: d})
+}
+
+func (c *nodeClient) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "SetNetwork", rpcArgs{ID: id, Network: &n})
+}
+
+func (c *nodeClient) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "Pause", rpcArgs{ID: id})
+}
+
+func (c *nodeClient) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "Resume", rpcArgs{ID: id, D: d})
+}
+
+func (c *nodeClient) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	var sn snapshot.Snapshot
+	err := c.call(ctx, "Snapshot", rpcArgs{ID: id, Snapshot: &req}, &sn)
+	return sn, err
+}
+
+func (c *nodeClient) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
+	var wire []forkResult
+	if err := c.call(ctx, "Fork", rpcArgs{ID: id, Count: count, D: d, Metadata: metadata}, &wire); err != nil {
+		return nil, err
+	}
+	out := make([]sandbox.ForkResult, len(wire))
+	for i, fr := range wire {
+		out[i] = sandbox.ForkResult{Sandbox: fr.Sandbox, Err: fr.Err.err()}
+	}
+	return out, nil
+}
+
+func (c *nodeClient) ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error) {
+	var out []snapshot.Snapshot
+	err := c.call(ctx, "ListSnapshots", rpcArgs{ID: sandboxID}, &out)
+	return out, err
+}
+
+func (c *nodeClient) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot, error) {
+	var sn snapshot.Snapshot
+	err := c.call(ctx, "GetSnapshot", rpcArgs{ID: id}, &sn)
+	return sn, err
+}
+
+func (c *nodeClient) DeleteSnapshot(ctx context.Context, id string) error {
+	return c.call(ctx, "DeleteSnapshot", rpcArgs{ID: id}, nil)
+}
+
+func (c *nodeClient) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
+	var out []api.TemplateInfo
+	err := c.call(ctx, "ListTemplates", rpcArgs{}, &out)
+	return out, err
+}
+
+func (c *nodeClient) GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error) {
+	var t api.TemplateInfo
+	err := c.call(ctx, "GetTemplate", rpcArgs{Name: name}, &t)
+	return t, err
+}
+
+func (c *nodeClient) DeleteTemplate(ctx context.Context, name string) error {
+	return c.call(ctx, "DeleteTemplate", rpcArgs{Name: name}, nil)
+}
+
+func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+	hdr, err := json.Marshal(req)
+	if err != nil {
+		return api.TemplateInfo{}, err
+	}
+	var body io.Reader = http.NoBody
+	if req.Upload != nil {
+		body = req.Upload
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+"build", body)
+	if err != nil {
+		return api.TemplateInfo{}, err
+	}
+	r.Header.Set(SecretHeader, c.secret)
+	r.Header.Set("X-Agentenv-Build", base64.StdEncoding.EncodeToString(hdr))
+	if req.Upload != nil {
+		r.Header.Set("X-Agentenv-Upload", "1")
+	}
+	// A build takes minutes: no client timeout beyond ctx.
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return api.TemplateInfo{}, c.unreachable(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return api.TemplateInfo{}, readWireError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev buildEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			continue
+		}
+		switch {
+		case ev.Error != nil:
+			return api.TemplateInfo{}, ev.Error.err()
+		case ev.Template != nil:
+			return *ev.Template, nil
+		case ev.Progress != nil:
+			progress(*ev.Progress)
+		}
+	}
+	return api.TemplateInfo{}, c.unreachable(fmt.Errorf("build stream ended without a result: %v", sc.Err()))
+}

@@ -1,0 +1,342 @@
+// Package fleet runs agentenv on many hosts with etcd as the source of
+// truth: node agents (Node) run sandboxes and publish what they hold;
+// stateless API servers (Remote, Proxy) place sandboxes and route every
+// call and every byte of sandbox traffic to the owning node. It must not
+// hold sandbox logic of its own: nodes run the same sandbox manager as
+// `agentenv serve`, behind the api.Backend seam.
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"agentenv/internal/api"
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+)
+
+// The etcd layout. Node, template and snapshot keys live under their
+// node's lease (they vanish with it); sandbox records do not (a lost node's
+// sandboxes are reported lost, not forgotten).
+const (
+	prefix         = "/agentenv/"
+	nodesPrefix    = prefix + "nodes/"     // nodes/<node> → NodeRecord
+	cordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
+	sandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
+	lostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
+	templatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
+	snapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → snapshot.Snapshot
+)
+
+// Capacity is what a node can hold and holds now.
+type Capacity struct {
+	CPUs         int   `json:"cpus"`
+	MemoryMB     int64 `json:"memoryMB"`
+	FreeMemoryMB int64 `json:"freeMemoryMB"`
+	MaxSandboxes int   `json:"maxSandboxes"`
+	Sandboxes    int   `json:"sandboxes"`
+	Templates    int   `json:"templates"`
+	Snapshots    int   `json:"snapshots"`
+}
+
+// NodeRecord is a live node as it registers itself.
+type NodeRecord struct {
+	Name      string    `json:"name"`
+	Addr      string    `json:"addr"` // host:port of its RPC and proxy
+	Runtime   string    `json:"runtime"`
+	StartedAt time.Time `json:"startedAt"`
+	Capacity  Capacity  `json:"capacity"`
+}
+
+// SandboxRecord says which node runs a sandbox, with its last state.
+type SandboxRecord struct {
+	Node    string          `json:"node"`
+	Sandbox sandbox.Sandbox `json:"sandbox"`
+}
+
+// Tombstone explains why a sandbox is gone when its node could not.
+type Tombstone struct {
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+// NodeView is a node as an API server sees it.
+type NodeView struct {
+	NodeRecord
+	Alive     bool      `json:"alive"`
+	Cordoned  bool      `json:"cordoned"`
+	Draining  bool      `json:"draining"`
+	LostAt    time.Time `json:"lostAt,omitzero"`
+	Sandboxes int       `json:"sandboxes"`
+}
+
+// Cache is an API server's copy of the fleet's state, kept by one etcd
+// watch (no polling). Reads never wait on etcd.
+type Cache struct {
+	cli *clientv3.Client
+	log *slog.Logger
+
+	mu        sync.RWMutex
+	nodes     map[string]NodeRecord
+	known     map[string]NodeRecord // every node seen, alive or not
+	lostAt    map[string]time.Time
+	cordon    map[string]string
+	sandboxes map[string]SandboxRecord
+	perNode   map[string]int
+	templates map[string]map[string]api.TemplateInfo    // name → node → info
+	snaps     map[string]map[string]snapshot.Snapshot   // id → node → snapshot
+	ready     chan struct{}
+}
+
+// NewCache starts watching the fleet's state; Wait blocks until the first
+// full read is in.
+func NewCache(ctx context.Context, cli *clientv3.Client, log *slog.Logger) *Cache {
+	c := &Cache{cli: cli, log: log, ready: make(chan struct{})}
+	c.reset()
+	go c.run(ctx)
+	return c
+}
+
+func (c *Cache) reset() {
+	c.nodes = map[string]NodeRecord{}
+	if c.known == nil {
+		c.known = map[string]NodeRecord{}
+		c.lostAt = map[string]time.Time{}
+	}
+	c.cordon = map[string]string{}
+	c.sandboxes = map[string]SandboxRecord{}
+	c.perNode = map[string]int{}
+	c.templates = map[string]map[string]api.TemplateInfo{}
+	c.snaps = map[string]map[string]snapshot.Snapshot{}
+}
+
+// Wait blocks until the cache holds a full read of the fleet.
+func (c *Cache) Wait(ctx context.Context) error {
+	select {
+	case <-c.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("reading the fleet's state from etcd: %w", ctx.Err())
+	}
+}
+
+// run reads everything once, then follows changes; after a compaction or
+// a broken watch it reads everything again.
+func (c *Cache) run(ctx context.Context) {
+	once := sync.Once{}
+	for ctx.Err() == nil {
+		resp, err := c.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			c.log.Warn("fleet: reading state from etcd", "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		c.mu.Lock()
+		before := c.nodes
+		c.reset()
+		for _, kv := range resp.Kvs {
+			c.apply(string(kv.Key), kv.Value, false)
+		}
+		for name := range before {
+			if _, ok := c.nodes[name]; !ok {
+				c.lostAt[name] = time.Now()
+			}
+		}
+		c.mu.Unlock()
+		once.Do(func() { close(c.ready) })
+		wch := c.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				c.log.Warn("fleet: watch ended; reading state again", "err", err)
+				break
+			}
+			c.mu.Lock()
+			for _, ev := range wr.Events {
+				c.apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// apply records one key's new value (or its deletion). Callers hold c.mu.
+func (c *Cache) apply(key string, val []byte, deleted bool) {
+	switch {
+	case strings.HasPrefix(key, nodesPrefix):
+		name := strings.TrimPrefix(key, nodesPrefix)
+		if deleted {
+			if _, ok := c.nodes[name]; ok {
+				c.lostAt[name] = time.Now()
+				c.log.Warn("fleet: node lost (its lease expired or it stopped)", "node", name)
+			}
+			delete(c.nodes, name)
+			return
+		}
+		var n NodeRecord
+		if json.Unmarshal(val, &n) == nil {
+			if _, ok := c.nodes[name]; !ok {
+				c.log.Info("fleet: node up", "node", name, "addr", n.Addr)
+			}
+			c.nodes[name] = n
+			c.known[name] = n
+			delete(c.lostAt, name)
+		}
+	case strings.HasPrefix(key, cordonPrefix):
+		name := strings.TrimPrefix(key, cordonPrefix)
+		if deleted {
+			delete(c.cordon, name)
+		} else {
+			c.cordon[name] = string(val)
+		}
+	case strings.HasPrefix(key, sandboxPrefix):
+		id := strings.TrimPrefix(key, sandboxPrefix)
+		if old, ok := c.sandboxes[id]; ok {
+			c.perNode[old.Node]--
+			delete(c.sandboxes, id)
+		}
+		if deleted {
+			return
+		}
+		var r SandboxRecord
+		if json.Unmarshal(val, &r) == nil {
+			c.sandboxes[id] = r
+			c.perNode[r.Node]++
+		}
+	case strings.HasPrefix(key, templatePrefix):
+		name, node := path.Split(strings.TrimPrefix(key, templatePrefix))
+		name = strings.TrimSuffix(name, "/")
+		setNested(c.templates, name, node, val, deleted)
+	case strings.HasPrefix(key, snapPrefix):
+		id, node := path.Split(strings.TrimPrefix(key, snapPrefix))
+		id = strings.TrimSuffix(id, "/")
+		setNested(c.snaps, id, node, val, deleted)
+	}
+}
+
+func setNested[T any](m map[string]map[string]T, k1, k2 string, val []byte, deleted bool) {
+	if deleted {
+		delete(m[k1], k2)
+		if len(m[k1]) == 0 {
+			delete(m, k1)
+		}
+		return
+	}
+	var v T
+	if json.Unmarshal(val, &v) != nil {
+		return
+	}
+	if m[k1] == nil {
+		m[k1] = map[string]T{}
+	}
+	m[k1][k2] = v
+}
+
+// Nodes returns every node seen since start (alive or lost), with its
+// cordon state and the sandboxes it holds.
+func (c *Cache) Nodes() []NodeView {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []NodeView
+	for name, n := range c.known {
+		_, alive := c.nodes[name]
+		if alive {
+			n = c.nodes[name]
+		}
+		v := NodeView{NodeRecord: n, Alive: alive, LostAt: c.lostAt[name], Sandboxes: c.perNode[name]}
+		v.Cordoned = c.cordon[name] != ""
+		v.Draining = c.cordon[name] == "drain"
+		out = append(out, v)
+	}
+	return out
+}
+
+// node returns a live node's record.
+func (c *Cache) node(name string) (NodeRecord, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n, ok := c.nodes[name]
+	return n, ok
+}
+
+// lostSince says when a node was last seen to go away (zero: unknown).
+func (c *Cache) lostSince(name string) time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.lostAt[name]
+}
+
+// sandbox returns the record of a sandbox, if the cache has it.
+func (c *Cache) sandbox(id string) (SandboxRecord, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	r, ok := c.sandboxes[id]
+	return r, ok
+}
+
+// putSandbox records what this API server just learned from a node, ahead
+// of the watch.
+func (c *Cache) putSandbox(r SandboxRecord) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.sandboxes[r.Sandbox.ID]; ok {
+		c.perNode[old.Node]--
+	}
+	c.sandboxes[r.Sandbox.ID] = r
+	c.perNode[r.Node]++
+}
+
+// liveSandboxes returns the records of sandboxes whose node is alive.
+func (c *Cache) liveSandboxes() []SandboxRecord {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]SandboxRecord, 0, len(c.sandboxes))
+	for _, r := range c.sandboxes {
+		if _, ok := c.nodes[r.Node]; ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// templateHolders returns the live nodes holding a template or a snapshot
+// of that name.
+func (c *Cache) holders(name string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []string
+	for node := range c.templates[name] {
+		if _, ok := c.nodes[node]; ok {
+			out = append(out, node)
+		}
+	}
+	for node := range c.snaps[name] {
+		if _, ok := c.nodes[node]; ok {
+			out = append(out, node)
+		}
+	}
+	return out
+}
+
+// isSnapshot reports whether name is a snapshot ID some node published.
+func (c *Cache) isSnapshot(name string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.snaps[name]) > 0
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

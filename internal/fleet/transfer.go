@@ -1,0 +1,249 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// Data moves between nodes on demand: a create on a node that lacks its
+// template or snapshot first copies it from a node that has it. Templates
+// travel as a tar of their root filesystem (the receiver builds it like an
+// upload); snapshots file by file, each checked against its SHA-256 and
+// resumed with a Range request when a transfer breaks.
+
+// fetchAttempts bounds the resumptions of one file transfer.
+const fetchAttempts = 4
+
+// ensure makes name (a template or snapshot, "" for the default) present
+// on this node, copying it from a peer if it is not.
+func (n *Node) ensure(ctx context.Context, name string) error {
+	if name == "" || n.host.Snapshots.Has(name) {
+		return nil
+	}
+	if _, err := n.host.Templates.Get(name); err == nil {
+		return nil
+	}
+	_, err, _ := n.fetch.Do(name, func() (any, error) { return nil, n.copyIn(context.WithoutCancel(ctx), name) })
+	return err
+}
+
+// copyIn copies name from a live peer that holds it.
+func (n *Node) copyIn(ctx context.Context, name string) error {
+	for _, kind := range []string{snapPrefix, templatePrefix} {
+		peer, ok, err := n.peerHolding(ctx, kind, name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if kind == snapPrefix {
+			return n.copySnapshot(ctx, peer, name)
+		}
+		return n.copyTemplate(ctx, peer, name)
+	}
+	return nil // not anywhere: the create says it does not exist
+}
+
+// peerHolding finds a live node other than this one under kind/name/.
+func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, bool, error) {
+	resp, err := n.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix())
+	if err != nil {
+		return NodeRecord{}, false, errdefs.Unavailable("etcd: %v", err)
+	}
+	for _, kv := range resp.Kvs {
+		peer := strings.TrimPrefix(string(kv.Key), kind+name+"/")
+		if peer == n.cfg.Name {
+			continue
+		}
+		nr, err := n.cli.Get(ctx, nodesPrefix+peer)
+		if err != nil || len(nr.Kvs) == 0 {
+			continue
+		}
+		var rec NodeRecord
+		if json.Unmarshal(nr.Kvs[0].Value, &rec) == nil {
+			return rec, true, nil
+		}
+	}
+	return NodeRecord{}, false, nil
+}
+
+func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer.Addr+rpcPath+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(SecretHeader, n.cfg.Secret)
+	if offset > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	}
+	resp, err := n.http.Do(req)
+	if err != nil {
+		return nil, errdefs.Unavailable("copying from node %s: %v", peer.Name, err)
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+		defer resp.Body.Close()
+		return nil, readWireError(resp)
+	}
+	return resp, nil
+}
+
+func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
+	n.log.Info("fleet: copying template from a peer", "template", name, "from", peer.Name)
+	resp, err := n.peerGet(ctx, peer, "templates/"+name+"/rootfs", 0)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := n.host.Backend.BuildTemplate(ctx, template.BuildRequest{Name: name, Upload: resp.Body}, func(template.Progress) {}); err != nil {
+		return fmt.Errorf("copying template %s from node %s: %w", name, peer.Name, err)
+	}
+	return n.publishNow(ctx)
+}
+
+func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) error {
+	n.log.Info("fleet: copying snapshot from a peer", "snapshot", id, "from", peer.Name)
+	resp, err := n.peerGet(ctx, peer, "snapshots/"+id, 0)
+	if err != nil {
+		return err
+	}
+	var sn snapshot.Snapshot
+	err = json.NewDecoder(resp.Body).Decode(&sn)
+	resp.Body.Close()
+	if err != nil {
+		return errdefs.Unavailable("snapshot %s metadata from node %s: %v", id, peer.Name, err)
+	}
+	// A restore needs the snapshot's template too.
+	if err := n.ensure(ctx, sn.Template); err != nil {
+		return err
+	}
+	dir, err := n.host.Snapshots.TempDir()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for name, hash := range sn.Files {
+		if err := n.copyFile(ctx, peer, id, name, hash, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	if _, err := n.host.Snapshots.Add(dir, sn); err != nil {
+		return fmt.Errorf("storing snapshot %s copied from node %s: %w", id, peer.Name, err)
+	}
+	return n.publishNow(ctx)
+}
+
+// copyFile downloads one checkpoint file, resuming where a broken
+// transfer stopped, and checks its SHA-256 when its name is one (content
+// addressed; internal snapshots' files are named at random).
+func (n *Node) copyFile(ctx context.Context, peer NodeRecord, id, name, hash, dst string) error {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var last error
+	for range fetchAttempts {
+		off, err := f.Seek(0, io.SeekEnd)
+		if err != nil {
+			return err
+		}
+		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+name, off)
+		if err != nil {
+			last = err
+			continue
+		}
+		if off > 0 && resp.StatusCode != http.StatusPartialContent {
+			// The peer ignored the range: start over.
+			f.Truncate(0)
+			f.Seek(0, io.SeekStart)
+		}
+		_, err = io.Copy(f, resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			last = nil
+			break
+		}
+		last = err
+	}
+	if last != nil {
+		return errdefs.Unavailable("copying snapshot %s file %s from node %s: %v", id, name, peer.Name, last)
+	}
+	if len(hash) != 64 {
+		return nil
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	r, err := os.Open(dst)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
+		return errdefs.Unavailable("snapshot %s file %s from node %s is corrupt (sha256 %s, want %s)", id, name, peer.Name, got, hash)
+	}
+	return nil
+}
+
+func (n *Node) exportTemplate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if _, err := n.host.Templates.Get(name); err != nil {
+		writeWireError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	if err := n.host.Templates.Export(r.Context(), name, w); err != nil {
+		n.log.Warn("fleet: template export failed", "template", name, "err", err)
+	}
+}
+
+func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
+	sn, err := n.host.Snapshots.Get(r.PathValue("id"))
+	if err != nil {
+		writeWireError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(sn)
+}
+
+// exportSnapshotFile serves one checkpoint file with Range support (a
+// broken copy resumes).
+func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
+	p, err := n.host.Snapshots.FilePath(r.PathValue("id"), r.PathValue("file"))
+	if err != nil {
+		writeWireError(w, err)
+		return
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		writeWireError(w, errdefs.NotFound("snapshot file: %v", err))
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		writeWireError(w, err)
+		return
+	}
+	http.ServeContent(w, r, "", st.ModTime(), f)
+}
