@@ -69,7 +69,7 @@ type TemplateInfo struct {
 
 // Local is the Backend over this host's sandbox manager and stores.
 type Local struct {
-	Manager *sandbox.Manager
+	Manager       *sandbox.Manager
 	TemplateStore *template.Store
 	// SnapshotStore may be nil (snapshots disabled).
 	SnapshotStore *snapshot.Store

@@ -91,8 +91,8 @@ type Cache struct {
 	cordon    map[string]string
 	sandboxes map[string]SandboxRecord
 	perNode   map[string]int
-	templates map[string]map[string]api.TemplateInfo    // name → node → info
-	snaps     map[string]map[string]snapshot.Snapshot   // id → node → snapshot
+	templates map[string]map[string]api.TemplateInfo  // name → node → info
+	snaps     map[string]map[string]snapshot.Snapshot // id → node → snapshot
 	ready     chan struct{}
 }
 
