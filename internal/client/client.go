@@ -193,6 +193,8 @@ type BuildRequest struct {
 	Packages []string `json:"packages,omitempty"`
 	// Rootfs is a directory or tarball inside the server's --import-dir.
 	Rootfs string `json:"rootfs,omitempty"`
+	// Busybox builds the tiny busybox template.
+	Busybox bool `json:"busybox,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.
@@ -460,6 +462,7 @@ type Node struct {
 		MemoryMB     int64 `json:"memoryMB"`
 		FreeMemoryMB int64 `json:"freeMemoryMB"`
 		MaxSandboxes int   `json:"maxSandboxes"`
+		Sandboxes    int   `json:"sandboxes"`
 		Templates    int   `json:"templates"`
 		Snapshots    int   `json:"snapshots"`
 	} `json:"capacity"`

@@ -414,7 +414,8 @@ func (n *Node) Handler() http.Handler {
 	b := n.Backend()
 	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
 	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) { serveRPC(b, w, r, r.PathValue("method")) })
-	mux.HandleFunc("GET "+rpcPath+"templates/{name}/rootfs", n.exportTemplate)
+	mux.HandleFunc("GET "+rpcPath+"templates/{name}", n.exportTemplateMeta)
+	mux.HandleFunc("GET "+rpcPath+"templates/{name}/image", n.exportTemplateImage)
 	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
 	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -102,16 +102,41 @@ func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset
 	return resp, nil
 }
 
+// templateCopy is a template's metadata as a peer sends it, with the
+// SHA-256 of its image.
+type templateCopy struct {
+	Template template.Template `json:"template"`
+	SHA256   string            `json:"sha256"`
+}
+
+// copyTemplate copies a template's EROFS image byte for byte (a rebuild
+// would differ, and snapshots restore only onto the image they were taken
+// on), then makes it ready in the background.
 func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
 	n.log.Info("fleet: copying template from a peer", "template", name, "from", peer.Name)
-	resp, err := n.peerGet(ctx, peer, "templates/"+name+"/rootfs", 0)
+	resp, err := n.peerGet(ctx, peer, "templates/"+name, 0)
+	if err != nil {
+		return err
+	}
+	var tc templateCopy
+	err = json.NewDecoder(resp.Body).Decode(&tc)
+	resp.Body.Close()
+	if err != nil {
+		return errdefs.Unavailable("template %s metadata from node %s: %v", name, peer.Name, err)
+	}
+	resp, err = n.peerGet(ctx, peer, "templates/"+name+"/image", 0)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if _, err := n.host.Backend.BuildTemplate(ctx, template.BuildRequest{Name: name, Upload: resp.Body}, func(template.Progress) {}); err != nil {
+	if _, err := n.host.Templates.Adopt(ctx, tc.Template, resp.Body, tc.SHA256); err != nil {
 		return fmt.Errorf("copying template %s from node %s: %w", name, peer.Name, err)
 	}
+	go func() {
+		if err := n.host.Manager.MakeReady(context.WithoutCancel(ctx), name, false); err != nil {
+			n.log.Warn("fleet: copied template not ready; its sandboxes boot", "template", name, "err", err)
+		}
+	}()
 	return n.publishNow(ctx)
 }
 
@@ -204,16 +229,34 @@ func (n *Node) copyFile(ctx context.Context, peer NodeRecord, id, name, hash, ds
 	return nil
 }
 
-func (n *Node) exportTemplate(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if _, err := n.host.Templates.Get(name); err != nil {
+func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
+	t, err := n.host.Templates.Get(r.PathValue("name"))
+	if err != nil {
 		writeWireError(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-tar")
-	if err := n.host.Templates.Export(r.Context(), name, w); err != nil {
-		n.log.Warn("fleet: template export failed", "template", name, "err", err)
+	f, err := os.Open(n.host.Templates.ImagePath(t.Name))
+	if err != nil {
+		writeWireError(w, errdefs.NotFound("template image: %v", err))
+		return
 	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		writeWireError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(templateCopy{Template: t, SHA256: hex.EncodeToString(h.Sum(nil))})
+}
+
+func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
+	t, err := n.host.Templates.Get(r.PathValue("name"))
+	if err != nil {
+		writeWireError(w, err)
+		return
+	}
+	serveFile(w, r, n.host.Templates.ImagePath(t.Name))
 }
 
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
@@ -226,14 +269,18 @@ func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(sn)
 }
 
-// exportSnapshotFile serves one checkpoint file with Range support (a
-// broken copy resumes).
+// exportSnapshotFile serves one checkpoint file.
 func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
 	p, err := n.host.Snapshots.FilePath(r.PathValue("id"), r.PathValue("file"))
 	if err != nil {
 		writeWireError(w, err)
 		return
 	}
+	serveFile(w, r, p)
+}
+
+// serveFile serves a file with Range support (a broken copy resumes).
+func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 	f, err := os.Open(p)
 	if err != nil {
 		writeWireError(w, errdefs.NotFound("snapshot file: %v", err))

@@ -289,12 +289,3 @@ func fileHash(path string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
-
-// Export writes a template's root filesystem as a tar stream (to copy it
-// to another node, which builds it from the stream like an upload).
-func (s *Store) Export(ctx context.Context, name string, w io.Writer) error {
-	if _, err := s.Get(name); err != nil {
-		return err
-	}
-	return WriteTar(ctx, w, s.rootfsPath(name))
-}

@@ -1,0 +1,631 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"agentenv/internal/client"
+	"agentenv/internal/runtime/gvisorgo"
+	"agentenv/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	gvisorgo.WorkerMain()
+	os.Exit(m.Run())
+}
+
+// The fleet test runs what the fleet issue asks, for real: a 3-member etcd
+// cluster (etcd's own Go module, in this process), 3 node agents and 2 API
+// servers as separate processes, each node in a network namespace of its
+// own behind a bridge the test made, so that taking a node's link down
+// cuts it off. Only addresses inside those namespaces and loopback are
+// used.
+
+const (
+	bridge   = "aeflbr0"
+	bridgeIP = "10.231.0.1"
+	apiKey   = "fleet-test-key"
+)
+
+type fleetEnv struct {
+	t       *testing.T
+	dir     string
+	bin     string
+	secret  string
+	etcd    []*embed.Etcd
+	etcdURL string
+	nodes   []*proc
+	apis    []*proc
+	clients []*client.Client
+	apiURLs [][2]string
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func sh(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func quiet(args ...string) { exec.Command(args[0], args[1:]...).Run() }
+
+func freePort(t *testing.T, host string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// netSetup makes the bridge and one namespace per node, linked to it.
+func (f *fleetEnv) netSetup(n int) {
+	t := f.t
+	f.netTeardown(n)
+	sh(t, "ip", "link", "add", bridge, "type", "bridge")
+	sh(t, "ip", "addr", "add", bridgeIP+"/24", "dev", bridge)
+	sh(t, "ip", "link", "set", bridge, "up")
+	for i := 1; i <= n; i++ {
+		ns, host, peer := fmt.Sprintf("aefl-n%d", i), fmt.Sprintf("aeflh%d", i), fmt.Sprintf("aeflp%d", i)
+		sh(t, "ip", "netns", "add", ns)
+		sh(t, "ip", "link", "add", host, "type", "veth", "peer", "name", peer)
+		sh(t, "ip", "link", "set", peer, "netns", ns)
+		sh(t, "ip", "link", "set", host, "master", bridge)
+		sh(t, "ip", "link", "set", host, "up")
+		sh(t, "ip", "-n", ns, "addr", "add", fmt.Sprintf("10.231.0.%d/24", 10+i), "dev", peer)
+		sh(t, "ip", "-n", ns, "link", "set", peer, "up")
+		sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	t.Cleanup(func() { f.netTeardown(n) })
+}
+
+func (f *fleetEnv) netTeardown(n int) {
+	for i := 1; i <= n; i++ {
+		quiet("ip", "link", "del", fmt.Sprintf("aeflh%d", i))
+		quiet("ip", "netns", "del", fmt.Sprintf("aefl-n%d", i))
+	}
+	quiet("ip", "link", "del", bridge)
+}
+
+// startEtcd starts a 3-member cluster whose client URLs are on the bridge.
+func (f *fleetEnv) startEtcd() {
+	t := f.t
+	var peers, clients []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, freePort(t, "127.0.0.1")))
+		clients = append(clients, fmt.Sprintf("http://%s:%d", bridgeIP, freePort(t, bridgeIP)))
+	}
+	f.etcdURL = strings.Join(clients, ",")
+	errc := make(chan error, 3)
+	f.etcd = make([]*embed.Etcd, 3)
+	for i := range 3 {
+		cfg := embed.NewConfig()
+		cfg.Name = fmt.Sprintf("m%d", i)
+		cfg.Dir = filepath.Join(f.dir, "etcd", cfg.Name)
+		pu, _ := url.Parse(strings.SplitN(peers[i], "=", 2)[1])
+		cu, _ := url.Parse(clients[i])
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+		cfg.InitialCluster = strings.Join(peers, ",")
+		cfg.InitialClusterToken = "agentenv-fleet-test"
+		cfg.LogLevel = "error"
+		cfg.ListenMetricsUrls = nil
+		go func() {
+			e, err := embed.StartEtcd(cfg)
+			if err == nil {
+				f.etcd[i] = e
+			}
+			errc <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errc; err != nil {
+			t.Fatalf("etcd: %v", err)
+		}
+	}
+	for _, e := range f.etcd {
+		select {
+		case <-e.Server.ReadyNotify():
+		case <-time.After(60 * time.Second):
+			t.Fatal("etcd cluster not ready after 60 s")
+		}
+	}
+	t.Cleanup(func() {
+		for _, e := range f.etcd {
+			if e != nil {
+				e.Close()
+			}
+		}
+	})
+}
+
+func (f *fleetEnv) start(name string, args ...string) *proc {
+	p := &proc{name: name, log: filepath.Join(f.dir, name+".log"), done: make(chan struct{})}
+	lf, err := os.Create(p.log)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p.cmd = exec.Command(args[0], args[1:]...)
+	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	p.cmd.Env = append(os.Environ(), "AGENTENV_API_KEY="+apiKey)
+	if err := p.cmd.Start(); err != nil {
+		f.t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); lf.Close(); close(p.done) }()
+	f.t.Cleanup(func() { p.stop(syscall.SIGTERM) })
+	return p
+}
+
+func (p *proc) stop(sig syscall.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// nodeData is where every node sees its own data dir (a bind mount in a
+// mount namespace of its own), as every node of a real fleet uses the
+// same --data-dir: snapshots name their template image by path.
+const nodeData = "/run/agentenv-fleet-test/data"
+
+func (f *fleetEnv) startNode(i int) *proc {
+	name := fmt.Sprintf("n%d", i)
+	real := filepath.Join(f.dir, name)
+	if err := os.MkdirAll(real, 0o700); err != nil {
+		f.t.Fatal(err)
+	}
+	args := []string{f.bin, "node",
+		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
+		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
+		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
+		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100"}
+	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
+	return f.start("node-"+name, append([]string{"nsenter", "--net=/run/netns/aefl-" + name,
+		"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"}, args...)...)
+}
+
+func (f *fleetEnv) startAPI(i int) {
+	ap, pp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
+	p := f.start(fmt.Sprintf("api%d", i), f.bin, "api", "--etcd", f.etcdURL,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
+		"--cluster-secret-file", filepath.Join(f.dir, "secret"))
+	f.apis = append(f.apis, p)
+	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
+	f.apiURLs = append(f.apiURLs, [2]string{a, x})
+	f.clients = append(f.clients, client.New(a, x, apiKey))
+}
+
+// logs prints every process's log tail when the test failed.
+func (f *fleetEnv) logs() {
+	if !f.t.Failed() {
+		return
+	}
+	for _, p := range append(f.nodes, f.apis...) {
+		b, _ := os.ReadFile(p.log)
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		f.t.Logf("---- %s ----\n%s", p.name, b)
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after %s: %v", what, d, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func nodeCounts(ctx context.Context, c *client.Client) (map[string]client.Node, error) {
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]client.Node{}
+	for _, n := range nodes {
+		out[n.Name] = n
+	}
+	return out, nil
+}
+
+func (f *fleetEnv) waitAlive(c *client.Client, names ...string) {
+	eventually(f.t, 90*time.Second, "nodes alive "+strings.Join(names, ","), func() error {
+		m, err := nodeCounts(context.Background(), c)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if !m[n].Alive || m[n].Capacity.Templates == 0 {
+				return fmt.Errorf("node %s not alive with its templates: %+v", n, m[n])
+			}
+		}
+		return nil
+	})
+}
+
+func execOut(ctx context.Context, c *client.Client, sb client.Sandbox, script string) (string, error) {
+	var out bytes.Buffer
+	res, err := c.Exec(ctx, sb, "/bin/sh", []string{"-c", script}, &out, &out)
+	if err != nil {
+		return "", err
+	}
+	if res.ExitCode != 0 {
+		return out.String(), fmt.Errorf("exit %d: %s", res.ExitCode, out.String())
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+func TestFleet(t *testing.T) {
+	testenv.NeedRoot(t)
+	testenv.NeedRunsc(t)
+	testenv.NeedCommand(t, "nsenter", "nodes run in their own network namespaces")
+	ctx := context.Background()
+	f := &fleetEnv{t: t, dir: t.TempDir()}
+	f.bin = testenv.BuildAgentenv(t, t.TempDir())
+	f.secret = "fleet-test-secret-0123456789abcdef"
+	if err := os.WriteFile(filepath.Join(f.dir, "secret"), []byte(f.secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.netSetup(3)
+	if err := os.MkdirAll(nodeData, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.startEtcd()
+	for i := 1; i <= 3; i++ {
+		f.nodes = append(f.nodes, f.startNode(i))
+	}
+	f.startAPI(1)
+	f.startAPI(2)
+	defer f.logs()
+	c1, c2 := f.clients[0], f.clients[1]
+	f.waitAlive(c1, "n1", "n2", "n3")
+
+	t.Run("node port needs the secret", func(t *testing.T) {
+		resp, err := http.Post("http://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("node RPC without the secret: got HTTP %d, want 401", resp.StatusCode)
+		}
+	})
+
+	// 60 sandboxes through both API servers, 6 at a time.
+	sbs := make([]client.Sandbox, 60)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 6)
+	errs := make(chan error, 60)
+	for i := range sbs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			c := f.clients[i%2]
+			sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 900})
+			if err != nil {
+				errs <- fmt.Errorf("create %d: %w", i, err)
+				return
+			}
+			sbs[i] = sb
+			if out, err := execOut(ctx, f.clients[(i+1)%2], sb, "echo $((40+2))"); err != nil || out != "42" {
+				errs <- fmt.Errorf("exec in %s through the other API server: %q, %v", sb.SandboxID, out, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	counts, err := nodeCounts(ctx, c2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if counts[n].Sandboxes < 10 {
+			t.Errorf("node %s runs %d of the 60 sandboxes, want at least 10 (spread: %v %v %v)", n, counts[n].Sandboxes,
+				counts["n1"].Sandboxes, counts["n2"].Sandboxes, counts["n3"].Sandboxes)
+		}
+	}
+
+	t.Run("e2b SDK through either API server", func(t *testing.T) {
+		node := testenv.NeedCommand(t, "node", "the e2b SDK check needs Node.js")
+		dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+			t.Fatalf("tests/e2b/node_modules/e2b missing: make setup installs it (npm ci)")
+		}
+		for i, u := range f.apiURLs {
+			cmd := exec.Command(node, "fleet.mjs")
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "E2B_API_URL="+u[0], "E2B_SANDBOX_URL="+u[1], "E2B_API_KEY="+apiKey)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("e2b SDK through API server %d: %v\n%s", i+1, err, out)
+			}
+		}
+	})
+
+	t.Run("killing an API server loses nothing", func(t *testing.T) {
+		// Work goes on through api2 while api1 dies mid-run.
+		done := make(chan error, 1)
+		go func() {
+			for i := range 10 {
+				sb := sbs[i]
+				if out, err := execOut(ctx, c2, sb, "echo ok"); err != nil || out != "ok" {
+					done <- fmt.Errorf("exec in %s through api2: %q %v", sb.SandboxID, out, err)
+					return
+				}
+			}
+			done <- nil
+		}()
+		f.apis[0].stop(syscall.SIGKILL)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		list, err := c2.ListSandboxes(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 60 {
+			t.Fatalf("api2 lists %d sandboxes after api1 died, want 60", len(list))
+		}
+		// A new API server picks up the whole fleet from etcd.
+		f.startAPI(3)
+		c3 := f.clients[2]
+		eventually(t, 30*time.Second, "api3 lists all 60", func() error {
+			l, err := c3.ListSandboxes(ctx, nil)
+			if err == nil && len(l) != 60 {
+				err = fmt.Errorf("lists %d", len(l))
+			}
+			return err
+		})
+		if out, err := execOut(ctx, c3, sbs[59], "echo ok"); err != nil || out != "ok" {
+			t.Fatalf("exec through api3: %q %v", out, err)
+		}
+	})
+	c := f.clients[len(f.clients)-1]
+
+	t.Run("one etcd member stopped changes nothing", func(t *testing.T) {
+		f.etcd[2].Close()
+		f.etcd[2] = nil
+		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		if err != nil {
+			t.Fatalf("create with one etcd member down: %v", err)
+		}
+		if out, err := execOut(ctx, c, sb, "echo ok"); err != nil || out != "ok" {
+			t.Fatalf("exec: %q %v", out, err)
+		}
+		if err := c.KillSandbox(ctx, sb.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Second) // longer than the lease TTL: no node may be lost
+		m, err := nodeCounts(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"n1", "n2", "n3"} {
+			if !m[n].Alive {
+				t.Errorf("node %s lost after one etcd member stopped", n)
+			}
+		}
+	})
+
+	t.Run("a drained node gets no new sandboxes", func(t *testing.T) {
+		if err := c.NodeAction(ctx, "n3", "drain"); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := nodeCounts(ctx, c)
+		var made []client.Sandbox
+		for range 6 {
+			sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = append(made, sb)
+		}
+		after, _ := nodeCounts(ctx, c)
+		if after["n3"].Sandboxes != before["n3"].Sandboxes || !after["n3"].Draining {
+			t.Errorf("drained n3: %d sandboxes before, %d after 6 creates (draining %v), want no change", before["n3"].Sandboxes, after["n3"].Sandboxes, after["n3"].Draining)
+		}
+		for _, sb := range made {
+			c.KillSandbox(ctx, sb.SandboxID)
+		}
+		if err := c.NodeAction(ctx, "n3", "uncordon"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("snapshot restored on another node keeps memory", func(t *testing.T) {
+		for _, n := range []string{"n2", "n3"} {
+			c.NodeAction(ctx, n, "cordon")
+		}
+		// A template built on n1 only: n2 copies it (and the snapshot)
+		// on first use.
+		if _, err := c.BuildTemplate(ctx, client.BuildRequest{Name: "tiny", Busybox: true}, func(client.BuildProgress) {}); err != nil {
+			t.Fatalf("build tiny: %v", err)
+		}
+		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "tiny"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The value lives only in a shell variable of a running process.
+		if _, err := execOut(ctx, c, sb, `v=$(cat /proc/sys/kernel/random/uuid); echo $v > /tmp/v; (while :; do echo $v > /tmp/w; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3`); err != nil {
+			t.Fatal(err)
+		}
+		want, err := execOut(ctx, c, sb, "cat /tmp/v; rm /tmp/v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := c.SnapshotSandbox(ctx, sb.SandboxID, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NodeAction(ctx, "n2", "uncordon")
+		c.NodeAction(ctx, "n1", "cordon")
+		before, _ := nodeCounts(ctx, c)
+		child, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: snap.SnapshotID})
+		if err != nil {
+			t.Fatalf("restore on another node: %v", err)
+		}
+		after, _ := nodeCounts(ctx, c)
+		if after["n2"].Sandboxes != before["n2"].Sandboxes+1 {
+			t.Errorf("restored child not on n2: n2 had %d, has %d", before["n2"].Sandboxes, after["n2"].Sandboxes)
+		}
+		got, err := execOut(ctx, c, child, "rm -f /tmp/w; sleep 0.5; cat /tmp/w; test ! -e /tmp/v && echo no-v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want+"\nno-v" {
+			t.Fatalf("restored child on n2: the process's memory holds %q, want %q", got, want+"\nno-v")
+		}
+		c.KillSandbox(ctx, child.SandboxID)
+		c.KillSandbox(ctx, sb.SandboxID)
+		for _, n := range []string{"n1", "n2", "n3"} {
+			c.NodeAction(ctx, n, "uncordon")
+		}
+	})
+
+	t.Run("a node cut off is reported lost and comes back whole", func(t *testing.T) {
+		m, _ := nodeCounts(ctx, c)
+		onN3 := m["n3"].Sandboxes
+		if onN3 == 0 {
+			t.Fatal("n3 runs no sandboxes")
+		}
+		sh(t, "ip", "link", "set", "aeflh3", "down")
+		cutAt := time.Now()
+		var lost []client.Sandbox
+		eventually(t, 30*time.Second, "n3's sandboxes reported lost", func() error {
+			lost = lost[:0]
+			for _, sb := range sbs {
+				_, err := c.GetSandbox(ctx, sb.SandboxID)
+				var ce *client.Error
+				if errors.As(err, &ce) && ce.Status == http.StatusNotFound && strings.Contains(ce.Message, "lost") {
+					lost = append(lost, sb)
+				} else if err != nil {
+					return err
+				}
+			}
+			if len(lost) != onN3 {
+				return fmt.Errorf("%d lost, want %d", len(lost), onN3)
+			}
+			return nil
+		})
+		t.Logf("n3 cut off: its %d sandboxes reported lost after %s (lease TTL 3 s)", onN3, time.Since(cutAt).Round(100*time.Millisecond))
+		list, err := c.ListSandboxes(ctx, nil)
+		if err != nil || len(list) != 60-onN3 {
+			t.Fatalf("list while n3 is cut off: %d sandboxes (%v), want %d", len(list), err, 60-onN3)
+		}
+		// New creates succeed elsewhere.
+		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		if err != nil {
+			t.Fatalf("create while n3 is cut off: %v", err)
+		}
+		if out, err := execOut(ctx, c, sb, "echo ok"); err != nil || out != "ok" {
+			t.Fatalf("exec: %q %v", out, err)
+		}
+		c.KillSandbox(ctx, sb.SandboxID)
+		// One lost sandbox is killed by its user meanwhile: it must not
+		// come back.
+		if err := c.KillSandbox(ctx, lost[0].SandboxID); err != nil {
+			t.Fatalf("kill of a lost sandbox: %v", err)
+		}
+		sh(t, "ip", "link", "set", "aeflh3", "up")
+		f.waitAlive(c, "n3")
+		eventually(t, 30*time.Second, "n3's sandboxes back", func() error {
+			for _, sb := range lost[1:] {
+				if _, err := c.GetSandbox(ctx, sb.SandboxID); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, sb := range lost[1:] {
+			if out, err := execOut(ctx, c, sb, "echo back"); err != nil || out != "back" {
+				t.Fatalf("exec in %s after n3 returned: %q %v", sb.SandboxID, out, err)
+			}
+		}
+		if _, err := c.GetSandbox(ctx, lost[0].SandboxID); err == nil {
+			t.Fatalf("sandbox %s killed while n3 was cut off is back", lost[0].SandboxID)
+		}
+		eventually(t, 30*time.Second, "n3 runs exactly the sandboxes it kept", func() error {
+			m, err := nodeCounts(ctx, c)
+			if err == nil && m["n3"].Capacity.Sandboxes != onN3-1 {
+				err = fmt.Errorf("n3 reports %d sandboxes running, want %d", m["n3"].Capacity.Sandboxes, onN3-1)
+			}
+			return err
+		})
+		list, err = c.ListSandboxes(ctx, nil)
+		if err != nil || len(list) != 59 {
+			t.Fatalf("list after n3 returned: %d sandboxes (%v), want 59", len(list), err)
+		}
+		seen := map[string]bool{}
+		for _, sb := range list {
+			if seen[sb.SandboxID] {
+				t.Fatalf("sandbox %s listed twice", sb.SandboxID)
+			}
+			seen[sb.SandboxID] = true
+		}
+	})
+
+	// Kill everything; every node ends with none.
+	list, _ := c.ListSandboxes(ctx, nil)
+	for _, sb := range list {
+		if err := c.KillSandbox(ctx, sb.SandboxID); err != nil {
+			t.Errorf("kill %s: %v", sb.SandboxID, err)
+		}
+	}
+	eventually(t, 30*time.Second, "all nodes empty", func() error {
+		m, err := nodeCounts(ctx, c)
+		if err != nil {
+			return err
+		}
+		for _, n := range m {
+			if n.Alive && n.Capacity.Sandboxes != 0 {
+				return fmt.Errorf("node %s still runs %d", n.Name, n.Capacity.Sandboxes)
+			}
+		}
+		return nil
+	})
+}

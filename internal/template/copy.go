@@ -1,0 +1,77 @@
+package template
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"agentenv/internal/errdefs"
+)
+
+// Adopt stores a template copied from another node of a fleet: its EROFS
+// image byte for byte (so that snapshots taken on either node restore on
+// the other) and its metadata. sum, if set, is the image's SHA-256; a
+// mismatch fails the copy and leaves nothing behind.
+func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum string) (Template, error) {
+	if err := ValidName(t.Name); err != nil {
+		return Template{}, err
+	}
+	s.mu.Lock()
+	if _, ok := s.templates[t.Name]; ok {
+		s.mu.Unlock()
+		return s.Get(t.Name)
+	}
+	if s.building[t.Name] {
+		s.mu.Unlock()
+		return Template{}, errdefs.Conflict("template %q is already being built", t.Name)
+	}
+	s.building[t.Name] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.building, t.Name)
+		s.mu.Unlock()
+	}()
+	staging, err := os.MkdirTemp(s.dir, ".build-"+t.Name+"-")
+	if err != nil {
+		return Template{}, err
+	}
+	defer os.RemoveAll(staging)
+	f, err := os.OpenFile(filepath.Join(staging, "image.erofs"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+	if err != nil {
+		return Template{}, err
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), image)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Template{}, fmt.Errorf("copying template %s image: %w", t.Name, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); sum != "" && got != sum {
+		return Template{}, errdefs.Unavailable("template %s image arrived corrupt (sha256 %s, want %s)", t.Name, got, sum)
+	}
+	t.ImageSize, t.InUse = n, 0
+	b, _ := json.MarshalIndent(t, "", "  ")
+	if err := os.WriteFile(filepath.Join(staging, "template.json"), b, 0o644); err != nil {
+		return Template{}, err
+	}
+	if err := os.Rename(staging, filepath.Join(s.dir, t.Name)); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return s.Get(t.Name)
+		}
+		return Template{}, err
+	}
+	s.mu.Lock()
+	c := t
+	s.templates[t.Name] = &c
+	s.mu.Unlock()
+	return t, nil
+}

@@ -1,0 +1,25 @@
+// The official e2b SDK against a fleet API server (agentenv api): create,
+// run a command, write and read a file, kill. The Go fleet test runs it
+// once per API server with E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY set.
+import assert from 'node:assert/strict'
+import { Sandbox } from 'e2b'
+
+for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  if (!process.env[k]) throw new Error(`fleet.mjs: set ${k}`)
+}
+const sbx = await Sandbox.create('busybox', { timeoutMs: 120_000 })
+try {
+  const r = await sbx.commands.run('echo fleet-$((6*7))')
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout.trim(), 'fleet-42')
+  await sbx.files.write('/tmp/hello.txt', 'hello from the fleet')
+  assert.equal(await sbx.files.read('/tmp/hello.txt'), 'hello from the fleet')
+  assert.equal(await sbx.isRunning(), true)
+  const listed = await Sandbox.list().nextItems()
+  assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId), 'the new sandbox is listed')
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await again.commands.run('cat /tmp/hello.txt')).stdout, 'hello from the fleet')
+} finally {
+  await sbx.kill()
+}
+console.log('fleet.mjs: ok', sbx.sandboxId)
