@@ -48,7 +48,7 @@ func Root() *cobra.Command {
 	pf.StringVar(&g.apiKey, "api-key", "", "API key (default: env AGENTENV_API_KEY, else the key file in --data-dir)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("AGENTENV_DATA_DIR", "/var/lib/agentenv"), "data directory (env AGENTENV_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
-	root.AddCommand(serveCmd(g), nodeCmd(g), apiCmd(g), sandboxCmd(g), templateCmd(g), snapshotCmd(g), benchCmd(g))
+	root.AddCommand(serveCmd(g), nodeCmd(g), apiCmd(g), etcdCmd(), sandboxCmd(g), templateCmd(g), snapshotCmd(g), benchCmd(g))
 	return root
 }
 
