@@ -371,6 +371,26 @@ func TestFleet(t *testing.T) {
 		}
 	}
 
+	t.Run("metrics on every role", func(t *testing.T) {
+		for _, tc := range []struct{ url, want string }{
+			{f.apiURLs[0][0] + "/metrics", `agentenv_operation_duration_seconds_count{op="create",role="api"}`},
+			{f.apiURLs[0][0] + "/metrics", `agentenv_fleet_nodes{role="api",state="alive"} 3`},
+			{"http://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
+			{"http://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
+		} {
+			resp, err := http.Get(tc.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b bytes.Buffer
+			b.ReadFrom(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(b.String(), tc.want) {
+				t.Errorf("%s lacks %s", tc.url, tc.want)
+			}
+		}
+	})
+
 	t.Run("e2b SDK through either API server", func(t *testing.T) {
 		node := testenv.NeedCommand(t, "node", "the e2b SDK check needs Node.js")
 		dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")

@@ -19,6 +19,7 @@ import (
 
 	"agentenv/internal/api"
 	"agentenv/internal/errdefs"
+	"agentenv/internal/metrics"
 	"agentenv/internal/proxy"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
@@ -39,8 +40,8 @@ type NodeConfig struct {
 	LeaseTTL     time.Duration
 	MaxSandboxes int
 	Log          *slog.Logger
-	// Metrics, if set, serves /metrics.
-	Metrics http.Handler
+	// Metrics, if set, times the node's operations.
+	Metrics *metrics.Registry
 }
 
 // Node is a node agent: this host's sandbox stack, published in etcd and
@@ -103,8 +104,7 @@ func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, 
 // time its lease is lost (cut off longer than the TTL), it reconciles
 // with etcd and registers again.
 func (n *Node) Run(ctx context.Context, host *server.Host) error {
-	n.host = host
-	n.px = proxy.New(host.Manager, n.log)
+	n.attach(host)
 	go n.flushLoop(ctx)
 	for ctx.Err() == nil {
 		if err := n.session(ctx); err != nil && ctx.Err() == nil {
@@ -122,6 +122,14 @@ func (n *Node) Run(ctx context.Context, host *server.Host) error {
 		cancel()
 	}
 	return nil
+}
+
+// attach sets the host the node serves (before Handler and Run).
+func (n *Node) attach(host *server.Host) {
+	if n.host == nil {
+		n.host = host
+		n.px = proxy.New(host.Manager, n.log)
+	}
 }
 
 // session is one lease: grant, reconcile, register, keep alive.
@@ -411,7 +419,12 @@ func (n *Node) flushLoop(ctx context.Context) {
 // exports and sandbox traffic only with the cluster secret.
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	b := n.Backend()
+	var b api.Backend = n.Backend()
+	var px http.Handler = n.px
+	if n.cfg.Metrics != nil {
+		b = api.Metered(b, n.cfg.Metrics.ObserveOp)
+		px = server.MeterProxy(n.cfg.Metrics, px)
+	}
 	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
 	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) { serveRPC(b, w, r, r.PathValue("method")) })
 	mux.HandleFunc("GET "+rpcPath+"templates/{name}", n.exportTemplateMeta)
@@ -419,18 +432,10 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
 	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("E2b-Sandbox-Id") == "" {
-			switch r.URL.Path {
-			case "/health":
-				w.Header().Set("Content-Type", "application/json")
-				w.Write([]byte(`{"status":"ok"}` + "\n"))
-				return
-			case "/metrics":
-				if n.cfg.Metrics != nil {
-					n.cfg.Metrics.ServeHTTP(w, r)
-					return
-				}
-			}
+		if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/health" {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"status":"ok"}` + "\n"))
+			return
 		}
 		if !checkSecret(r, n.cfg.Secret) {
 			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers with the cluster secret may call it: %w", errdefs.ErrUnauthenticated))
@@ -438,7 +443,7 @@ func (n *Node) Handler() http.Handler {
 		}
 		r.Header.Del(SecretHeader)
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
-			n.px.ServeHTTP(w, r)
+			px.ServeHTTP(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"agentenv/internal/api"
+	"agentenv/internal/metrics"
 	"agentenv/internal/server"
 )
 
@@ -80,6 +81,8 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	}
 	cfg.Node.Etcd, cfg.Node.Log = cli, log
 	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
+	reg := server.NewMetrics("node")
+	cfg.Node.Metrics = reg
 	node := NewNode(cfg.Node)
 	cfg.Host.OnPersist = node.Changed
 	host, err := server.StartHost(ctx, cfg.Host)
@@ -87,8 +90,14 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		return err
 	}
 	defer host.Close()
-	node.host = host
-	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	node.attach(host)
+	reg.SetSandboxStates(server.SandboxStates(host.Manager))
+	reg.SetCapacity(func() metrics.Capacity {
+		c := node.capacity()
+		return metrics.Capacity{CPUs: c.CPUs, MemoryMB: c.MemoryMB, FreeMemoryMB: c.FreeMemoryMB, MaxSandboxes: c.MaxSandboxes,
+			Sandboxes: c.Sandboxes, Templates: c.Templates, Snapshots: c.Snapshots}
+	})
+	srv := &http.Server{Handler: server.WithMetrics(reg, node.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("agentenv node serving", "node", cfg.Node.Name, "listen", ln.Addr().String(), "advertise", cfg.Node.Advertise)
@@ -118,8 +127,6 @@ type APIRun struct {
 	APIKey      string
 	Domain      string
 	Log         *slog.Logger
-	// Wrap, if set, wraps each listener's handler (metrics).
-	Wrap func(role string, h http.Handler) http.Handler
 	// Ready, if set, is called with the bound addresses.
 	Ready func(apiAddr, proxyAddr string)
 }
@@ -143,6 +150,15 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	remote := NewRemote(cli, cache, cfg.Secret, log)
+	reg := server.NewMetrics("api")
+	remote.Observe = reg.ObserveOp
+	reg.SetNodes(func() []metrics.NodeInfo {
+		var out []metrics.NodeInfo
+		for _, v := range remote.Nodes() {
+			out = append(out, metrics.NodeInfo{Name: v.Name, Alive: v.Alive, Cordoned: v.Cordoned, Sandboxes: v.Sandboxes, FreeMemoryMB: v.Capacity.FreeMemoryMB})
+		}
+		return out
+	})
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -156,13 +172,10 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	if domain == "" {
 		domain = proxyLn.Addr().String()
 	}
-	wrap := cfg.Wrap
-	if wrap == nil {
-		wrap = func(_ string, h http.Handler) http.Handler { return h }
-	}
-	apiSrv := &http.Server{Handler: wrap("api", api.New(api.Config{APIKey: cfg.APIKey, Backend: remote, Fleet: remote, Domain: domain, Log: log}).Handler()),
+	backend := api.Metered(remote, reg.ObserveOp)
+	apiSrv := &http.Server{Handler: server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, Backend: backend, Fleet: remote, Domain: domain, Log: log}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: wrap("proxy", NewProxy(remote)), ReadHeaderTimeout: 10 * time.Second}
+	proxySrv := &http.Server{Handler: server.MeterProxy(reg, NewProxy(remote)), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- apiSrv.Serve(apiLn) }()
 	go func() { errc <- proxySrv.Serve(proxyLn) }()

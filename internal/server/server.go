@@ -216,9 +216,12 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if domain == "" {
 		domain = proxyLn.Addr().String()
 	}
-	apiSrv := &http.Server{Handler: api.New(api.Config{APIKey: key, Backend: h.Backend, Domain: domain, Log: log}).Handler(),
+	reg := NewMetrics("serve")
+	reg.SetSandboxStates(SandboxStates(h.Manager))
+	backend := api.Metered(h.Backend, reg.ObserveOp)
+	apiSrv := &http.Server{Handler: WithMetrics(reg, api.New(api.Config{APIKey: key, Backend: backend, Domain: domain, Log: log}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: proxy.New(h.Manager, log), ReadHeaderTimeout: 10 * time.Second}
+	proxySrv := &http.Server{Handler: MeterProxy(reg, proxy.New(h.Manager, log)), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- apiSrv.Serve(apiLn) }()
 	go func() { errc <- proxySrv.Serve(proxyLn) }()

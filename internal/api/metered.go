@@ -1,0 +1,57 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"agentenv/internal/sandbox"
+	"agentenv/internal/snapshot"
+	"agentenv/internal/template"
+)
+
+// Metered wraps a Backend so that every operation that changes a sandbox
+// reports its latency and error to observe (Prometheus, in every role).
+func Metered(b Backend, observe func(op string, d time.Duration, err error)) Backend {
+	return &metered{Backend: b, observe: observe}
+}
+
+type metered struct {
+	Backend
+	observe func(op string, d time.Duration, err error)
+}
+
+func timed[T any](m *metered, op string, f func() (T, error)) (T, error) {
+	start := time.Now()
+	v, err := f()
+	m.observe(op, time.Since(start), err)
+	return v, err
+}
+
+func (m *metered) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	return timed(m, "create", func() (sandbox.Sandbox, error) { return m.Backend.Create(ctx, req) })
+}
+
+func (m *metered) Kill(ctx context.Context, id string) error {
+	_, err := timed(m, "kill", func() (struct{}, error) { return struct{}{}, m.Backend.Kill(ctx, id) })
+	return err
+}
+
+func (m *metered) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return timed(m, "pause", func() (sandbox.Sandbox, error) { return m.Backend.Pause(ctx, id) })
+}
+
+func (m *metered) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return timed(m, "resume", func() (sandbox.Sandbox, error) { return m.Backend.Resume(ctx, id, d) })
+}
+
+func (m *metered) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	return timed(m, "snapshot", func() (snapshot.Snapshot, error) { return m.Backend.Snapshot(ctx, id, req) })
+}
+
+func (m *metered) Fork(ctx context.Context, id string, count int, d time.Duration, md map[string]string) ([]sandbox.ForkResult, error) {
+	return timed(m, "fork", func() ([]sandbox.ForkResult, error) { return m.Backend.Fork(ctx, id, count, d, md) })
+}
+
+func (m *metered) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error) {
+	return timed(m, "template_build", func() (TemplateInfo, error) { return m.Backend.BuildTemplate(ctx, req, progress) })
+}
