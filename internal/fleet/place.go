@@ -24,7 +24,7 @@ const localityBonus = 0.34
 
 // Place orders the nodes to try for a new sandbox, best first: nodes
 // that are full or short of memory are left out; the rest are ranked by
-// free room (sandbox slots), with a bonus for holding the template or
+// free room (the free share of their sandbox slots), with a bonus for holding the template or
 // snapshot already. Ties go to the node with more free memory, then by
 // name, so the order is deterministic.
 func Place(cands []Candidate) []string {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -88,7 +87,9 @@ func (r *Remote) notFound(ctx context.Context, id string) error {
 // node that is full or failing is skipped for the next.
 func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	start := time.Now()
-	order := r.place(req.Template, int64(req.MemoryMB))
+	// The first pick is counted as pending in the same critical section
+	// that ranked it, so that a burst of creates spreads.
+	order := r.place(req.Template, int64(req.MemoryMB), true)
 	if r.Observe != nil {
 		r.Observe("place", time.Since(start), nil)
 	}
@@ -99,6 +100,11 @@ func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox
 	for i, n := range order {
 		if i == 3 {
 			break
+		}
+		if i > 0 {
+			r.mu.Lock()
+			r.pending[n.Name]++
+			r.mu.Unlock()
 		}
 		sb, err := r.createOn(ctx, n, req)
 		if err == nil {
@@ -113,10 +119,8 @@ func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox
 	return sandbox.Sandbox{}, errors.Join(errs...)
 }
 
+// createOn creates on n, which the caller counted as pending.
 func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
-	r.mu.Lock()
-	r.pending[n.Name]++
-	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.pending[n.Name]--
@@ -129,26 +133,35 @@ func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateR
 	return sb, err
 }
 
-// place ranks the live, uncordoned nodes for a sandbox from name.
-func (r *Remote) place(name string, memMB int64) []NodeRecord {
-	holders := r.cache.holders(name)
-	var cands []Candidate
-	byName := map[string]NodeRecord{}
+// place ranks the live, uncordoned nodes for a sandbox from name; with
+// reserve, the first is counted as pending.
+func (r *Remote) place(name string, memMB int64, reserve bool) []NodeRecord {
+	held := map[string]bool{}
+	for _, h := range r.cache.holders(name) {
+		held[h] = true
+	}
+	views := r.cache.Nodes()
+	byName := make(map[string]NodeRecord, len(views))
+	cands := make([]Candidate, 0, len(views))
 	r.mu.Lock()
-	for _, v := range r.cache.Nodes() {
+	for _, v := range views {
 		if !v.Alive || v.Cordoned {
 			continue
 		}
 		byName[v.Name] = v.NodeRecord
 		cands = append(cands, Candidate{
 			Name: v.Name, Sandboxes: v.Sandboxes + r.pending[v.Name], MaxSandboxes: v.Capacity.MaxSandboxes,
-			FreeMemoryMB: v.Capacity.FreeMemoryMB, NeedMemoryMB: memMB, Holds: slices.Contains(holders, v.Name),
+			FreeMemoryMB: v.Capacity.FreeMemoryMB, NeedMemoryMB: memMB, Holds: held[v.Name],
 		})
 	}
+	ranked := Place(cands)
+	if reserve && len(ranked) > 0 {
+		r.pending[ranked[0]]++
+	}
 	r.mu.Unlock()
-	var out []NodeRecord
-	for _, name := range Place(cands) {
-		out = append(out, byName[name])
+	out := make([]NodeRecord, len(ranked))
+	for i, name := range ranked {
+		out[i] = byName[name]
 	}
 	return out
 }
@@ -339,7 +352,7 @@ func (r *Remote) DeleteTemplate(ctx context.Context, name string) error {
 // BuildTemplate builds on the node with the most room; other nodes copy
 // the template from it on first use.
 func (r *Remote) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
-	order := r.place("", 0)
+	order := r.place("", 0, false)
 	if len(order) == 0 {
 		return api.TemplateInfo{}, errdefs.Unavailable("no node can build a template now (none alive and uncordoned)")
 	}

@@ -115,7 +115,7 @@ func BenchmarkPlace(b *testing.B) {
 	var lat []time.Duration
 	for b.Loop() {
 		start := time.Now()
-		order := f.remote.place("busybox", 0)
+		order := f.remote.place("busybox", 0, false)
 		lat = append(lat, time.Since(start))
 		if len(order) != scaleNodes {
 			b.Fatalf("got %d nodes placed, want %d", len(order), scaleNodes)
@@ -192,7 +192,7 @@ func (f *scaleFleet) placeMany(tb testing.TB, n int) []time.Duration {
 	lat := make([]time.Duration, 0, n)
 	for range n {
 		start := time.Now()
-		order := f.remote.place("busybox", 0)
+		order := f.remote.place("busybox", 0, false)
 		lat = append(lat, time.Since(start))
 		if len(order) != len(f.nodes) {
 			tb.Fatalf("got %d nodes placed, want %d", len(order), len(f.nodes))
