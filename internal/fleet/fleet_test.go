@@ -295,6 +295,33 @@ func execOut(ctx context.Context, c *client.Client, sb client.Sandbox, script st
 	return strings.TrimSpace(out.String()), nil
 }
 
+// holdInMemory starts a process in sb that keeps a random value only in
+// a shell variable (rewriting /tmp/w from it) and returns the value.
+func holdInMemory(t *testing.T, c *client.Client, sb client.Sandbox) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := execOut(ctx, c, sb, `v=$(cat /proc/sys/kernel/random/uuid); echo $v > /tmp/v; (while :; do echo $v > /tmp/w; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3`); err != nil {
+		t.Fatal(err)
+	}
+	want, err := execOut(ctx, c, sb, "cat /tmp/v; rm /tmp/v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// checkMemory checks that sb's process still holds want in memory.
+func checkMemory(t *testing.T, c *client.Client, sb client.Sandbox, want string) {
+	t.Helper()
+	got, err := execOut(context.Background(), c, sb, "rm -f /tmp/w; sleep 0.5; cat /tmp/w; test ! -e /tmp/v && echo no-v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want+"\nno-v" {
+		t.Fatalf("sandbox %s: the process's memory holds %q, want %q", sb.SandboxID, got, want+"\nno-v")
+	}
+}
+
 func TestFleet(t *testing.T) {
 	testenv.NeedRoot(t)
 	testenv.NeedRunsc(t)
@@ -510,14 +537,7 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The value lives only in a shell variable of a running process.
-		if _, err := execOut(ctx, c, sb, `v=$(cat /proc/sys/kernel/random/uuid); echo $v > /tmp/v; (while :; do echo $v > /tmp/w; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3`); err != nil {
-			t.Fatal(err)
-		}
-		want, err := execOut(ctx, c, sb, "cat /tmp/v; rm /tmp/v")
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := holdInMemory(t, c, sb)
 		snap, err := c.SnapshotSandbox(ctx, sb.SandboxID, "", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -533,18 +553,47 @@ func TestFleet(t *testing.T) {
 		if after["n2"].Sandboxes != before["n2"].Sandboxes+1 {
 			t.Errorf("restored child not on n2: n2 had %d, has %d", before["n2"].Sandboxes, after["n2"].Sandboxes)
 		}
-		got, err := execOut(ctx, c, child, "rm -f /tmp/w; sleep 0.5; cat /tmp/w; test ! -e /tmp/v && echo no-v")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != want+"\nno-v" {
-			t.Fatalf("restored child on n2: the process's memory holds %q, want %q", got, want+"\nno-v")
-		}
+		checkMemory(t, c, child, want)
 		c.KillSandbox(ctx, child.SandboxID)
 		c.KillSandbox(ctx, sb.SandboxID)
 		for _, n := range []string{"n1", "n2", "n3"} {
 			c.NodeAction(ctx, n, "uncordon")
 		}
+	})
+
+	t.Run("fork spills over a cordoned parent node", func(t *testing.T) {
+		c.NodeAction(ctx, "n2", "cordon")
+		c.NodeAction(ctx, "n3", "cordon")
+		c.NodeAction(ctx, "n1", "uncordon")
+		parent, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := holdInMemory(t, c, parent)
+		c.NodeAction(ctx, "n2", "uncordon")
+		c.NodeAction(ctx, "n3", "uncordon")
+		c.NodeAction(ctx, "n1", "cordon")
+		before, _ := nodeCounts(ctx, c)
+		kids, kidErrs, err := c.ForkSandbox(ctx, parent.SandboxID, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range kidErrs {
+			if e != nil {
+				t.Fatalf("fork child: %v", e)
+			}
+		}
+		after, _ := nodeCounts(ctx, c)
+		if after["n1"].Sandboxes != before["n1"].Sandboxes || after["n2"].Sandboxes+after["n3"].Sandboxes != before["n2"].Sandboxes+before["n3"].Sandboxes+2 {
+			t.Errorf("fork of a sandbox on cordoned n1: children not on n2/n3 (before %d/%d/%d, after %d/%d/%d)",
+				before["n1"].Sandboxes, before["n2"].Sandboxes, before["n3"].Sandboxes, after["n1"].Sandboxes, after["n2"].Sandboxes, after["n3"].Sandboxes)
+		}
+		for _, kid := range kids {
+			checkMemory(t, c, kid, want)
+			c.KillSandbox(ctx, kid.SandboxID)
+		}
+		c.KillSandbox(ctx, parent.SandboxID)
+		c.NodeAction(ctx, "n1", "uncordon")
 	})
 
 	t.Run("a node cut off is reported lost and comes back whole", func(t *testing.T) {

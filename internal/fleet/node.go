@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	goruntime "runtime"
@@ -71,7 +72,8 @@ type Node struct {
 	published map[string]string // key → value of template/snapshot keys under the lease
 	recorded  sync.Map          // sandbox IDs with a record in etcd
 
-	fetch singleflight.Group
+	fetch   singleflight.Group
+	started time.Time
 }
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
@@ -81,7 +83,7 @@ func NewNode(cfg NodeConfig) *Node {
 		cfg.LeaseTTL = 10 * time.Second
 	}
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
-		published: map[string]string{}, http: &http.Client{Transport: newTransport()}}
+		published: map[string]string{}, http: &http.Client{Transport: newTransport()}, started: time.Now().UTC()}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -185,7 +187,7 @@ func (n *Node) leaseID() clientv3.LeaseID {
 // register writes the node record (capacity now) and the templates and
 // snapshots it holds, all under its lease.
 func (n *Node) register(ctx context.Context) error {
-	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, StartedAt: time.Now().UTC(), Capacity: n.capacity()}
+	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, StartedAt: n.started, Capacity: n.capacity()}
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
 	want[nodesPrefix+n.cfg.Name] = string(b)
@@ -203,28 +205,30 @@ func (n *Node) register(ctx context.Context) error {
 		b, _ := json.Marshal(sn)
 		want[snapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
 	}
-	return n.sync(ctx, want, strings.HasPrefix)
+	return n.sync(ctx, want)
 }
 
-// sync makes the lease's keys match want, writing only what changed.
-// (A node record differs by its capacity; StartedAt is kept stable.)
-func (n *Node) sync(ctx context.Context, want map[string]string, _ func(string, string) bool) error {
+// sync makes the lease's keys match want, writing only what changed. A
+// node record whose free memory moved by less than 64 MiB counts as
+// unchanged (it moves all the time).
+func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	n.pubMu.Lock()
 	defer n.pubMu.Unlock()
 	lease := n.leaseID()
 	var ops []clientv3.Op
+	changed := map[string]string{}
 	for k, v := range want {
-		if strings.HasPrefix(k, nodesPrefix) {
-			if old, ok := n.published[k]; ok && sameExceptStart(old, v) {
-				continue
-			}
-		} else if n.published[k] == v {
+		old, ok := n.published[k]
+		if ok && (old == v || strings.HasPrefix(k, nodesPrefix) && sameNode(old, v)) {
 			continue
 		}
+		changed[k] = v
 		ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease)))
 	}
+	var gone []string
 	for k := range n.published {
 		if _, ok := want[k]; !ok {
+			gone = append(gone, k)
 			ops = append(ops, clientv3.OpDelete(k))
 		}
 	}
@@ -232,34 +236,23 @@ func (n *Node) sync(ctx context.Context, want map[string]string, _ func(string, 
 		batch := ops[:min(len(ops), 100)]
 		ops = ops[len(batch):]
 		if _, err := n.cli.Txn(ctx).Then(batch...).Commit(); err != nil {
+			// published still holds the old state: the next sync sends
+			// the same (idempotent) changes again.
 			return err
 		}
 	}
-	for k := range n.published {
-		if _, ok := want[k]; !ok {
-			delete(n.published, k)
-		}
+	for _, k := range gone {
+		delete(n.published, k)
 	}
-	for k, v := range want {
-		if strings.HasPrefix(k, nodesPrefix) {
-			if _, ok := n.published[k]; ok {
-				if old := n.published[k]; sameExceptStart(old, v) {
-					continue
-				}
-			}
-		}
-		n.published[k] = v
-	}
+	maps.Copy(n.published, changed)
 	return nil
 }
 
-func sameExceptStart(a, b string) bool {
+func sameNode(a, b string) bool {
 	var ra, rb NodeRecord
 	if json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil {
 		return false
 	}
-	ra.StartedAt, rb.StartedAt = time.Time{}, time.Time{}
-	// Free memory moves all the time: only changes of 64 MiB count.
 	if d := ra.Capacity.FreeMemoryMB - rb.Capacity.FreeMemoryMB; d < 64 && d > -64 {
 		ra.Capacity.FreeMemoryMB = rb.Capacity.FreeMemoryMB
 	}

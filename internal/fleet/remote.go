@@ -237,19 +237,61 @@ func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRe
 	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) { return c.Snapshot(ctx, id, req) })
 }
 
-// Fork restores the children on the parent's node, where its memory is.
+// Fork restores the children on the parent's node, where its memory is,
+// when that node has room for all of them and is not cordoned. Otherwise
+// the parent is snapshotted once and each child is placed like a create
+// from that snapshot: the parent's node first while it has room (it holds
+// the snapshot), then others, which copy it.
 func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
-	_, c, err := r.locate(ctx, id)
+	rec, c, err := r.locate(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.Fork(ctx, id, count, d, metadata)
-	for _, fr := range res {
-		if fr.Err == nil {
-			r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
+	if count <= r.room(c.name) {
+		res, err := c.Fork(ctx, id, count, d, metadata)
+		for _, fr := range res {
+			if fr.Err == nil {
+				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
+			}
 		}
+		return res, err
 	}
-	return res, err
+	if count < 1 || count > 100 {
+		return nil, errdefs.Invalid("fork count %d out of range: give 1..100", count)
+	}
+	sn, err := c.Snapshot(ctx, id, sandbox.SnapshotRequest{Metadata: map[string]string{"agentenv.fork-of": id}})
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("fleet: fork spills over the parent's node", "sandbox", id, "node", c.name, "children", count, "snapshot", sn.ID)
+	network := rec.Sandbox.Network
+	res := make([]sandbox.ForkResult, count)
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for i := range res {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			res[i].Sandbox, res[i].Err = r.Create(ctx, sandbox.CreateRequest{Template: sn.ID, Timeout: d, Metadata: metadata, Network: &network})
+		})
+	}
+	wg.Wait()
+	return res, nil
+}
+
+// room is how many more sandboxes placement may send to a node now (0
+// when it is cordoned or gone).
+func (r *Remote) room(node string) int {
+	v, err := r.nodeKnown(node)
+	if err != nil || !v.Alive || v.Cordoned {
+		return 0
+	}
+	if v.Capacity.MaxSandboxes == 0 {
+		return 1 << 30
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return v.Capacity.MaxSandboxes - v.Sandboxes - r.pending[node]
 }
 
 // snapshots returns one copy of each published snapshot.

@@ -178,6 +178,9 @@ func (s *Store) importPath(p string) (string, error) {
 
 // finish bakes envd and the sandbox conventions into dir/rootfs and writes
 // dir/image.erofs and dir/template.json.
+// busyboxUUID is the fixed filesystem UUID of busybox template images.
+const busyboxUUID = "5d0b0e2a-4c1e-4f57-9a61-6167656e7476"
+
 func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progress func(Progress)) error {
 	rootfs := filepath.Join(dir, "rootfs")
 	progress(Progress{Phase: "configure", Percent: 85, Message: "installing envd"})
@@ -194,7 +197,16 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 	// gVisor's EROFS reader maps only plain (not tail-packed, not
 	// compressed) file data: without noinline_data binaries fail to load
 	// with "bad address".
-	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.erofs", "-E", "noinline_data", tmp, rootfs))
+	args := []string{"-E", "noinline_data"}
+	if t.Source == "busybox" {
+		// The busybox template is built by every node of a fleet from the
+		// same inputs: a fixed timestamp and UUID make the image the same
+		// bytes everywhere, so its snapshots restore on any node (gVisor
+		// checks the image's superblock on restore). Its files' times are
+		// then all the epoch.
+		args = append(args, "-T", "0", "-U", busyboxUUID)
+	}
+	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.erofs", append(args, tmp, rootfs)...))
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.erofs: %w: %s (is erofs-utils installed? run make setup)", err, lastLines(string(out)))

@@ -4,7 +4,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -344,5 +346,26 @@ func TestRefreshEnvd(t *testing.T) {
 	}
 	if st2, _ := os.Stat(filepath.Join(dir, "busybox", "image.erofs")); st == nil || st2 == nil || !os.SameFile(st, st2) {
 		t.Errorf("EnsureBusybox rebuilt the busybox template that RefreshEnvd had just updated")
+	}
+}
+
+// TestBusyboxImageIsReproducible: every fleet node builds busybox itself;
+// snapshots restore only onto the same image bytes.
+func TestBusyboxImageIsReproducible(t *testing.T) {
+	testenv.NeedCommand(t, "busybox", "the busybox template copies the host's busybox-static")
+	var sums []string
+	for range 2 {
+		s, dir, _ := newStore(t)
+		if _, err := s.Build(context.Background(), template.BuildRequest{Name: "busybox", Busybox: true}, noProgress); err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "busybox", "image.erofs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sums = append(sums, fmt.Sprintf("%x", sha256.Sum256(b)))
+	}
+	if sums[0] != sums[1] {
+		t.Fatalf("two busybox builds: images %s and %s, want the same bytes", sums[0], sums[1])
 	}
 }
