@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"agentenv/internal/errdefs"
+)
+
+// flakyPeer serves one file like a node's export route, but the first
+// answer breaks off half-way: the copy must resume with a Range request
+// and end with the exact bytes.
+func flakyPeer(t *testing.T, data []byte, secret string, corrupt bool) (*httptest.Server, *atomic.Int32, *atomic.Value) {
+	var calls atomic.Int32
+	var lastRange atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !checkSecret(r, secret) {
+			writeWireError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		n := calls.Add(1)
+		lastRange.Store(r.Header.Get("Range"))
+		body := data
+		if corrupt {
+			body = append([]byte("X"), data[1:]...)
+		}
+		if n == 1 {
+			// Promise the whole file, send half, cut the connection.
+			w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+			w.WriteHeader(http.StatusOK)
+			w.Write(body[:len(body)/2])
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		http.ServeContent(w, r, "", time.Time{}, strings.NewReader(string(body)))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls, &lastRange
+}
+
+func TestCopyFileResumesAndChecks(t *testing.T) {
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	sum := sha256.Sum256(data)
+	hash := hex.EncodeToString(sum[:])
+	for _, tc := range []struct {
+		name    string
+		corrupt bool
+		wantErr bool
+	}{
+		{"broken transfer resumes", false, false},
+		{"corrupt bytes are refused", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, calls, lastRange := flakyPeer(t, data, "s3cret-s3cret-s3cret", tc.corrupt)
+			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport()}}
+			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
+			dst := filepath.Join(t.TempDir(), "f")
+			err := n.copyFile(context.Background(), peer, "snap-1", "f", hash, dst)
+			if tc.wantErr {
+				if !errors.Is(err, errdefs.ErrUnavailable) {
+					t.Fatalf("copy of corrupt bytes: got %v, want an unavailable error naming the checksum", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("copyFile: %v", err)
+			}
+			got, _ := os.ReadFile(dst)
+			if len(got) != len(data) || sha256.Sum256(got) != sum {
+				t.Fatalf("copied %d bytes (sha256 %x), want %d (%s)", len(got), sha256.Sum256(got), len(data), hash)
+			}
+			if c := calls.Load(); c != 2 {
+				t.Fatalf("peer asked %d times, want 2 (the break, then one ranged resume)", c)
+			}
+			if got, want := lastRange.Load(), fmt.Sprintf("bytes=%d-", len(data)/2); got != want {
+				t.Fatalf("resume asked for Range %q, want %q", got, want)
+			}
+		})
+	}
+}
+
