@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"agentenv/internal/client"
 	"agentenv/internal/runtime/gvisorgo"
@@ -47,7 +47,7 @@ type fleetEnv struct {
 	dir     string
 	bin     string
 	secret  string
-	etcd    []*embed.Etcd
+	etcd    []*proc
 	etcdURL string
 	nodes   []*proc
 	apis    []*proc
@@ -110,55 +110,35 @@ func (f *fleetEnv) netTeardown(n int) {
 	quiet("ip", "link", "del", bridge)
 }
 
-// startEtcd starts a 3-member cluster whose client URLs are on the bridge.
+// startEtcd starts a 3-member cluster (agentenv etcd: etcd's Go module)
+// as three processes whose client URLs are on the bridge.
 func (f *fleetEnv) startEtcd() {
 	t := f.t
 	var peers, clients []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, freePort(t, "127.0.0.1")))
+	for range 3 {
+		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")))
 		clients = append(clients, fmt.Sprintf("http://%s:%d", bridgeIP, freePort(t, bridgeIP)))
 	}
+	var members []string
+	for i, p := range peers {
+		members = append(members, fmt.Sprintf("m%d=%s", i, p))
+	}
 	f.etcdURL = strings.Join(clients, ",")
-	errc := make(chan error, 3)
-	f.etcd = make([]*embed.Etcd, 3)
 	for i := range 3 {
-		cfg := embed.NewConfig()
-		cfg.Name = fmt.Sprintf("m%d", i)
-		cfg.Dir = filepath.Join(f.dir, "etcd", cfg.Name)
-		pu, _ := url.Parse(strings.SplitN(peers[i], "=", 2)[1])
-		cu, _ := url.Parse(clients[i])
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-		cfg.InitialCluster = strings.Join(peers, ",")
-		cfg.InitialClusterToken = "agentenv-fleet-test"
-		cfg.LogLevel = "error"
-		cfg.ListenMetricsUrls = nil
-		go func() {
-			e, err := embed.StartEtcd(cfg)
-			if err == nil {
-				f.etcd[i] = e
-			}
-			errc <- err
-		}()
+		f.etcd = append(f.etcd, f.start(fmt.Sprintf("etcd-m%d", i), f.bin, "etcd", "--name", fmt.Sprintf("m%d", i),
+			"--data-dir", filepath.Join(f.dir, "etcd", fmt.Sprintf("m%d", i)), "--listen", clients[i],
+			"--listen-peer", peers[i], "--initial-cluster", strings.Join(members, ",")))
 	}
-	for range 3 {
-		if err := <-errc; err != nil {
-			t.Fatalf("etcd: %v", err)
-		}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, e := range f.etcd {
-		select {
-		case <-e.Server.ReadyNotify():
-		case <-time.After(60 * time.Second):
-			t.Fatal("etcd cluster not ready after 60 s")
-		}
-	}
-	t.Cleanup(func() {
-		for _, e := range f.etcd {
-			if e != nil {
-				e.Close()
-			}
-		}
+	defer cli.Close()
+	eventually(t, 60*time.Second, "etcd cluster serving", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := cli.Put(ctx, "/agentenv-test/ready", "1")
+		return err
 	})
 }
 
@@ -231,7 +211,7 @@ func (f *fleetEnv) logs() {
 	if !f.t.Failed() {
 		return
 	}
-	for _, p := range append(f.nodes, f.apis...) {
+	for _, p := range append(append(f.nodes, f.apis...), f.etcd...) {
 		b, _ := os.ReadFile(p.log)
 		if len(b) > 6000 {
 			b = b[len(b)-6000:]
@@ -475,8 +455,7 @@ func TestFleet(t *testing.T) {
 	c := f.clients[len(f.clients)-1]
 
 	t.Run("one etcd member stopped changes nothing", func(t *testing.T) {
-		f.etcd[2].Close()
-		f.etcd[2] = nil
+		f.etcd[2].stop(syscall.SIGKILL)
 		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
 		if err != nil {
 			t.Fatalf("create with one etcd member down: %v", err)
@@ -605,7 +584,7 @@ func TestFleet(t *testing.T) {
 		sh(t, "ip", "link", "set", "aeflh3", "down")
 		cutAt := time.Now()
 		var lost []client.Sandbox
-		eventually(t, 30*time.Second, "n3's sandboxes reported lost", func() error {
+		eventually(t, 15*time.Second, "n3's sandboxes reported lost (lease TTL 3 s)", func() error {
 			lost = lost[:0]
 			for _, sb := range sbs {
 				_, err := c.GetSandbox(ctx, sb.SandboxID)

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -60,7 +61,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.URL.Scheme = "http"
 	r.URL.Host = c.addr
 	http.NewResponseController(w).EnableFullDuplex()
-	p.rp.ServeHTTP(w, r)
+	// A request to a node that is lost ends then, not when a dead link
+	// times out.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // writeProxyError answers as E2B's proxy does: the SDK reads 502 as "the

@@ -43,7 +43,7 @@ func NewRemote(cli *clientv3.Client, cache *Cache, secret string, log *slog.Logg
 }
 
 func (r *Remote) client(n NodeRecord) *nodeClient {
-	return &nodeClient{name: n.Name, addr: n.Addr, secret: r.secret, http: r.http}
+	return &nodeClient{name: n.Name, addr: n.Addr, secret: r.secret, http: r.http, gone: r.cache.goneCh(n.Name)}
 }
 
 // locate finds the node that owns a sandbox: from the cache, else (a

@@ -212,6 +212,50 @@ func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
 type nodeClient struct {
 	name, addr, secret string
 	http               *http.Client
+	// gone, if set, is closed when the node is lost: calls to it end.
+	gone <-chan struct{}
+}
+
+// quickTimeout bounds the calls that only read or flip a sandbox's
+// state; creates, forks, snapshots, resumes and builds take as long as
+// they take (they end when the node is lost or the caller gives up).
+const quickTimeout = 30 * time.Second
+
+var slowMethods = map[string]bool{"Create": true, "Fork": true, "Snapshot": true, "Resume": true}
+
+// bound returns ctx ended by the method's timeout and by the node's loss.
+func (c *nodeClient) bound(ctx context.Context, method string) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if slowMethods[method] || method == "build" {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, quickTimeout)
+	}
+	if c.gone != nil {
+		stop := make(chan struct{})
+		go func() {
+			select {
+			case <-c.gone:
+				cancel()
+			case <-stop:
+			}
+		}()
+		return ctx, func() { close(stop); cancel() }
+	}
+	return ctx, cancel
+}
+
+// lostDuring reports whether the node was lost (the reason a call ended).
+func (c *nodeClient) lostDuring() bool {
+	if c.gone == nil {
+		return false
+	}
+	select {
+	case <-c.gone:
+		return true
+	default:
+		return false
+	}
 }
 
 var _ api.Backend = (*nodeClient)(nil)
@@ -229,11 +273,13 @@ func (c *nodeClient) unreachable(err error) error {
 	return errdefs.Unavailable("node %s (%s) did not answer: %v; retry in a moment", c.name, c.addr, err)
 }
 
-func (c *nodeClient) call(ctx context.Context, method string, a rpcArgs, out any) error {
+func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out any) error {
 	body, err := json.Marshal(a)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(parent, method)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+method, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -242,8 +288,11 @@ func (c *nodeClient) call(ctx context.Context, method string, a rpcArgs, out any
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if c.lostDuring() {
+			return errdefs.Unavailable("node %s was lost during the call (its lease expired): the outcome is unknown; check the sandbox and retry", c.name)
+		}
+		if parent.Err() != nil {
+			return parent.Err()
 		}
 		return c.unreachable(err)
 	}
@@ -372,6 +421,8 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	if req.Upload != nil {
 		body = req.Upload
 	}
+	ctx, cancel := c.bound(ctx, "build")
+	defer cancel()
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+"build", body)
 	if err != nil {
 		return api.TemplateInfo{}, err

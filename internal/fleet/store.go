@@ -93,13 +93,16 @@ type Cache struct {
 	perNode   map[string]int
 	templates map[string]map[string]api.TemplateInfo  // name → node → info
 	snaps     map[string]map[string]snapshot.Snapshot // id → node → snapshot
-	ready     chan struct{}
+	// gone holds, per live node, a channel closed when it is lost: calls
+	// in flight to it end then instead of waiting on a dead link.
+	gone  map[string]chan struct{}
+	ready chan struct{}
 }
 
 // NewCache starts watching the fleet's state; Wait blocks until the first
 // full read is in.
 func NewCache(ctx context.Context, cli *clientv3.Client, log *slog.Logger) *Cache {
-	c := &Cache{cli: cli, log: log, ready: make(chan struct{})}
+	c := &Cache{cli: cli, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}}
 	c.reset()
 	go c.run(ctx)
 	return c
@@ -148,6 +151,7 @@ func (c *Cache) run(ctx context.Context) {
 		for name := range before {
 			if _, ok := c.nodes[name]; !ok {
 				c.lostAt[name] = time.Now()
+				c.markGone(name)
 			}
 		}
 		c.mu.Unlock()
@@ -178,6 +182,7 @@ func (c *Cache) apply(key string, val []byte, deleted bool) {
 				c.log.Warn("fleet: node lost (its lease expired or it stopped)", "node", name)
 			}
 			delete(c.nodes, name)
+			c.markGone(name)
 			return
 		}
 		var n NodeRecord
@@ -237,6 +242,32 @@ func setNested[T any](m map[string]map[string]T, k1, k2 string, val []byte, dele
 		m[k1] = map[string]T{}
 	}
 	m[k1][k2] = v
+}
+
+// markGone ends the calls in flight to a lost node. Callers hold c.mu.
+func (c *Cache) markGone(name string) {
+	if ch, ok := c.gone[name]; ok {
+		close(ch)
+		delete(c.gone, name)
+	}
+}
+
+// goneCh returns a channel closed when the node is lost (already closed
+// if it is not alive now).
+func (c *Cache) goneCh(name string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, alive := c.nodes[name]; !alive {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	ch, ok := c.gone[name]
+	if !ok {
+		ch = make(chan struct{})
+		c.gone[name] = ch
+	}
+	return ch
 }
 
 // Nodes returns every node seen since start (alive or lost), with its

@@ -93,4 +93,3 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 		})
 	}
 }
-
