@@ -15,6 +15,8 @@ type Fleet interface {
 	// being emptied. Uncordon lets placement use it again.
 	Cordon(ctx context.Context, node, mode string) error
 	Uncordon(ctx context.Context, node string) error
+	// Forget removes a lost node and the records of its sandboxes.
+	Forget(ctx context.Context, node string) error
 }
 
 func (s *Server) fleet() (Fleet, error) {
@@ -38,7 +40,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-// nodeAction is POST /agentenv/nodes/{name}/cordon|uncordon|drain.
+// nodeAction is POST /agentenv/nodes/{name}/cordon|uncordon|drain|forget.
 func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 	f, err := s.fleet()
 	if err != nil {
@@ -51,8 +53,10 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 		err = f.Cordon(r.Context(), name, a)
 	case "uncordon":
 		err = f.Uncordon(r.Context(), name)
+	case "forget":
+		err = f.Forget(r.Context(), name)
 	default:
-		err = errdefs.NotFound("no node action %q: use cordon, uncordon or drain", a)
+		err = errdefs.NotFound("no node action %q: use cordon, uncordon, drain or forget", a)
 	}
 	if err != nil {
 		writeError(w, err)

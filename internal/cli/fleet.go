@@ -50,7 +50,8 @@ func nodeCmd(g *globals) *cobra.Command {
 	f.DurationVar(&run.Node.LeaseTTL, "lease-ttl", 10*time.Second, "how long the node may go unheard before its sandboxes are reported lost")
 	h.add(cmd)
 	cmd.AddCommand(nodeList(g), nodeAction(g, "cordon", "Stop placing new sandboxes on a node"),
-		nodeAction(g, "uncordon", "Place new sandboxes on a node again"), nodeDrain(g))
+		nodeAction(g, "uncordon", "Place new sandboxes on a node again"), nodeDrain(g),
+		nodeAction(g, "forget", "Remove a lost node from the fleet with the records of its sandboxes"))
 	return cmd
 }
 

@@ -657,6 +657,72 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	t.Run("a restarted node agent adopts its sandboxes; a forgotten node's are gone", func(t *testing.T) {
+		m, _ := nodeCounts(ctx, c)
+		onN2 := m["n2"].Sandboxes
+		// SIGTERM: the agent leaves at once (revokes its lease); its
+		// sandboxes keep running and are adopted at the next start.
+		f.nodes[1].stop(syscall.SIGTERM)
+		eventually(t, 15*time.Second, "n2 lost", func() error {
+			m, err := nodeCounts(ctx, c)
+			if err == nil && m["n2"].Alive {
+				err = errors.New("n2 still alive")
+			}
+			return err
+		})
+		f.nodes[1] = f.startNode(2)
+		f.waitAlive(c, "n2")
+		eventually(t, 30*time.Second, "n2 adopted its sandboxes", func() error {
+			m, err := nodeCounts(ctx, c)
+			if err == nil && (m["n2"].Sandboxes != onN2 || m["n2"].Capacity.Sandboxes != onN2) {
+				err = fmt.Errorf("n2: %d records, %d running, want %d", m["n2"].Sandboxes, m["n2"].Capacity.Sandboxes, onN2)
+			}
+			return err
+		})
+		// Stopped again and forgotten: its records go, with the reason.
+		var onN2IDs []string
+		for _, sb := range sbs {
+			if _, err := c.GetSandbox(ctx, sb.SandboxID); err == nil {
+				onN2IDs = append(onN2IDs, sb.SandboxID)
+			}
+		}
+		f.nodes[1].stop(syscall.SIGTERM)
+		eventually(t, 15*time.Second, "n2 lost", func() error {
+			m, err := nodeCounts(ctx, c)
+			if err == nil && m["n2"].Alive {
+				err = errors.New("n2 still alive")
+			}
+			return err
+		})
+		if err := c.NodeAction(ctx, "n2", "forget"); err != nil {
+			t.Fatalf("forget n2: %v", err)
+		}
+		if err := c.NodeAction(ctx, "n1", "forget"); err == nil {
+			t.Fatal("forget of a live node: got no error, want 409")
+		}
+		gone := 0
+		for _, id := range onN2IDs {
+			_, err := c.GetSandbox(ctx, id)
+			var ce *client.Error
+			if errors.As(err, &ce) && ce.Status == http.StatusNotFound && strings.Contains(ce.Message, "removed from the fleet") {
+				gone++
+			}
+		}
+		if gone != onN2 {
+			t.Fatalf("%d of n2's %d sandboxes answer 404 \"removed from the fleet\", want all", gone, onN2)
+		}
+		// Back again: it runs nothing nobody wants.
+		f.nodes[1] = f.startNode(2)
+		f.waitAlive(c, "n2")
+		eventually(t, 30*time.Second, "n2 killed its unrecorded sandboxes", func() error {
+			m, err := nodeCounts(ctx, c)
+			if err == nil && m["n2"].Capacity.Sandboxes != 0 {
+				err = fmt.Errorf("n2 runs %d", m["n2"].Capacity.Sandboxes)
+			}
+			return err
+		})
+	})
+
 	// Kill everything; every node ends with none.
 	list, _ := c.ListSandboxes(ctx, nil)
 	for _, sb := range list {

@@ -74,6 +74,7 @@ type Node struct {
 
 	fetch   singleflight.Group
 	started time.Time
+	tombs   tombstones
 }
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
@@ -83,7 +84,8 @@ func NewNode(cfg NodeConfig) *Node {
 		cfg.LeaseTTL = 10 * time.Second
 	}
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
-		published: map[string]string{}, http: &http.Client{Transport: newTransport()}, started: time.Now().UTC()}
+		published: map[string]string{}, http: &http.Client{Transport: newTransport()}, started: time.Now().UTC(),
+		tombs: tombstones{cli: cfg.Etcd}}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -316,7 +318,8 @@ func (n *Node) reconcile(ctx context.Context) error {
 	for _, sb := range n.host.Manager.List(sandbox.Filter{States: []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}}) {
 		local[sb.ID] = true
 	}
-	adopted, removed, killed := 0, 0, 0
+	adopted, killed := 0, 0
+	var gone []string
 	for id := range mine {
 		if local[id] {
 			n.recorded.Store(id, true)
@@ -326,12 +329,12 @@ func (n *Node) reconcile(ctx context.Context) error {
 			adopted++
 			continue
 		}
-		t, _ := json.Marshal(Tombstone{Reason: "its node " + n.cfg.Name + " restarted and the sandbox did not survive", At: time.Now().UTC()})
-		if _, err := n.cli.Txn(ctx).Then(clientv3.OpDelete(sandboxPrefix+id), clientv3.OpPut(lostPrefix+id, string(t))).Commit(); err != nil {
-			return err
-		}
-		removed++
+		gone = append(gone, id)
 	}
+	if err := n.tombs.bury(ctx, gone, "its node "+n.cfg.Name+" restarted and the sandbox did not survive"); err != nil {
+		return err
+	}
+	removed := len(gone)
 	for id := range local {
 		if !mine[id] {
 			n.host.Manager.Kill(ctx, id)
@@ -367,8 +370,11 @@ func (n *Node) record(ctx context.Context, id string) error {
 	}
 	ops := []clientv3.Op{clientv3.OpDelete(sandboxPrefix + id)}
 	if err != nil && strings.Contains(err.Error(), "was lost") {
-		t, _ := json.Marshal(Tombstone{Reason: err.Error(), At: time.Now().UTC()})
-		ops = append(ops, clientv3.OpPut(lostPrefix+id, string(t)))
+		t, terr := n.tombs.put(ctx, id, err.Error())
+		if terr != nil {
+			return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
+		}
+		ops = append(ops, t)
 	}
 	if _, err := n.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 		return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, err)

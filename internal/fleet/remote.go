@@ -33,13 +33,15 @@ type Remote struct {
 
 	mu      sync.Mutex
 	pending map[string]int // creates sent to a node and not answered yet
+	tombs   tombstones
 }
 
 var _ api.Backend = (*Remote)(nil)
 
 // NewRemote returns the backend of an API server.
 func NewRemote(cli *clientv3.Client, cache *Cache, secret string, log *slog.Logger) *Remote {
-	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport()}, pending: map[string]int{}}
+	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport()}, pending: map[string]int{},
+		tombs: tombstones{cli: cli}}
 }
 
 func (r *Remote) client(n NodeRecord) *nodeClient {
@@ -190,9 +192,7 @@ func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 func (r *Remote) Kill(ctx context.Context, id string) error {
 	rec, c, err := r.locate(ctx, id)
 	if c == nil && rec.Node != "" {
-		t, _ := json.Marshal(Tombstone{Reason: "killed while its node " + rec.Node + " was unreachable", At: time.Now().UTC()})
-		_, err := r.cli.Txn(ctx).Then(clientv3.OpDelete(sandboxPrefix+id), clientv3.OpPut(lostPrefix+id, string(t))).Commit()
-		if err != nil {
+		if err := r.tombs.bury(ctx, []string{id}, "killed while its node "+rec.Node+" was unreachable"); err != nil {
 			return errdefs.Unavailable("removing lost sandbox %s: %v", id, err)
 		}
 		return nil
@@ -410,6 +410,33 @@ func (r *Remote) Cordon(ctx context.Context, node, mode string) error {
 	if _, err := r.cli.Put(ctx, cordonPrefix+node, mode); err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
+	return nil
+}
+
+// Forget removes a lost node for good: its sandbox records go (with
+// tombstones saying why) and the node leaves listings. A node that comes
+// back later kills what it still runs (nothing has a record) and joins
+// as new.
+func (r *Remote) Forget(ctx context.Context, node string) error {
+	v, err := r.nodeKnown(node)
+	if err != nil {
+		return err
+	}
+	if v.Alive {
+		return errdefs.Conflict("node %q is alive: only a lost node can be forgotten (drain it, then stop its agent)", node)
+	}
+	var ids []string
+	for _, rec := range r.cache.records(node) {
+		ids = append(ids, rec.Sandbox.ID)
+	}
+	if err := r.tombs.bury(ctx, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
+		return errdefs.Unavailable("etcd: %v", err)
+	}
+	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
+		return errdefs.Unavailable("etcd: %v", err)
+	}
+	r.cache.forget(node)
+	r.log.Info("fleet: node forgotten", "node", node, "sandboxes", len(ids))
 	return nil
 }
 

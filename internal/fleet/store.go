@@ -324,6 +324,29 @@ func (c *Cache) putSandbox(r SandboxRecord) {
 	c.perNode[r.Node]++
 }
 
+// records returns the sandbox records of one node.
+func (c *Cache) records(node string) []SandboxRecord {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []SandboxRecord
+	for _, r := range c.sandboxes {
+		if r.Node == node {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// forget drops a lost node from this API server's list of nodes seen.
+func (c *Cache) forget(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, alive := c.nodes[node]; !alive {
+		delete(c.known, node)
+		delete(c.lostAt, node)
+	}
+}
+
 // liveSandboxes returns the records of sandboxes whose node is alive.
 func (c *Cache) liveSandboxes() []SandboxRecord {
 	c.mu.RLock()

@@ -1,0 +1,63 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Tombstones live a day: long enough for a client to learn why its
+// sandbox is gone, short enough not to pile up. They share one lease per
+// hour (a lease per tombstone would cost etcd a lease each).
+const (
+	tombstoneTTL   = 24 * time.Hour
+	tombstoneReuse = time.Hour
+)
+
+// tombstones grants and reuses the lease tombstones are written under.
+type tombstones struct {
+	cli *clientv3.Client
+
+	mu    sync.Mutex
+	lease clientv3.LeaseID
+	at    time.Time
+}
+
+// put returns the operation that writes a tombstone for sandbox id.
+func (t *tombstones) put(ctx context.Context, id, reason string) (clientv3.Op, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lease == 0 || time.Since(t.at) > tombstoneReuse {
+		g, err := t.cli.Grant(ctx, int64((tombstoneTTL + tombstoneReuse).Seconds()))
+		if err != nil {
+			return clientv3.Op{}, err
+		}
+		t.lease, t.at = g.ID, time.Now()
+	}
+	b, _ := json.Marshal(Tombstone{Reason: reason, At: time.Now().UTC()})
+	return clientv3.OpPut(lostPrefix+id, string(b), clientv3.WithLease(t.lease)), nil
+}
+
+// bury removes sandbox records and leaves tombstones saying why, in
+// batches.
+func (t *tombstones) bury(ctx context.Context, ids []string, reason string) error {
+	var ops []clientv3.Op
+	for _, id := range ids {
+		op, err := t.put(ctx, id, reason)
+		if err != nil {
+			return err
+		}
+		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id), op)
+	}
+	for len(ops) > 0 {
+		batch := ops[:min(len(ops), 128)]
+		ops = ops[len(batch):]
+		if _, err := t.cli.Txn(ctx).Then(batch...).Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
