@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"agentenv/internal/api"
@@ -142,19 +143,7 @@ func (c *Cache) run(ctx context.Context) {
 			sleep(ctx, time.Second)
 			continue
 		}
-		c.mu.Lock()
-		before := c.nodes
-		c.reset()
-		for _, kv := range resp.Kvs {
-			c.apply(string(kv.Key), kv.Value, false)
-		}
-		for name := range before {
-			if _, ok := c.nodes[name]; !ok {
-				c.lostAt[name] = time.Now()
-				c.markGone(name)
-			}
-		}
-		c.mu.Unlock()
+		c.load(resp.Kvs)
 		once.Do(func() { close(c.ready) })
 		wch := c.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wch {
@@ -169,6 +158,32 @@ func (c *Cache) run(ctx context.Context) {
 			c.mu.Unlock()
 		}
 	}
+}
+
+// load replaces the whole state with a full read. The values are decoded
+// before the lock is taken: at 200,000 records that takes seconds, which
+// creates and lists must not wait for.
+func (c *Cache) load(kvs []*mvccpb.KeyValue) {
+	next := &Cache{log: slog.New(slog.DiscardHandler), known: map[string]NodeRecord{}, lostAt: map[string]time.Time{}}
+	next.reset()
+	for _, kv := range kvs {
+		next.apply(string(kv.Key), kv.Value, false)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name := range c.nodes {
+		if _, ok := next.nodes[name]; !ok {
+			c.lostAt[name] = time.Now()
+			c.markGone(name)
+		}
+	}
+	for name, n := range next.nodes {
+		c.known[name] = n
+		delete(c.lostAt, name)
+	}
+	c.nodes, c.cordon, c.sandboxes, c.perNode = next.nodes, next.cordon, next.sandboxes, next.perNode
+	c.templates, c.snaps = next.templates, next.snaps
+	c.log.Info("fleet: state read from etcd", "nodes", len(c.nodes), "sandboxes", len(c.sandboxes))
 }
 
 // apply records one key's new value (or its deletion). Callers hold c.mu.
