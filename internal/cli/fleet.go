@@ -48,6 +48,9 @@ func nodeCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.Node.Advertise, "advertise", "", "host:port API servers reach --listen at (default: the listen address)")
 	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
 	f.DurationVar(&run.Node.LeaseTTL, "lease-ttl", 10*time.Second, "how long the node may go unheard before its sandboxes are reported lost")
+	f.StringVar(&run.TLSCert, "tls-cert", "", "serve --listen over TLS with this certificate (PEM; with --tls-key)")
+	f.StringVar(&run.TLSKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	f.StringVar(&run.TLSCA, "tls-ca", "", "CA that signed the other nodes' certificates (PEM; default: the system's roots)")
 	h.add(cmd)
 	cmd.AddCommand(nodeList(g), nodeAction(g, "cordon", "Stop placing new sandboxes on a node"),
 		nodeAction(g, "uncordon", "Place new sandboxes on a node again"), nodeDrain(g),
@@ -185,6 +188,7 @@ func apiCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	f.StringVar(&run.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
 	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
+	f.StringVar(&run.TLSCA, "tls-ca", "", "CA that signed the nodes' certificates, for nodes serving TLS (PEM; default: the system's roots)")
 	f.BoolVar(&debug, "debug", false, "log every request")
 	return cmd
 }

@@ -3,8 +3,16 @@ package fleet_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -43,16 +51,18 @@ const (
 )
 
 type fleetEnv struct {
-	t       *testing.T
-	dir     string
-	bin     string
-	secret  string
-	etcd    []*proc
-	etcdURL string
-	nodes   []*proc
-	apis    []*proc
-	clients []*client.Client
-	apiURLs [][2]string
+	t *testing.T
+	// nodeHTTP trusts the test CA that signed the nodes' certificate.
+	nodeHTTP *http.Client
+	dir      string
+	bin      string
+	secret   string
+	etcd     []*proc
+	etcdURL  string
+	nodes    []*proc
+	apis     []*proc
+	clients  []*client.Client
+	apiURLs  [][2]string
 }
 
 type proc struct {
@@ -189,7 +199,8 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
 		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
-		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100"}
+		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100",
+		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
 	return f.start("node-"+name, append([]string{"nsenter", "--net=/run/netns/aefl-" + name,
 		"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"}, args...)...)
@@ -199,7 +210,7 @@ func (f *fleetEnv) startAPI(i int) {
 	ap, pp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
 	p := f.start(fmt.Sprintf("api%d", i), f.bin, "api", "--etcd", f.etcdURL,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
-		"--cluster-secret-file", filepath.Join(f.dir, "secret"))
+		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--tls-ca", filepath.Join(f.dir, "ca.crt"))
 	f.apis = append(f.apis, p)
 	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
 	f.apiURLs = append(f.apiURLs, [2]string{a, x})
@@ -275,6 +286,44 @@ func execOut(ctx context.Context, c *client.Client, sb client.Sandbox, script st
 	return strings.TrimSpace(out.String()), nil
 }
 
+// writeTLS writes a test CA (ca.crt) and a certificate for the nodes'
+// addresses signed by it (node.crt, node.key) into dir, and returns a
+// client that trusts the CA.
+func writeTLS(t *testing.T, dir string) *http.Client {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agentenv fleet test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "agentenv node"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("10.231.0.11"), net.ParseIP("10.231.0.12"), net.ParseIP("10.231.0.13")}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	for name, block := range map[string]*pem.Block{
+		"ca.crt":   {Type: "CERTIFICATE", Bytes: caDER},
+		"node.crt": {Type: "CERTIFICATE", Bytes: der},
+		"node.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
 // holdInMemory starts a process in sb that keeps a random value only in
 // a shell variable (rewriting /tmp/w from it) and returns the value.
 func holdInMemory(t *testing.T, c *client.Client, sb client.Sandbox) string {
@@ -313,6 +362,7 @@ func TestFleet(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(f.dir, "secret"), []byte(f.secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	f.nodeHTTP = writeTLS(t, f.dir)
 	f.netSetup(3)
 	if err := os.MkdirAll(nodeData, 0o700); err != nil {
 		t.Fatal(err)
@@ -327,14 +377,21 @@ func TestFleet(t *testing.T) {
 	c1, c2 := f.clients[0], f.clients[1]
 	f.waitAlive(c1, "n1", "n2", "n3")
 
-	t.Run("node port needs the secret", func(t *testing.T) {
-		resp, err := http.Post("http://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
+	t.Run("node port needs TLS and the secret", func(t *testing.T) {
+		resp, err := f.nodeHTTP.Post("https://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("node RPC without the secret: got HTTP %d, want 401", resp.StatusCode)
+		}
+		resp, err = http.Post("http://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("plain HTTP to a TLS node: got HTTP %d, want 400 (client sent an HTTP request to an HTTPS server)", resp.StatusCode)
+			}
 		}
 	})
 
@@ -382,10 +439,10 @@ func TestFleet(t *testing.T) {
 		for _, tc := range []struct{ url, want string }{
 			{f.apiURLs[0][0] + "/metrics", `agentenv_operation_duration_seconds_count{op="create",role="api"}`},
 			{f.apiURLs[0][0] + "/metrics", `agentenv_fleet_nodes{role="api",state="alive"} 3`},
-			{"http://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
-			{"http://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
 		} {
-			resp, err := http.Get(tc.url)
+			resp, err := f.nodeHTTP.Get(tc.url)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +42,10 @@ type NodeConfig struct {
 	LeaseTTL     time.Duration
 	MaxSandboxes int
 	Log          *slog.Logger
+	// TLS: the node serves HTTPS (RunNode sets it from the certificate
+	// flags); PeerTLS verifies other nodes when copying from them.
+	TLS     bool
+	PeerTLS *tls.Config
 	// Metrics, if set, times the node's operations.
 	Metrics *metrics.Registry
 }
@@ -84,7 +89,7 @@ func NewNode(cfg NodeConfig) *Node {
 		cfg.LeaseTTL = 10 * time.Second
 	}
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
-		published: map[string]string{}, http: &http.Client{Transport: newTransport()}, started: time.Now().UTC(),
+		published: map[string]string{}, http: &http.Client{Transport: newTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
 		tombs: tombstones{cli: cfg.Etcd}}
 }
 
@@ -189,7 +194,7 @@ func (n *Node) leaseID() clientv3.LeaseID {
 // register writes the node record (capacity now) and the templates and
 // snapshots it holds, all under its lease.
 func (n *Node) register(ctx context.Context) error {
-	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, StartedAt: n.started, Capacity: n.capacity()}
+	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
 	want[nodesPrefix+n.cfg.Name] = string(b)

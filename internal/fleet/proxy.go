@@ -26,7 +26,7 @@ func NewProxy(r *Remote) *Proxy {
 	p := &Proxy{remote: r}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) {},
-		Transport:     newTransport(),
+		Transport:     r.http.Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
@@ -59,6 +59,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
 	r.Header.Set(SecretHeader, p.remote.secret)
 	r.URL.Scheme = "http"
+	if c.tls {
+		r.URL.Scheme = "https"
+	}
 	r.URL.Host = c.addr
 	http.NewResponseController(w).EnableFullDuplex()
 	// A request to a node that is lost ends then, not when a dead link

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,13 +40,14 @@ type Remote struct {
 var _ api.Backend = (*Remote)(nil)
 
 // NewRemote returns the backend of an API server.
-func NewRemote(cli *clientv3.Client, cache *Cache, secret string, log *slog.Logger) *Remote {
-	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport()}, pending: map[string]int{},
+// tlsConf verifies nodes that serve TLS (nil: the system's roots).
+func NewRemote(cli *clientv3.Client, cache *Cache, secret string, tlsConf *tls.Config, log *slog.Logger) *Remote {
+	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{},
 		tombs: tombstones{cli: cli}}
 }
 
 func (r *Remote) client(n NodeRecord) *nodeClient {
-	return &nodeClient{name: n.Name, addr: n.Addr, secret: r.secret, http: r.http, gone: r.cache.goneCh(n.Name)}
+	return &nodeClient{name: n.Name, addr: n.Addr, tls: n.TLS, secret: r.secret, http: r.http, gone: r.cache.goneCh(n.Name)}
 }
 
 // locate finds the node that owns a sandbox: from the cache, else (a

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -58,6 +60,26 @@ type NodeRun struct {
 	Node   NodeConfig
 	Etcd   string
 	Listen string
+	// TLSCert and TLSKey make the node serve HTTPS; TLSCA verifies other
+	// nodes (copies between nodes).
+	TLSCert, TLSKey, TLSCA string
+}
+
+// LoadCA returns a TLS client configuration that trusts the CA in path
+// (nil for an empty path: the system's roots).
+func LoadCA(path string) (*tls.Config, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", path)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
 // RunNode runs a node agent until ctx ends.
@@ -80,6 +102,13 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		cfg.Node.Advertise = ln.Addr().String()
 	}
 	cfg.Node.Etcd, cfg.Node.Log = cli, log
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	cfg.Node.TLS = cfg.TLSCert != ""
+	if cfg.Node.PeerTLS, err = LoadCA(cfg.TLSCA); err != nil {
+		return err
+	}
 	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
 	reg := server.NewMetrics("node")
 	cfg.Node.Metrics = reg
@@ -99,8 +128,14 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	})
 	srv := &http.Server{Handler: server.WithMetrics(reg, node.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("agentenv node serving", "node", cfg.Node.Name, "listen", ln.Addr().String(), "advertise", cfg.Node.Advertise)
+	go func() {
+		if cfg.Node.TLS {
+			errc <- srv.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey)
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
+	log.Info("agentenv node serving", "tls", cfg.Node.TLS, "node", cfg.Node.Name, "listen", ln.Addr().String(), "advertise", cfg.Node.Advertise)
 	runDone := make(chan struct{})
 	go func() { node.Run(ctx, host); close(runDone) }()
 	select {
@@ -126,7 +161,9 @@ type APIRun struct {
 	Secret      string
 	APIKey      string
 	Domain      string
-	Log         *slog.Logger
+	// TLSCA verifies nodes that serve TLS (empty: the system's roots).
+	TLSCA string
+	Log   *slog.Logger
 	// Ready, if set, is called with the bound addresses.
 	Ready func(apiAddr, proxyAddr string)
 }
@@ -149,7 +186,11 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	if err != nil {
 		return err
 	}
-	remote := NewRemote(cli, cache, cfg.Secret, log)
+	tlsConf, err := LoadCA(cfg.TLSCA)
+	if err != nil {
+		return err
+	}
+	remote := NewRemote(cli, cache, cfg.Secret, tlsConf, log)
 	reg := server.NewMetrics("api")
 	remote.Observe = reg.ObserveOp
 	reg.SetNodes(func() []metrics.NodeInfo {

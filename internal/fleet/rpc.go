@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -211,9 +212,14 @@ func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
 // sandboxes.
 type nodeClient struct {
 	name, addr, secret string
+	tls                bool // the node serves TLS
 	http               *http.Client
 	// gone, if set, is closed when the node is lost: calls to it end.
 	gone <-chan struct{}
+}
+
+func (c *nodeClient) url(method string) string {
+	return NodeRecord{Addr: c.addr, TLS: c.tls}.base() + rpcPath + method
 }
 
 // quickTimeout bounds the calls that only read or flip a sandbox's
@@ -260,9 +266,11 @@ func (c *nodeClient) lostDuring() bool {
 
 var _ api.Backend = (*nodeClient)(nil)
 
-// newTransport is the HTTP transport API servers use to reach nodes.
-func newTransport() *http.Transport {
+// newTransport is the HTTP transport API servers (and nodes copying from
+// peers) use to reach nodes; tlsConf verifies nodes that serve TLS.
+func newTransport(tlsConf *tls.Config) *http.Transport {
 	return &http.Transport{
+		TLSClientConfig:     tlsConf,
 		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
@@ -280,7 +288,7 @@ func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out 
 	}
 	ctx, cancel := c.bound(parent, method)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+method, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(method), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -423,7 +431,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	}
 	ctx, cancel := c.bound(ctx, "build")
 	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+rpcPath+"build", body)
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("build"), body)
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}

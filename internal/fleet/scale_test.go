@@ -178,7 +178,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 		tb.Fatalf("got %d nodes holding busybox, want %d", got, nodes)
 	}
 
-	f.remote = NewRemote(f.cli, f.cache, scaleSecret, scaleLog())
+	f.remote = NewRemote(f.cli, f.cache, scaleSecret, nil, scaleLog())
 	tb.Cleanup(f.remote.http.CloseIdleConnections)
 	f.api = httptest.NewServer(api.New(api.Config{APIKey: scaleAPIKey, Backend: f.remote, Fleet: f.remote, Log: scaleLog()}).Handler())
 	tb.Cleanup(f.api.Close)

@@ -52,9 +52,19 @@ type Capacity struct {
 type NodeRecord struct {
 	Name      string    `json:"name"`
 	Addr      string    `json:"addr"` // host:port of its RPC and proxy
+	// TLS: the node serves HTTPS (verify it with the fleet's CA).
+	TLS       bool      `json:"tls,omitempty"`
 	Runtime   string    `json:"runtime"`
 	StartedAt time.Time `json:"startedAt"`
 	Capacity  Capacity  `json:"capacity"`
+}
+
+// base is the URL prefix of the node.
+func (n NodeRecord) base() string {
+	if n.TLS {
+		return "https://" + n.Addr
+	}
+	return "http://" + n.Addr
 }
 
 // SandboxRecord says which node runs a sandbox, with its last state.

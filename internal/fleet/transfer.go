@@ -83,7 +83,7 @@ func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, 
 }
 
 func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer.Addr+rpcPath+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.base()+rpcPath+path, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, calls, lastRange := flakyPeer(t, data, "s3cret-s3cret-s3cret", tc.corrupt)
-			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport()}}
+			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
 			err := n.copyFile(context.Background(), peer, "snap-1", "f", hash, dst)
