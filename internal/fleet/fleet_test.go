@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -711,6 +712,86 @@ func TestFleet(t *testing.T) {
 				t.Fatalf("sandbox %s listed twice", sb.SandboxID)
 			}
 			seen[sb.SandboxID] = true
+		}
+	})
+
+	t.Run("under load through both API servers: nothing fails", func(t *testing.T) {
+		// 12 create → exec → kill loops through both live API servers, and
+		// one loop forking a parent while another snapshots it.
+		apis := []*client.Client{f.clients[1], f.clients[2]}
+		deadline := time.Now().Add(15 * time.Second)
+		var cycles, failures atomic.Int64
+		var mu sync.Mutex
+		var firstErrs []string
+		fail := func(err error) {
+			failures.Add(1)
+			mu.Lock()
+			if len(firstErrs) < 5 {
+				firstErrs = append(firstErrs, err.Error())
+			}
+			mu.Unlock()
+		}
+		var wg sync.WaitGroup
+		for w := range 12 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					c := apis[w%2]
+					sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+					if err != nil {
+						fail(fmt.Errorf("create: %w", err))
+						continue
+					}
+					if out, err := execOut(ctx, apis[(w+1)%2], sb, "echo ok"); err != nil || out != "ok" {
+						fail(fmt.Errorf("exec %s: %q %v", sb.SandboxID, out, err))
+					}
+					if err := c.KillSandbox(ctx, sb.SandboxID); err != nil {
+						fail(fmt.Errorf("kill %s: %w", sb.SandboxID, err))
+					}
+					cycles.Add(1)
+				}
+			})
+		}
+		parent, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				kids, errs, err := apis[0].ForkSandbox(ctx, parent.SandboxID, 2)
+				if err != nil {
+					fail(fmt.Errorf("fork: %w", err))
+					continue
+				}
+				for i, kid := range kids {
+					if errs[i] != nil {
+						fail(fmt.Errorf("fork child: %w", errs[i]))
+						continue
+					}
+					apis[1].KillSandbox(ctx, kid.SandboxID)
+				}
+			}
+		})
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				sn, err := apis[1].SnapshotSandbox(ctx, parent.SandboxID, "", nil)
+				if err != nil {
+					fail(fmt.Errorf("snapshot: %w", err))
+					continue
+				}
+				if err := apis[0].DeleteSnapshot(ctx, sn.SnapshotID); err != nil {
+					fail(fmt.Errorf("delete snapshot %s: %w", sn.SnapshotID, err))
+				}
+			}
+		})
+		wg.Wait()
+		c.KillSandbox(ctx, parent.SandboxID)
+		t.Logf("load: %d create+exec+kill cycles in 15 s at 12 in flight (with forks racing snapshots), %d failures", cycles.Load(), failures.Load())
+		if failures.Load() > 0 {
+			t.Fatalf("%d failed requests under load, first: %s", failures.Load(), strings.Join(firstErrs, "; "))
+		}
+		list, err := c.ListSandboxes(ctx, nil)
+		if err != nil || len(list) != 59 {
+			t.Fatalf("after the load: %d sandboxes listed (%v), want the 59 from before", len(list), err)
 		}
 	})
 

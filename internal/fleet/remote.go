@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -327,6 +328,13 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 			return sn, nil
 		}
 	}
+	// Made through another API server a moment ago: ask etcd.
+	if resp, err := r.cli.Get(ctx, snapPrefix+id+"/", clientv3.WithPrefix(), clientv3.WithLimit(1)); err == nil && len(resp.Kvs) > 0 {
+		var sn snapshot.Snapshot
+		if json.Unmarshal(resp.Kvs[0].Value, &sn) == nil {
+			return sn, nil
+		}
+	}
 	return snapshot.Snapshot{}, errdefs.NotFound("snapshot %q does not exist on any live node", id)
 }
 
@@ -337,7 +345,10 @@ func (r *Remote) DeleteSnapshot(ctx context.Context, id string) error {
 
 // onHolders runs call on every live node holding name.
 func (r *Remote) onHolders(ctx context.Context, name, what string, call func(*nodeClient) error) error {
-	holders := r.cache.holders(name)
+	holders, err := r.freshHolders(ctx, name)
+	if err != nil {
+		return err
+	}
 	if len(holders) == 0 {
 		return errdefs.NotFound("%s %q does not exist on any live node", what, name)
 	}
@@ -352,6 +363,29 @@ func (r *Remote) onHolders(ctx context.Context, name, what string, call func(*no
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// freshHolders returns the live nodes holding a template or snapshot:
+// from the cache, else (made through another API server a moment ago,
+// not yet seen by the watch) from etcd.
+func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error) {
+	if h := r.cache.holders(name); len(h) > 0 {
+		return h, nil
+	}
+	var out []string
+	for _, kind := range []string{snapPrefix, templatePrefix} {
+		resp, err := r.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, errdefs.Unavailable("reading %s from etcd: %v", name, err)
+		}
+		for _, kv := range resp.Kvs {
+			node := strings.TrimPrefix(string(kv.Key), kind+name+"/")
+			if _, alive := r.cache.node(node); alive {
+				out = append(out, node)
+			}
+		}
+	}
+	return out, nil
 }
 
 func (r *Remote) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {

@@ -50,8 +50,8 @@ type Capacity struct {
 
 // NodeRecord is a live node as it registers itself.
 type NodeRecord struct {
-	Name      string    `json:"name"`
-	Addr      string    `json:"addr"` // host:port of its RPC and proxy
+	Name string `json:"name"`
+	Addr string `json:"addr"` // host:port of its RPC and proxy
 	// TLS: the node serves HTTPS (verify it with the fleet's CA).
 	TLS       bool      `json:"tls,omitempty"`
 	Runtime   string    `json:"runtime"`
