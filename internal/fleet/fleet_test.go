@@ -767,7 +767,9 @@ func TestFleet(t *testing.T) {
 						fail(fmt.Errorf("fork child: %w", errs[i]))
 						continue
 					}
-					apis[1].KillSandbox(ctx, kid.SandboxID)
+					if err := apis[1].KillSandbox(ctx, kid.SandboxID); err != nil {
+						fail(fmt.Errorf("kill fork child %s: %w", kid.SandboxID, err))
+					}
 				}
 			}
 		})
@@ -784,13 +786,25 @@ func TestFleet(t *testing.T) {
 			}
 		})
 		wg.Wait()
-		c.KillSandbox(ctx, parent.SandboxID)
+		if err := c.KillSandbox(ctx, parent.SandboxID); err != nil {
+			fail(fmt.Errorf("kill parent: %w", err))
+		}
 		t.Logf("load: %d create+exec+kill cycles in 15 s at 12 in flight (with forks racing snapshots), %d failures", cycles.Load(), failures.Load())
 		if failures.Load() > 0 {
 			t.Fatalf("%d failed requests under load, first: %s", failures.Load(), strings.Join(firstErrs, "; "))
 		}
 		list, err := c.ListSandboxes(ctx, nil)
 		if err != nil || len(list) != 59 {
+			known := map[string]bool{}
+			for _, sb := range sbs {
+				known[sb.SandboxID] = true
+			}
+			for _, sb := range list {
+				if !known[sb.SandboxID] {
+					_, gerr := c.GetSandbox(ctx, sb.SandboxID)
+					t.Logf("extra: %+v (get: %v)", sb, gerr)
+				}
+			}
 			t.Fatalf("after the load: %d sandboxes listed (%v), want the 59 from before", len(list), err)
 		}
 	})

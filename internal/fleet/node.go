@@ -14,6 +14,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -68,6 +69,9 @@ type Node struct {
 
 	leaseMu sync.RWMutex
 	lease   clientv3.LeaseID
+	// registered: the node key is written under the current lease (set
+	// after reconcile; cleared when the lease is lost).
+	registered atomic.Bool
 
 	dirtyMu sync.Mutex
 	dirty   map[string]bool
@@ -143,25 +147,27 @@ func (n *Node) attach(host *server.Host) {
 
 // session is one lease: grant, reconcile, register, keep alive.
 func (n *Node) session(ctx context.Context) error {
+	defer n.registered.Store(false)
 	g, err := n.cli.Grant(ctx, int64(n.cfg.LeaseTTL.Seconds()))
 	if err != nil {
 		return fmt.Errorf("etcd lease: %w", err)
 	}
-	n.leaseMu.Lock()
-	n.lease = g.ID
-	n.leaseMu.Unlock()
-	n.pubMu.Lock()
-	n.published = map[string]string{}
-	n.pubMu.Unlock()
 	n.gate.Lock()
 	err = n.reconcile(ctx)
 	if err == nil {
+		n.leaseMu.Lock()
+		n.lease = g.ID
+		n.leaseMu.Unlock()
+		n.pubMu.Lock()
+		n.published = map[string]string{}
+		n.pubMu.Unlock()
 		err = n.register(ctx)
 	}
 	n.gate.Unlock()
 	if err != nil {
 		return err
 	}
+	n.registered.Store(true)
 	ka, err := n.cli.KeepAlive(ctx, g.ID)
 	if err != nil {
 		return fmt.Errorf("etcd keepalive: %w", err)
@@ -192,8 +198,12 @@ func (n *Node) leaseID() clientv3.LeaseID {
 }
 
 // register writes the node record (capacity now) and the templates and
-// snapshots it holds, all under its lease.
+// snapshots it holds, all under its lease. What it holds is read under
+// the same lock as the write, so that two registers cannot undo each
+// other with stale lists.
 func (n *Node) register(ctx context.Context) error {
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
 	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
@@ -217,10 +227,8 @@ func (n *Node) register(ctx context.Context) error {
 
 // sync makes the lease's keys match want, writing only what changed. A
 // node record whose free memory moved by less than 64 MiB counts as
-// unchanged (it moves all the time).
+// unchanged (it moves all the time). Callers hold pubMu.
 func (n *Node) sync(ctx context.Context, want map[string]string) error {
-	n.pubMu.Lock()
-	defer n.pubMu.Unlock()
 	lease := n.leaseID()
 	var ops []clientv3.Op
 	changed := map[string]string{}
@@ -269,6 +277,9 @@ func sameNode(a, b string) bool {
 // publishNow writes the lease's keys at once (after a snapshot, build or
 // delete), so that API servers can use them when the call returns.
 func (n *Node) publishNow(ctx context.Context) error {
+	if !n.registered.Load() {
+		return nil // the next registration publishes everything
+	}
 	if err := n.register(ctx); err != nil {
 		return errdefs.Unavailable("publishing to etcd: %v", err)
 	}
@@ -328,7 +339,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 	for id := range mine {
 		if local[id] {
 			n.recorded.Store(id, true)
-			if err := n.record(ctx, id); err != nil {
+			if err := n.writeRecord(ctx, id, false); err != nil {
 				return err
 			}
 			adopted++
@@ -354,37 +365,58 @@ func (n *Node) reconcile(ctx context.Context) error {
 
 // record makes the etcd record of sandbox id match this host: a running
 // or paused sandbox has one, any other none. Calls for one ID are
-// serialized, so a late writer cannot bring back a deleted record.
+// serialized, so a late writer cannot bring back a deleted record. Only a
+// registered node writes (the write is fenced on its lease): a node cut
+// off past its lease must not overwrite what clients did meanwhile (kill
+// a lost sandbox); reconcile settles those IDs when it is back.
 func (n *Node) record(ctx context.Context, id string) error {
+	return n.writeRecord(ctx, id, true)
+}
+
+func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	h := fnv.New32a()
 	h.Write([]byte(id))
 	l := &n.locks[h.Sum32()%uint32(len(n.locks))]
 	l.Lock()
 	defer l.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var ops []clientv3.Op
 	sb, err := n.host.Manager.Get(id)
-	if err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused) {
+	live := err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused)
+	switch {
+	case live:
 		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})
-		if _, err := n.cli.Put(ctx, sandboxPrefix+id, string(b)); err != nil {
-			return errdefs.Unavailable("recording sandbox %s in etcd: %v", id, err)
+		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, string(b)))
+	default:
+		if _, ok := n.recorded.Load(id); !ok {
+			return nil // never published (still creating, or a pooled sandbox)
 		}
+		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id))
+		if err != nil && strings.Contains(err.Error(), "was lost") {
+			t, terr := n.tombs.put(ctx, id, err.Error())
+			if terr != nil {
+				return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
+			}
+			ops = append(ops, t)
+		}
+	}
+	txn := n.cli.Txn(ctx)
+	if fenced {
+		txn = txn.If(clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", n.leaseID()))
+	}
+	resp, terr := txn.Then(ops...).Commit()
+	if terr != nil {
+		return errdefs.Unavailable("writing sandbox %s to etcd: %v", id, terr)
+	}
+	if !resp.Succeeded {
+		return errdefs.Unavailable("node %s is not registered in etcd (its lease was lost): sandbox %s is settled when it registers again; retry in a moment", n.cfg.Name, id)
+	}
+	if live {
 		n.recorded.Store(id, true)
-		return nil
+	} else {
+		n.recorded.Delete(id)
 	}
-	if _, ok := n.recorded.Load(id); !ok {
-		return nil // never published (still creating, or a pooled sandbox)
-	}
-	ops := []clientv3.Op{clientv3.OpDelete(sandboxPrefix + id)}
-	if err != nil && strings.Contains(err.Error(), "was lost") {
-		t, terr := n.tombs.put(ctx, id, err.Error())
-		if terr != nil {
-			return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
-		}
-		ops = append(ops, t)
-	}
-	if _, err := n.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-		return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, err)
-	}
-	n.recorded.Delete(id)
 	return nil
 }
 
@@ -400,20 +432,26 @@ func (n *Node) flushLoop(ctx context.Context) {
 		ids := n.dirty
 		n.dirty = map[string]bool{}
 		n.dirtyMu.Unlock()
+		var failed []string
+		var last error
 		for id := range ids {
 			if err := n.record(ctx, id); err != nil {
-				// Put it back: etcd is away; the next change or the
-				// reconcile of the next lease settles it.
-				n.log.Warn("fleet: sandbox record not written", "sandbox", id, "err", err)
-				n.dirtyMu.Lock()
+				failed, last = append(failed, id), err
+			}
+		}
+		if len(failed) > 0 {
+			// Put them back: etcd is away or the node is between leases;
+			// the next try or the reconcile of the next lease settles them.
+			n.log.Warn("fleet: sandbox records not written", "sandboxes", len(failed), "err", last)
+			n.dirtyMu.Lock()
+			for _, id := range failed {
 				n.dirty[id] = true
-				n.dirtyMu.Unlock()
-				sleep(ctx, time.Second)
-				select {
-				case n.kick <- struct{}{}:
-				default:
-				}
-				break
+			}
+			n.dirtyMu.Unlock()
+			sleep(ctx, time.Second)
+			select {
+			case n.kick <- struct{}{}:
+			default:
 			}
 		}
 	}
@@ -462,11 +500,13 @@ type published struct {
 }
 
 func (p *published) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
-	p.n.gate.RLock()
-	defer p.n.gate.RUnlock()
+	// A copy from a peer may take long: outside the gate, so that a
+	// reconcile never waits for it.
 	if err := p.n.ensure(ctx, req.Template); err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	p.n.gate.RLock()
+	defer p.n.gate.RUnlock()
 	sb, err := p.Local.Create(ctx, req)
 	if err != nil {
 		return sb, err

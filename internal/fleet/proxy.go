@@ -29,10 +29,15 @@ func NewProxy(r *Remote) *Proxy {
 		Transport:     r.http.Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() != nil {
+			id := r.Header.Get("E2b-Sandbox-Id")
+			if errors.Is(context.Cause(r.Context()), errNodeLost) {
+				writeProxyError(w, id, http.StatusBadGateway, "the sandbox's node was lost during the request (its lease expired)")
 				return
 			}
-			writeProxyError(w, r.Header.Get("E2b-Sandbox-Id"), http.StatusBadGateway, "the sandbox's node did not answer: "+err.Error())
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			writeProxyError(w, id, http.StatusBadGateway, "the sandbox's node did not answer: "+err.Error())
 		},
 	}
 	return p
@@ -66,17 +71,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).EnableFullDuplex()
 	// A request to a node that is lost ends then, not when a dead link
 	// times out.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
 	go func() {
 		select {
 		case <-c.gone:
-			cancel()
+			cancel(errNodeLost)
 		case <-ctx.Done():
 		}
 	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// errNodeLost is why a proxied request ended when its node was lost.
+var errNodeLost = errors.New("node lost")
 
 // writeProxyError answers as E2B's proxy does: the SDK reads 502 as "the
 // sandbox is not running".

@@ -57,12 +57,14 @@ func (r *Remote) client(n NodeRecord) *nodeClient {
 func (r *Remote) locate(ctx context.Context, id string) (SandboxRecord, *nodeClient, error) {
 	rec, ok := r.cache.sandbox(id)
 	if !ok {
-		resp, err := r.cli.Get(ctx, sandboxPrefix+id)
+		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		defer cancel()
+		resp, err := r.cli.Get(ectx, sandboxPrefix+id)
 		if err != nil {
 			return SandboxRecord{}, nil, errdefs.Unavailable("reading sandbox %s from etcd: %v", id, err)
 		}
 		if len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil {
-			return SandboxRecord{}, nil, r.notFound(ctx, id)
+			return SandboxRecord{}, nil, r.notFound(ectx, id)
 		}
 	}
 	n, ok := r.cache.node(rec.Node)
@@ -76,6 +78,10 @@ func (r *Remote) locate(ctx context.Context, id string) (SandboxRecord, *nodeCli
 	}
 	return rec, r.client(n), nil
 }
+
+// etcdTimeout bounds an API server's own etcd reads and writes: with etcd
+// away, a request fails with 503 instead of hanging.
+const etcdTimeout = 5 * time.Second
 
 // notFound explains a sandbox with no record: a tombstone says why.
 func (r *Remote) notFound(ctx context.Context, id string) error {
@@ -115,8 +121,10 @@ func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox
 		if err == nil {
 			return sb, nil
 		}
-		// Only a refusal that says nothing about the request moves on.
-		if !errdefs.Retryable(err) {
+		// Only a refusal that says nothing about the request moves on;
+		// after one that may have created the sandbox, another node would
+		// make a second.
+		if !errdefs.Retryable(err) || errors.Is(err, errOutcomeUnknown) {
 			return sandbox.Sandbox{}, err
 		}
 		errs = append(errs, err)
@@ -195,10 +203,9 @@ func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 func (r *Remote) Kill(ctx context.Context, id string) error {
 	rec, c, err := r.locate(ctx, id)
 	if c == nil && rec.Node != "" {
-		if err := r.tombs.bury(ctx, []string{id}, "killed while its node "+rec.Node+" was unreachable"); err != nil {
-			return errdefs.Unavailable("removing lost sandbox %s: %v", id, err)
-		}
-		return nil
+		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		defer cancel()
+		return r.tombs.buryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
 	}
 	if err != nil {
 		return err
@@ -237,7 +244,13 @@ func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbo
 }
 
 func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) { return c.Snapshot(ctx, id, req) })
+	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) {
+		sn, err := c.Snapshot(ctx, id, req)
+		if err == nil && !sn.Internal {
+			r.cache.putSnapshot(c.name, sn)
+		}
+		return sn, err
+	})
 }
 
 // Fork restores the children on the parent's node, where its memory is,
@@ -250,8 +263,11 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	if err != nil {
 		return nil, err
 	}
-	if count <= r.room(c.name) {
+	if r.reserve(c.name, count) {
 		res, err := c.Fork(ctx, id, count, d, metadata)
+		r.mu.Lock()
+		r.pending[c.name] -= count
+		r.mu.Unlock()
 		for _, fr := range res {
 			if fr.Err == nil {
 				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
@@ -282,19 +298,20 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	return res, nil
 }
 
-// room is how many more sandboxes placement may send to a node now (0
-// when it is cordoned or gone).
-func (r *Remote) room(node string) int {
+// reserve counts n sandboxes as pending on a node if it has room for them
+// and is not cordoned (the caller releases them when the call returns).
+func (r *Remote) reserve(node string, n int) bool {
 	v, err := r.nodeKnown(node)
 	if err != nil || !v.Alive || v.Cordoned {
-		return 0
-	}
-	if v.Capacity.MaxSandboxes == 0 {
-		return 1 << 30
+		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return v.Capacity.MaxSandboxes - v.Sandboxes - r.pending[node]
+	if v.Capacity.MaxSandboxes > 0 && v.Capacity.MaxSandboxes-v.Sandboxes-r.pending[node] < n {
+		return false
+	}
+	r.pending[node] += n
+	return true
 }
 
 // snapshots returns one copy of each published snapshot.
@@ -465,8 +482,8 @@ func (r *Remote) Forget(ctx context.Context, node string) error {
 	for _, rec := range r.cache.records(node) {
 		ids = append(ids, rec.Sandbox.ID)
 	}
-	if err := r.tombs.bury(ctx, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
-		return errdefs.Unavailable("etcd: %v", err)
+	if err := r.tombs.buryIfGone(ctx, node, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
+		return err
 	}
 	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
 		return errdefs.Unavailable("etcd: %v", err)

@@ -106,6 +106,12 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		return errors.New("--tls-cert and --tls-key go together")
 	}
 	cfg.Node.TLS = cfg.TLSCert != ""
+	if cfg.Node.TLS {
+		// A bad pair fails now, not after the node has registered.
+		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+	}
 	if cfg.Node.PeerTLS, err = LoadCA(cfg.TLSCA); err != nil {
 		return err
 	}
@@ -136,12 +142,17 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		errc <- srv.Serve(ln)
 	}()
 	log.Info("agentenv node serving", "tls", cfg.Node.TLS, "node", cfg.Node.Name, "listen", ln.Addr().String(), "advertise", cfg.Node.Advertise)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	runDone := make(chan struct{})
-	go func() { node.Run(ctx, host); close(runDone) }()
+	go func() { node.Run(runCtx, host); close(runDone) }()
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+		// Nobody serves the port: leave the fleet rather than attract work.
+		log.Error("node server stopped", "err", err)
 	}
+	stopRun()
 	<-runDone
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

@@ -222,6 +222,17 @@ func (c *nodeClient) url(method string) string {
 	return NodeRecord{Addr: c.addr, TLS: c.tls}.base() + rpcPath + method
 }
 
+// errOutcomeUnknown marks a call that may have been carried out although
+// no answer came (a create must then not be retried elsewhere).
+var errOutcomeUnknown = errors.New("the outcome is unknown")
+
+// isDialError reports whether err happened before the request left (no
+// connection could be made).
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // quickTimeout bounds the calls that only read or flip a sandbox's
 // state; creates, forks, snapshots, resumes and builds take as long as
 // they take (they end when the node is lost or the caller gives up).
@@ -297,10 +308,14 @@ func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if c.lostDuring() {
-			return errdefs.Unavailable("node %s was lost during the call (its lease expired): the outcome is unknown; check the sandbox and retry", c.name)
+			return fmt.Errorf("node %s was lost during the call (its lease expired): the outcome is unknown; check and retry: %w", c.name, errors.Join(errOutcomeUnknown, errdefs.ErrUnavailable))
 		}
 		if parent.Err() != nil {
 			return parent.Err()
+		}
+		if !isDialError(err) {
+			// The request may have reached the node.
+			return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(err))
 		}
 		return c.unreachable(err)
 	}
@@ -312,7 +327,7 @@ func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out 
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return c.unreachable(fmt.Errorf("reading the answer to %s: %w", method, err))
+		return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(fmt.Errorf("reading the answer to %s: %w", method, err)))
 	}
 	return nil
 }

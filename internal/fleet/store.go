@@ -106,14 +106,19 @@ type Cache struct {
 	snaps     map[string]map[string]snapshot.Snapshot // id → node → snapshot
 	// gone holds, per live node, a channel closed when it is lost: calls
 	// in flight to it end then instead of waiting on a dead link.
-	gone  map[string]chan struct{}
-	ready chan struct{}
+	gone map[string]chan struct{}
+	// deleted remembers, for a minute, the sandboxes whose records the
+	// watch saw deleted: an answer that arrives after the delete (a fork
+	// child killed at once through another API server) must not bring
+	// its record back.
+	deleted map[string]time.Time
+	ready   chan struct{}
 }
 
 // NewCache starts watching the fleet's state; Wait blocks until the first
 // full read is in.
 func NewCache(ctx context.Context, cli *clientv3.Client, log *slog.Logger) *Cache {
-	c := &Cache{cli: cli, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}}
+	c := &Cache{cli: cli, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
 	c.reset()
 	go c.run(ctx)
 	return c
@@ -233,6 +238,16 @@ func (c *Cache) apply(key string, val []byte, deleted bool) {
 			delete(c.sandboxes, id)
 		}
 		if deleted {
+			if c.deleted != nil {
+				c.deleted[id] = time.Now()
+				if len(c.deleted) > 4096 {
+					for k, at := range c.deleted {
+						if time.Since(at) > time.Minute {
+							delete(c.deleted, k)
+						}
+					}
+				}
+			}
 			return
 		}
 		var r SandboxRecord
@@ -342,11 +357,24 @@ func (c *Cache) sandbox(id string) (SandboxRecord, bool) {
 func (c *Cache) putSandbox(r SandboxRecord) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if at, ok := c.deleted[r.Sandbox.ID]; ok && time.Since(at) < time.Minute {
+		return
+	}
 	if old, ok := c.sandboxes[r.Sandbox.ID]; ok {
 		c.perNode[old.Node]--
 	}
 	c.sandboxes[r.Sandbox.ID] = r
 	c.perNode[r.Node]++
+}
+
+// putSnapshot records a snapshot a node just made, ahead of the watch.
+func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.snaps[sn.ID] == nil {
+		c.snaps[sn.ID] = map[string]snapshot.Snapshot{}
+	}
+	c.snaps[sn.ID][node] = sn
 }
 
 // records returns the sandbox records of one node.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"agentenv/internal/errdefs"
 )
 
 // Tombstones live a day: long enough for a client to learn why its
@@ -57,6 +59,33 @@ func (t *tombstones) bury(ctx context.Context, ids []string, reason string) erro
 		ops = ops[len(batch):]
 		if _, err := t.cli.Txn(ctx).Then(batch...).Commit(); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// buryIfGone buries sandbox records of a node only while the node is not
+// registered: if it came back meanwhile, its sandboxes are its own again
+// (a kill goes to it) and nothing is removed.
+func (t *tombstones) buryIfGone(ctx context.Context, node string, ids []string, reason string) error {
+	var ops []clientv3.Op
+	for _, id := range ids {
+		op, err := t.put(ctx, id, reason)
+		if err != nil {
+			return errdefs.Unavailable("etcd: %v", err)
+		}
+		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id), op)
+	}
+	absent := clientv3.Compare(clientv3.CreateRevision(nodesPrefix+node), "=", 0)
+	for len(ops) > 0 {
+		batch := ops[:min(len(ops), 126)]
+		ops = ops[len(batch):]
+		resp, err := t.cli.Txn(ctx).If(absent).Then(batch...).Commit()
+		if err != nil {
+			return errdefs.Unavailable("etcd: %v", err)
+		}
+		if !resp.Succeeded {
+			return errdefs.Conflict("node %s is back in the fleet: its sandboxes are reachable again; retry", node)
 		}
 	}
 	return nil

@@ -37,8 +37,15 @@ func (n *Node) ensure(ctx context.Context, name string) error {
 	if _, err := n.host.Templates.Get(name); err == nil {
 		return nil
 	}
-	_, err, _ := n.fetch.Do(name, func() (any, error) { return nil, n.copyIn(context.WithoutCancel(ctx), name) })
-	return err
+	// One copy per name, whoever asks; a caller that gives up stops
+	// waiting (the copy goes on for the others).
+	ch := n.fetch.DoChan(name, func() (any, error) { return nil, n.copyIn(context.WithoutCancel(ctx), name) })
+	select {
+	case res := <-ch:
+		return res.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // copyIn copies name from a live peer that holds it.
@@ -162,6 +169,9 @@ func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) err
 	}
 	defer os.RemoveAll(dir)
 	for name, hash := range sn.Files {
+		if !filepath.IsLocal(name) || strings.ContainsRune(name, '/') || !filepath.IsLocal(hash) || strings.ContainsRune(hash, '/') {
+			return errdefs.Invalid("snapshot %s from node %s names a file %q (%q) outside its directory: refused", id, peer.Name, name, hash)
+		}
 		if err := n.copyFile(ctx, peer, id, name, hash, filepath.Join(dir, name)); err != nil {
 			return err
 		}
