@@ -278,7 +278,7 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	if count < 1 || count > 100 {
 		return nil, errdefs.Invalid("fork count %d out of range: give 1..100", count)
 	}
-	sn, err := c.Snapshot(ctx, id, sandbox.SnapshotRequest{Metadata: map[string]string{"agentenv.fork-of": id}})
+	sn, err := c.Snapshot(ctx, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
 	if err != nil {
 		return nil, err
 	}
@@ -297,6 +297,10 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	wg.Wait()
 	return res, nil
 }
+
+// forkOfKey marks the snapshot a fork spilling over its parent's node
+// makes (metadata: the parent's ID); listings leave it out.
+const forkOfKey = "agentenv.fork-of"
 
 // reserve counts n sandboxes as pending on a node if it has room for them
 // and is not cordoned (the caller releases them when the call returns).
@@ -332,7 +336,8 @@ func (r *Remote) snapshots() []snapshot.Snapshot {
 func (r *Remote) ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error) {
 	var out []snapshot.Snapshot
 	for _, sn := range r.snapshots() {
-		if !sn.Internal && (sandboxID == "" || sn.Sandbox == sandboxID) {
+		// A fork's spill-over snapshot is the fleet's, not the user's.
+		if !sn.Internal && sn.Metadata[forkOfKey] == "" && (sandboxID == "" || sn.Sandbox == sandboxID) {
 			out = append(out, sn)
 		}
 	}
