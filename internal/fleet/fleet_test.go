@@ -110,6 +110,20 @@ func TestFleet(t *testing.T) {
 		}
 	}
 
+	t.Run("Host routing through an API server's proxy", func(t *testing.T) {
+		// <port>-<sandboxID>.<domain>, as E2B's sandbox URLs: envd answers.
+		req, _ := http.NewRequest(http.MethodGet, f.apiURLs[1][1]+"/health", nil)
+		req.Host = "49983-" + sbs[7].SandboxID + ".fleet.test"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("envd /health by Host through api2's proxy: HTTP %d, want 2xx", resp.StatusCode)
+		}
+	})
+
 	t.Run("metrics on every role", func(t *testing.T) {
 		for _, tc := range []struct{ url, want string }{
 			{f.apiURLs[0][0] + "/metrics", `agentenv_operation_duration_seconds_count{op="create",role="api"}`},
