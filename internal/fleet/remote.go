@@ -205,12 +205,14 @@ func (r *Remote) Kill(ctx context.Context, id string) error {
 	if c == nil && rec.Node != "" {
 		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
 		defer cancel()
-		return r.tombs.buryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
+		err = r.tombs.buryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
+	} else if err == nil {
+		err = c.Kill(ctx, id)
 	}
-	if err != nil {
-		return err
+	if err == nil {
+		r.cache.dropSandbox(id)
 	}
-	return c.Kill(ctx, id)
+	return err
 }
 
 // onOwner runs a call on the node that owns sandbox id.
@@ -223,24 +225,38 @@ func onOwner[T any](r *Remote, ctx context.Context, id string, call func(*nodeCl
 	return call(c)
 }
 
+// changed runs a call that changes sandbox id on its node and puts the
+// answer in this API server's cache (a list right after shows it).
+func (r *Remote) changed(ctx context.Context, id string, call func(*nodeClient) (sandbox.Sandbox, error)) (sandbox.Sandbox, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	sb, err := call(c)
+	if err == nil {
+		r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	}
+	return sb, err
+}
+
 func (r *Remote) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
 }
 
 func (r *Remote) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Extend(ctx, id, d) })
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Extend(ctx, id, d) })
 }
 
 func (r *Remote) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetNetwork(ctx, id, n) })
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetNetwork(ctx, id, n) })
 }
 
 func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
 }
 
 func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Resume(ctx, id, d) })
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Resume(ctx, id, d) })
 }
 
 func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
@@ -489,6 +505,9 @@ func (r *Remote) Forget(ctx context.Context, node string) error {
 	}
 	if err := r.tombs.buryIfGone(ctx, node, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
 		return err
+	}
+	for _, id := range ids {
+		r.cache.dropSandbox(id)
 	}
 	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
 		return errdefs.Unavailable("etcd: %v", err)

@@ -367,6 +367,18 @@ func (c *Cache) putSandbox(r SandboxRecord) {
 	c.perNode[r.Node]++
 }
 
+// dropSandbox forgets a sandbox this API server just killed, ahead of
+// the watch (a list right after the kill must not show it).
+func (c *Cache) dropSandbox(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.sandboxes[id]; ok {
+		c.perNode[old.Node]--
+		delete(c.sandboxes, id)
+	}
+	c.deleted[id] = time.Now()
+}
+
 // putSnapshot records a snapshot a node just made, ahead of the watch.
 func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
 	c.mu.Lock()
