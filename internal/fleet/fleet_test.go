@@ -39,6 +39,7 @@ func TestFleet(t *testing.T) {
 	}
 	f.nodeHTTP = writeTLS(t, f.dir)
 	f.netSetup(3)
+	t.Cleanup(f.reapSandboxes)
 	if err := os.MkdirAll(nodeData, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"agentenv/internal/client"
+	"agentenv/internal/runtime/gvisorgo"
 )
 
 // The fleet test's environment, for real: a 3-member etcd cluster
@@ -109,6 +111,46 @@ func (f *fleetEnv) netTeardown(n int) {
 		quiet("ip", "netns", "del", fmt.Sprintf("aefl-n%d", i))
 	}
 	quiet("ip", "link", "del", bridge)
+}
+
+// reapSandboxes removes whatever sandboxes the test's nodes left: node
+// agents leave their sandboxes running when they stop (the next start
+// adopts them), and a test's nodes never start again. The sandboxes are
+// found by their directories in the nodes' data dirs and by their runsc
+// processes (all nodes run them under one root path, nodeData's), and
+// removed through the runtime's own cgroup teardown (kills what is in
+// them, removes the directories). Registered before the nodes start, it
+// runs after their cleanups stopped them, however the test ended; after a
+// passing run, finding anything is a leak and fails the test.
+func (f *fleetEnv) reapSandboxes() {
+	ids := map[string]bool{}
+	running := 0
+	dirs, _ := filepath.Glob(filepath.Join(f.dir, "n*", "sandboxes", "i*"))
+	for _, d := range dirs {
+		ids[filepath.Base(d)] = true
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) > 1 && slices.Contains(args, "--root="+nodeData+"/runsc") {
+			ids[args[len(args)-1]] = true
+			running++
+		}
+	}
+	for id := range ids {
+		if err := gvisorgo.RemoveCgroups("agentenv", id); err != nil {
+			f.t.Errorf("removing what sandbox %s left: %v", id, err)
+		}
+	}
+	// Every subtest ends by killing what it made: after a passing run
+	// nothing may be left.
+	if len(ids) > 0 && !f.t.Failed() {
+		f.t.Errorf("the nodes left %d sandboxes (%d runsc processes still running) after every one was killed", len(ids), running)
+	}
 }
 
 // startEtcd starts a 3-member cluster (agentenv etcd: etcd's Go module)

@@ -84,3 +84,14 @@ func killTasks(dir string) {
 		}
 	}
 }
+
+// RemoveCgroups kills what is left in sandbox id's cgroups under parent
+// (the runtime's CgroupParent) and removes them: for cleaning up after a
+// host whose agent is gone for good (a test's nodes), where no Destroy
+// will ever run.
+func RemoveCgroups(parent, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	return settings{Cgroups: true, Parent: parent}.removeCgroups(id)
+}
