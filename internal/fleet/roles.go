@@ -211,40 +211,11 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		}
 		return out
 	})
-	apiLn, err := net.Listen("tcp", cfg.Listen)
+	front, err := server.ListenFront(cfg.Listen, cfg.ProxyListen, cfg.Domain)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	proxyLn, err := net.Listen("tcp", cfg.ProxyListen)
-	if err != nil {
-		apiLn.Close()
-		return fmt.Errorf("listen %s: %w", cfg.ProxyListen, err)
-	}
-	domain := cfg.Domain
-	if domain == "" {
-		domain = proxyLn.Addr().String()
+		return err
 	}
 	backend := api.Metered(remote, reg.ObserveOp)
-	apiSrv := &http.Server{Handler: server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, Backend: backend, Fleet: remote, Domain: domain, Log: log}).Handler()),
-		ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: server.MeterProxy(reg, NewProxy(remote)), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
-	go func() { errc <- apiSrv.Serve(apiLn) }()
-	go func() { errc <- proxySrv.Serve(proxyLn) }()
-	log.Info("agentenv api serving", "api", apiLn.Addr().String(), "proxy", proxyLn.Addr().String())
-	if cfg.Ready != nil {
-		cfg.Ready(apiLn.Addr().String(), proxyLn.Addr().String())
-	}
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	sctx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel2()
-	apiSrv.Shutdown(sctx)
-	proxySrv.Shutdown(sctx)
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
-	return err
+	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
+	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

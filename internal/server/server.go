@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,45 +201,18 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	defer h.Close()
 
-	apiLn, err := net.Listen("tcp", cfg.Listen)
+	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, cfg.Domain)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	proxyLn, err := net.Listen("tcp", cfg.ProxyListen)
-	if err != nil {
-		apiLn.Close()
-		return fmt.Errorf("listen %s: %w", cfg.ProxyListen, err)
-	}
-	domain := cfg.Domain
-	if domain == "" {
-		domain = proxyLn.Addr().String()
+		return err
 	}
 	reg := NewMetrics("serve")
 	reg.SetSandboxStates(SandboxStates(h.Manager))
 	backend := api.Metered(h.Backend, reg.ObserveOp)
-	apiSrv := &http.Server{Handler: WithMetrics(reg, api.New(api.Config{APIKey: key, Backend: backend, Domain: domain, Log: log}).Handler()),
-		ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: MeterProxy(reg, proxy.New(h.Manager, log)), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
-	go func() { errc <- apiSrv.Serve(apiLn) }()
-	go func() { errc <- proxySrv.Serve(proxyLn) }()
-	log.Info("agentenv serving", "api", apiLn.Addr().String(), "proxy", proxyLn.Addr().String(), "data", cfg.DataDir)
-	if ready != nil {
-		ready(apiLn.Addr().String(), proxyLn.Addr().String())
-	}
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
+	apiH := WithMetrics(reg, api.New(api.Config{APIKey: key, Backend: backend, Domain: front.Domain, Log: log}).Handler())
+	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
+	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
 	log.Info("shutting down; running sandboxes stay up and are adopted at the next start")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	apiSrv.Shutdown(sctx)
-	proxySrv.Shutdown(sctx)
 	h.Manager.Shutdown()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
 	return err
 }
 
