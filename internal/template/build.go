@@ -29,22 +29,11 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err != nil {
 		return Template{}, err
 	}
-	s.mu.Lock()
-	if s.building[req.Name] {
-		s.mu.Unlock()
-		return Template{}, errdefs.Conflict("template %q is already being built", req.Name)
+	release, err := s.claim(req.Name, func() error { return s.inUse(req.Name) })
+	if err != nil {
+		return Template{}, err
 	}
-	if s.refs[req.Name] > 0 {
-		s.mu.Unlock()
-		return Template{}, errdefs.Conflict("template %q is used by %d sandbox(es): kill them before rebuilding it", req.Name, s.refs[req.Name])
-	}
-	s.building[req.Name] = true
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.building, req.Name)
-		s.mu.Unlock()
-	}()
+	defer release()
 
 	staging, err := os.MkdirTemp(s.dir, ".build-"+req.Name+"-")
 	if err != nil {
@@ -482,8 +471,32 @@ func (s *Store) CanBuild(name string) error {
 	if s.building[name] {
 		return errdefs.Conflict("template %q is already being built", name)
 	}
+	return s.inUse(name)
+}
+
+// inUse refuses to replace a template sandboxes run on. Callers hold s.mu.
+func (s *Store) inUse(name string) error {
 	if n := s.refs[name]; n > 0 {
 		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them before rebuilding it", name, n)
 	}
 	return nil
+}
+
+// claim marks name as being built, unless it is already or refuse (run
+// under the store's lock) says no; release ends the claim.
+func (s *Store) claim(name string, refuse func() error) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.building[name] {
+		return nil, errdefs.Conflict("template %q is already being built", name)
+	}
+	if err := refuse(); err != nil {
+		return nil, err
+	}
+	s.building[name] = true
+	return func() {
+		s.mu.Lock()
+		delete(s.building, name)
+		s.mu.Unlock()
+	}, nil
 }

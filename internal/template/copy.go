@@ -14,6 +14,9 @@ import (
 	"agentenv/internal/errdefs"
 )
 
+// errExists: the template is here already (Adopt has nothing to do).
+var errExists = errors.New("template exists")
+
 // Adopt stores a template copied from another node of a fleet: its EROFS
 // image byte for byte (so that snapshots taken on either node restore on
 // the other) and its metadata. sum, if set, is the image's SHA-256; a
@@ -22,22 +25,19 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	if err := ValidName(t.Name); err != nil {
 		return Template{}, err
 	}
-	s.mu.Lock()
-	if _, ok := s.templates[t.Name]; ok {
-		s.mu.Unlock()
-		return s.Get(t.Name)
+	release, err := s.claim(t.Name, func() error {
+		if _, ok := s.templates[t.Name]; ok {
+			return errExists
+		}
+		return nil
+	})
+	if errors.Is(err, errExists) {
+		return s.Get(t.Name) // a copy made meanwhile
 	}
-	if s.building[t.Name] {
-		s.mu.Unlock()
-		return Template{}, errdefs.Conflict("template %q is already being built", t.Name)
+	if err != nil {
+		return Template{}, err
 	}
-	s.building[t.Name] = true
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.building, t.Name)
-		s.mu.Unlock()
-	}()
+	defer release()
 	staging, err := os.MkdirTemp(s.dir, ".build-"+t.Name+"-")
 	if err != nil {
 		return Template{}, err
