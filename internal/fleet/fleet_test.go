@@ -510,13 +510,7 @@ func TestFleet(t *testing.T) {
 		// SIGTERM: the agent leaves at once (revokes its lease); its
 		// sandboxes keep running and are adopted at the next start.
 		f.nodes[1].stop(syscall.SIGTERM)
-		eventually(t, 15*time.Second, "n2 lost", func() error {
-			m, err := nodeCounts(ctx, c)
-			if err == nil && m["n2"].Alive {
-				err = errors.New("n2 still alive")
-			}
-			return err
-		})
+		f.waitLost(c, "n2")
 		f.nodes[1] = f.startNode(2)
 		f.waitAlive(c, "n2")
 		eventually(t, 30*time.Second, "n2 adopted its sandboxes", func() error {
@@ -534,13 +528,7 @@ func TestFleet(t *testing.T) {
 			}
 		}
 		f.nodes[1].stop(syscall.SIGTERM)
-		eventually(t, 15*time.Second, "n2 lost", func() error {
-			m, err := nodeCounts(ctx, c)
-			if err == nil && m["n2"].Alive {
-				err = errors.New("n2 still alive")
-			}
-			return err
-		})
+		f.waitLost(c, "n2")
 		if err := c.NodeAction(ctx, "n2", "forget"); err != nil {
 			t.Fatalf("forget n2: %v", err)
 		}

@@ -307,6 +307,17 @@ func (f *fleetEnv) waitAlive(c *client.Client, names ...string) {
 	})
 }
 
+// waitLost waits until the API server reports the node lost.
+func (f *fleetEnv) waitLost(c *client.Client, name string) {
+	eventually(f.t, 15*time.Second, name+" lost", func() error {
+		m, err := nodeCounts(context.Background(), c)
+		if err == nil && m[name].Alive {
+			err = fmt.Errorf("%s still alive", name)
+		}
+		return err
+	})
+}
+
 func execOut(ctx context.Context, c *client.Client, sb client.Sandbox, script string) (string, error) {
 	var out bytes.Buffer
 	res, err := c.Exec(ctx, sb, "/bin/sh", []string{"-c", script}, &out, &out)
