@@ -77,7 +77,10 @@ type Node struct {
 
 	pubMu     sync.Mutex
 	published map[string]string // key → value of template/snapshot keys under the lease
-	recorded  sync.Map          // sandbox IDs with a record in etcd
+	// recorded maps the sandbox IDs with a record in etcd to the value
+	// last written (a write of the same value is skipped: a create's
+	// answer and its own state change would otherwise write it twice).
+	recorded sync.Map
 
 	fetch   singleflight.Group
 	started time.Time
@@ -336,7 +339,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 	var gone []string
 	for id := range mine {
 		if local[id] {
-			n.recorded.Store(id, true)
+			n.recorded.Store(id, "") // recorded, and rewritten: this lease's first write
 			if err := n.writeRecord(ctx, id, false); err != nil {
 				return err
 			}
@@ -380,12 +383,17 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var ops []clientv3.Op
+	var value string
 	sb, err := n.host.Manager.Get(id)
 	live := err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused)
 	switch {
 	case live:
 		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, string(b)))
+		value = string(b)
+		if last, ok := n.recorded.Load(id); ok && last == value {
+			return nil
+		}
+		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, value))
 	default:
 		if _, ok := n.recorded.Load(id); !ok {
 			return nil // never published (still creating, or a pooled sandbox)
@@ -411,7 +419,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 		return errdefs.Unavailable("node %s is not registered in etcd (its lease was lost): sandbox %s is settled when it registers again; retry in a moment", n.cfg.Name, id)
 	}
 	if live {
-		n.recorded.Store(id, true)
+		n.recorded.Store(id, value)
 	} else {
 		n.recorded.Delete(id)
 	}
