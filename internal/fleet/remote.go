@@ -481,9 +481,11 @@ func (r *Remote) Cordon(ctx context.Context, node, mode string) error {
 	if _, err := r.nodeKnown(node); err != nil {
 		return err
 	}
-	if _, err := r.cli.Put(ctx, cordonPrefix+node, mode); err != nil {
+	resp, err := r.cli.Put(ctx, cordonPrefix+node, mode)
+	if err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
+	r.cache.setCordon(node, mode, false, resp.Header.Revision)
 	return nil
 }
 
@@ -522,9 +524,11 @@ func (r *Remote) Uncordon(ctx context.Context, node string) error {
 	if _, err := r.nodeKnown(node); err != nil {
 		return err
 	}
-	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
+	resp, err := r.cli.Delete(ctx, cordonPrefix+node)
+	if err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
+	r.cache.setCordon(node, "", true, resp.Header.Revision)
 	return nil
 }
 

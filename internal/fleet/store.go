@@ -100,6 +100,7 @@ type Cache struct {
 	known     map[string]NodeRecord // every node seen, alive or not
 	lostAt    map[string]time.Time
 	cordon    map[string]string
+	cordonRev map[string]int64 // revision of each node's last cordon change seen
 	sandboxes map[string]SandboxRecord
 	perNode   map[string]int
 	templates map[string]map[string]api.TemplateInfo  // name → node → info
@@ -131,6 +132,7 @@ func (c *Cache) reset() {
 		c.lostAt = map[string]time.Time{}
 	}
 	c.cordon = map[string]string{}
+	c.cordonRev = map[string]int64{}
 	c.sandboxes = map[string]SandboxRecord{}
 	c.perNode = map[string]int{}
 	c.templates = map[string]map[string]api.TemplateInfo{}
@@ -168,7 +170,7 @@ func (c *Cache) run(ctx context.Context) {
 			}
 			c.mu.Lock()
 			for _, ev := range wr.Events {
-				c.apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+				c.apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete, ev.Kv.ModRevision)
 			}
 			c.mu.Unlock()
 		}
@@ -182,7 +184,7 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 	next := &Cache{log: slog.New(slog.DiscardHandler), known: map[string]NodeRecord{}, lostAt: map[string]time.Time{}}
 	next.reset()
 	for _, kv := range kvs {
-		next.apply(string(kv.Key), kv.Value, false)
+		next.apply(string(kv.Key), kv.Value, false, kv.ModRevision)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -196,13 +198,14 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 		c.known[name] = n
 		delete(c.lostAt, name)
 	}
-	c.nodes, c.cordon, c.sandboxes, c.perNode = next.nodes, next.cordon, next.sandboxes, next.perNode
+	c.nodes, c.cordon, c.cordonRev, c.sandboxes, c.perNode = next.nodes, next.cordon, next.cordonRev, next.sandboxes, next.perNode
 	c.templates, c.snaps = next.templates, next.snaps
 	c.log.Info("fleet: state read from etcd", "nodes", len(c.nodes), "sandboxes", len(c.sandboxes))
 }
 
-// apply records one key's new value (or its deletion). Callers hold c.mu.
-func (c *Cache) apply(key string, val []byte, deleted bool) {
+// apply records one key's new value (or its deletion) made at revision
+// rev. Callers hold c.mu.
+func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 	switch {
 	case strings.HasPrefix(key, nodesPrefix):
 		name := strings.TrimPrefix(key, nodesPrefix)
@@ -226,6 +229,10 @@ func (c *Cache) apply(key string, val []byte, deleted bool) {
 		}
 	case strings.HasPrefix(key, cordonPrefix):
 		name := strings.TrimPrefix(key, cordonPrefix)
+		if rev < c.cordonRev[name] {
+			return // older than a change this API server made itself
+		}
+		c.cordonRev[name] = rev
 		if deleted {
 			delete(c.cordon, name)
 		} else {
@@ -248,6 +255,12 @@ func (c *Cache) apply(key string, val []byte, deleted bool) {
 					}
 				}
 			}
+			return
+		}
+		if at, ok := c.deleted[id]; ok && time.Since(at) < time.Minute {
+			// A lagging watch (its etcd member went away) delivering
+			// the create after this API server's own kill: an ID
+			// never comes back once its record is deleted.
 			return
 		}
 		var r SandboxRecord
@@ -377,6 +390,14 @@ func (c *Cache) dropSandbox(id string) {
 		delete(c.sandboxes, id)
 	}
 	c.deleted[id] = time.Now()
+}
+
+// setCordon records a cordon change this API server just made, ahead of
+// the watch: a create right after `node drain` must not land on the node.
+func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.apply(cordonPrefix+node, []byte(mode), deleted, rev)
 }
 
 // putSnapshot records a snapshot a node just made, ahead of the watch.
