@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNSC_VERSION=$(cat RUNSC_VERSION)
-APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl)
+APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
