@@ -59,7 +59,10 @@ func deniedMessage(err error, a account, op, path string) string {
 	return msg + `; use a path that user may access, or make the request as user "root"`
 }
 
-// entryInfo describes path (not following a final symlink).
+// entryInfo describes path as E2B's envd does: a symlink is reported with
+// the type and permission bits of what it leads to and the resolved
+// absolute path as its target; mode carries permission bits only (no Go
+// file-type bits); metadata is the entry's user.e2b.* xattrs.
 func entryInfo(path string) (*pb.EntryInfo, error) {
 	st, err := os.Lstat(path)
 	if err != nil {
@@ -72,27 +75,40 @@ func entryInfo(path string) (*pb.EntryInfo, error) {
 		Mode:         uint32(st.Mode().Perm()),
 		Permissions:  st.Mode().String(),
 		ModifiedTime: timestamppb.New(st.ModTime()),
-		Type:         pb.FileType_FILE_TYPE_FILE,
+		Type:         fileType(st.Mode()),
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		e.Owner = userName(sys.Uid)
 		e.Group = groupName(sys.Gid)
 	}
-	switch {
-	case st.IsDir():
-		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
-		e.Mode |= uint32(fs.ModeDir)
-	case st.Mode()&fs.ModeSymlink != 0:
-		e.Type = pb.FileType_FILE_TYPE_SYMLINK
-		if t, err := os.Readlink(path); err == nil {
-			e.SymlinkTarget = &t
+	if st.Mode()&fs.ModeSymlink != 0 {
+		// A link that does not resolve names itself, and its type and
+		// mode stay unknown.
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			target = path
 		}
-		// Report the type of what the link points at, as E2B does.
-		if tst, err := os.Stat(path); err == nil && tst.IsDir() {
-			e.Type = pb.FileType_FILE_TYPE_DIRECTORY
+		e.SymlinkTarget = &target
+		e.Type, e.Mode = pb.FileType_FILE_TYPE_UNSPECIFIED, 0
+		if tst, err := os.Stat(target); err == nil {
+			e.Type, e.Mode = fileType(tst.Mode()), uint32(tst.Mode().Perm())
 		}
 	}
+	// Best effort, as the entry itself is valid without it.
+	e.Metadata, _ = readMetadata(path)
 	return e, nil
+}
+
+func fileType(m fs.FileMode) pb.FileType {
+	switch {
+	case m.IsRegular():
+		return pb.FileType_FILE_TYPE_FILE
+	case m.IsDir():
+		return pb.FileType_FILE_TYPE_DIRECTORY
+	case m&fs.ModeSymlink != 0:
+		return pb.FileType_FILE_TYPE_SYMLINK
+	}
+	return pb.FileType_FILE_TYPE_UNSPECIFIED
 }
 
 func userName(uid uint32) string {
@@ -202,12 +218,8 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.
 	if path == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	err = asUser(acct, func() error {
-		if _, err := os.Lstat(path); err != nil {
-			return err
-		}
-		return os.RemoveAll(path)
-	})
+	// A path that does not exist is already removed: success, as in E2B.
+	err = asUser(acct, func() error { return os.RemoveAll(path) })
 	if err != nil {
 		return nil, fsError(err, acct, "remove", path)
 	}

@@ -35,10 +35,12 @@ import (
 const Port = 49983
 
 // Version is reported to clients; the E2B SDK enables features by it.
-// 0.5.7 promises: server-chosen default user, CloseStdin, octet-stream and
-// gzip uploads. (0.6.x adds file metadata xattrs and watch options that
-// agentenv does not implement yet.)
-const Version = "0.5.7"
+// 0.6.4 is the newest version the JS SDK (2.51.0) checks for, and envd
+// implements what every version up to it promises: server-chosen default
+// user (0.4.0), CloseStdin (0.5.2), octet-stream and gzip uploads (0.5.7),
+// file metadata xattrs (0.6.2), watch events with entries (0.6.3) and the
+// network-mount watch option (0.6.4).
+const Version = "0.6.4"
 
 // TokenEnv names the environment variable that carries the access token to
 // envd at start. envd removes it from its own environment.
@@ -95,46 +97,70 @@ func (s *Server) Handler() http.Handler {
 }
 
 // auth enforces the access token (X-Access-Token), when one is set.
+// Refusals carry E2B envd's texts: clients tell the cases apart by them.
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		token := s.token
 		s.mu.Unlock()
-		if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) != 1 && !validSignature(r, token) {
-			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token (or file URL signature): use the envdAccessToken returned when the sandbox was created")
+		if msg := refusal(r, token); msg != "" {
+			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// validSignature checks the signed /files URLs the E2B SDK makes
+// refusal says why a request may not pass, "" when it may.
+func refusal(r *http.Request, token string) string {
+	if token == "" {
+		return ""
+	}
+	got := r.Header.Get("X-Access-Token")
+	if subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+		return ""
+	}
+	if r.URL.Path != "/files" {
+		return "unauthorized access, please provide a valid access token or method signing if supported"
+	}
+	if got != "" {
+		return "access token present in header but does not match"
+	}
+	return signatureRefusal(r, token)
+}
+
+// signatureRefusal checks the signed /files URLs the E2B SDK makes
 // (uploadUrl/downloadUrl): signature=v1_<base64 sha256 of
 // "path:operation:user:token[:expiration]">, optionally expiring.
-func validSignature(r *http.Request, token string) bool {
-	if r.URL.Path != "/files" {
-		return false
-	}
+func signatureRefusal(r *http.Request, token string) string {
 	q := r.URL.Query()
-	sig := q.Get("signature")
-	if !strings.HasPrefix(sig, "v1_") {
-		return false
+	if !q.Has("signature") {
+		return "missing signature query parameter"
 	}
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
 	msg := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
-	if exp := q.Get("signature_expiration"); exp != "" {
+	exp := q.Get("signature_expiration")
+	var expires int64
+	if q.Has("signature_expiration") {
 		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil || time.Now().Unix() > n {
-			return false
+		if err != nil {
+			return "invalid signature"
 		}
+		expires = n
 		msg += ":" + exp
 	}
 	sum := sha256.Sum256([]byte(msg))
 	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-	return subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1
+	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
+		return "invalid signature"
+	}
+	if q.Has("signature_expiration") && expires < time.Now().Unix() {
+		return "signature is already expired"
+	}
+	return ""
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -249,6 +275,8 @@ type entry struct {
 	Name string `json:"name"`
 	Type string `json:"type"`
 	Path string `json:"path"`
+	// Metadata is what the upload stored (X-Metadata-* headers).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
@@ -259,18 +287,29 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.maxUpload)
 	target := r.URL.Query().Get("path")
+	md := metadataFromHeaders(r.Header)
+	if err := validateMetadata(md); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid metadata: "+err.Error())
+		return
+	}
 	var written []entry
 	write := func(p string, body io.Reader) bool {
 		path, err := resolvePath(p, acct)
 		if err == nil {
-			err = writeFileAs(path, body, acct)
+			err = writeFileAs(path, body, acct, md)
 		}
 		if err != nil {
 			// Most other failures are the body's (malformed gzip...).
 			writeFileError(w, err, acct, "write", path, http.StatusBadRequest)
 			return false
 		}
-		written = append(written, entry{Name: filepath.Base(path), Type: "file", Path: path})
+		e := entry{Name: filepath.Base(path), Type: "file", Path: path}
+		// What was stored, read back: no claim of metadata a file lacks.
+		asUser(acct, func() (err error) {
+			e.Metadata, err = readMetadata(path)
+			return err
+		})
+		written = append(written, e)
 		return true
 	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -328,48 +367,52 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, written)
 }
 
-// writeFileAs writes r to path atomically (a temporary file renamed over
-// it). Every path step (parents created, the temporary file, the rename)
-// runs as the user, so what the user may not create or replace is refused
-// and what is created is the user's; the data is copied in between.
-func writeFileAs(path string, r io.Reader, a account) error {
-	dir := filepath.Dir(path)
-	var tmp *os.File
+// writeFileAs writes r to path in place (created or truncated), as E2B's
+// envd does, so a watcher sees the file's own create and write events.
+// Every path step (parents created, the open) runs as the user, so what the
+// user may not create or overwrite is refused and what is created is the
+// user's; the data and the metadata (replacing any the file had) go through
+// the descriptor the user opened.
+func writeFileAs(path string, r io.Reader, a account, md map[string]string) error {
+	var f *os.File
+	created := false
 	err := asUser(a, func() error {
 		if st, err := os.Stat(path); err == nil && st.IsDir() {
 			return fmt.Errorf("path %q %w", path, errIsDir)
 		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
-		f, err := os.CreateTemp(dir, ".envd-upload-*")
-		if err != nil {
-			// Name the directory, not the temporary file's pattern.
-			return &fs.PathError{Op: "create", Path: dir, Err: errors.Unwrap(err)}
+		var err error
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		created = err == nil
+		if errors.Is(err, fs.ErrExist) {
+			f, err = os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0o644)
 		}
-		tmp = f
-		return nil
+		return err
 	})
 	if err != nil {
 		return err
 	}
 	ok := false
 	defer func() {
-		tmp.Close()
-		if !ok {
-			asUser(a, func() error { return os.Remove(tmp.Name()) })
+		f.Close()
+		// A refused upload (too large, broken body) leaves no new file
+		// behind; a file it overwrote keeps what was written, as in E2B.
+		if !ok && created {
+			asUser(a, func() error { return os.Remove(path) })
 		}
 	}()
-	if _, err := io.Copy(tmp, r); err != nil {
+	if _, err := io.Copy(f, r); err != nil {
 		return err
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return err
+	// A filesystem without xattrs (/proc, /sys) keeps the data without the
+	// metadata, as in E2B; the answer reads metadata back, so it does not
+	// claim any.
+	if err := writeMetadata(f, md); err != nil && !xattrUnsupported(err) {
+		return fmt.Errorf("store metadata: %w", err)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := asUser(a, func() error { return os.Rename(tmp.Name(), path) }); err != nil {
+	if err := f.Close(); err != nil {
 		return err
 	}
 	ok = true

@@ -32,10 +32,12 @@ type watch struct {
 	once         sync.Once
 }
 
-const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_DELETE |
+// watchMask holds the inotify events E2B's envd (fsnotify) reports: no
+// IN_CLOSE_WRITE, so one write to a file is one write event.
+const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE |
 	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF
 
-func newWatch(acct account, root string, recursive, includeEntry bool) (*watch, error) {
+func newWatch(acct account, root string, recursive, includeEntry, allowNetwork bool) (*watch, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("inotify: %w", err))
@@ -49,6 +51,9 @@ func newWatch(acct account, root string, recursive, includeEntry bool) (*watch, 
 		}
 		if !st.IsDir() {
 			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", root))
+		}
+		if err := checkNetworkMount(root, allowNetwork); err != nil {
+			return err
 		}
 		return w.add(root, true)
 	})
@@ -136,41 +141,84 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 	}
 	full := filepath.Join(dir, name)
 	newDir := w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0
-	var t pb.EventType
-	switch {
-	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
-		t = pb.EventType_EVENT_TYPE_CREATE
-		if mask&unix.IN_MOVED_TO != 0 {
-			t = pb.EventType_EVENT_TYPE_RENAME
-		}
-	case mask&(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0:
-		t = pb.EventType_EVENT_TYPE_WRITE
-	case mask&unix.IN_DELETE != 0:
-		t = pb.EventType_EVENT_TYPE_REMOVE
-	case mask&unix.IN_MOVED_FROM != 0:
-		t = pb.EventType_EVENT_TYPE_RENAME
-	case mask&unix.IN_ATTRIB != 0:
-		t = pb.EventType_EVENT_TYPE_CHMOD
-	default:
-		return
+	if newDir {
+		asUser(w.acct, func() error { return w.add(full, false) })
 	}
 	rel, _ := filepath.Rel(w.root, full)
-	ev := &pb.FilesystemEvent{Name: rel, Type: t}
-	if newDir || w.includeEntry {
-		asUser(w.acct, func() error {
-			if newDir {
-				w.add(full, false)
-			}
-			if w.includeEntry {
-				ev.Entry, _ = entryInfo(full)
-			}
-			return nil
-		})
+	for _, t := range eventTypes(mask) {
+		ev := &pb.FilesystemEvent{Name: rel, Type: t}
+		if w.includeEntry && carriesEntry(t) {
+			asUser(w.acct, func() (err error) {
+				ev.Entry, err = entryInfo(full)
+				return err
+			})
+		}
+		select {
+		case w.events <- ev:
+		case <-w.stop:
+			return
+		}
 	}
-	select {
-	case w.events <- ev:
-	case <-w.stop:
+}
+
+// eventTypes maps an inotify mask to E2B's event types the way fsnotify
+// (which E2B's envd uses) does: a file moved in is created, one moved out
+// renamed.
+func eventTypes(mask uint32) []pb.EventType {
+	var ts []pb.EventType
+	if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
+		ts = append(ts, pb.EventType_EVENT_TYPE_CREATE)
 	}
+	if mask&(unix.IN_MOVED_FROM|unix.IN_MOVE_SELF) != 0 {
+		ts = append(ts, pb.EventType_EVENT_TYPE_RENAME)
+	}
+	if mask&unix.IN_ATTRIB != 0 {
+		ts = append(ts, pb.EventType_EVENT_TYPE_CHMOD)
+	}
+	if mask&unix.IN_MODIFY != 0 {
+		ts = append(ts, pb.EventType_EVENT_TYPE_WRITE)
+	}
+	if mask&(unix.IN_DELETE|unix.IN_DELETE_SELF) != 0 {
+		ts = append(ts, pb.EventType_EVENT_TYPE_REMOVE)
+	}
+	return ts
+}
+
+// carriesEntry reports whether an event's path still names the entry it is
+// about: after a remove or rename it may name a newcomer, so those events
+// carry no entry (as in E2B).
+func carriesEntry(t pb.EventType) bool {
+	switch t {
+	case pb.EventType_EVENT_TYPE_CREATE, pb.EventType_EVENT_TYPE_WRITE, pb.EventType_EVENT_TYPE_CHMOD:
+		return true
+	}
+	return false
+}
+
+// Filesystem magic numbers (linux/magic.h) of network and FUSE mounts,
+// which a watch refuses unless the client allows them (envd 0.6.4):
+// inotify there misses changes made by other machines.
+var networkFS = map[int64]string{
+	0x6969:     "NFS",
+	0xFF534D42: "CIFS",
+	0x517B:     "SMB",
+	0xFE534D42: "SMB2",
+	0x65735546: "FUSE",
+}
+
+// checkNetworkMount refuses a watch of a network filesystem unless allowed.
+func checkNetworkMount(path string, allowed bool) error {
+	if allowed {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return &fs.PathError{Op: "statfs", Path: path, Err: err}
+	}
+	if kind, ok := networkFS[int64(st.Type)]; ok {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is on a network filesystem (%s), where changes made elsewhere are not seen: pass allowNetworkMounts to watch it anyway", path, kind))
+	}
+	return nil
 }
 
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], stream *connect.ServerStream[pb.WatchDirResponse]) error {
@@ -178,7 +226,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 	if err != nil {
 		return err
 	}
-	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry(), req.Msg.GetAllowNetworkMounts())
 	if err != nil {
 		return err
 	}
@@ -218,7 +266,7 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newWatch(acct, path, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry(), req.Msg.GetAllowNetworkMounts())
 	if err != nil {
 		return nil, err
 	}
