@@ -36,6 +36,10 @@ type proc struct {
 	stdinMu sync.Mutex
 	stdin   io.WriteCloser // nil once closed or when stdin was not asked for
 
+	// tty is the PTY master of a process started with a PTY (else nil);
+	// term is its terminal side until the process holds it.
+	tty, term *os.File
+
 	mu   sync.Mutex
 	subs map[chan *pb.ProcessEvent]struct{}
 	end  *pb.ProcessEvent_EndEvent
@@ -118,9 +122,6 @@ func (ps *processService) List(ctx context.Context, req *connect.Request[pb.List
 }
 
 func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
-	if req.Msg.GetPty() != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("PTY sessions are not supported yet; run the command without a PTY"))
-	}
 	cfg := req.Msg.GetProcess()
 	if cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty: name the program to run"))
@@ -129,7 +130,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	if err != nil {
 		return err
 	}
-	p, err := ps.spawn(cfg, acct, req.Msg.Tag, req.Msg.Stdin == nil || req.Msg.GetStdin())
+	p, err := ps.spawn(cfg, acct, req.Msg.Tag, req.Msg.Stdin == nil || req.Msg.GetStdin(), req.Msg.GetPty())
 	if err != nil {
 		return err
 	}
@@ -223,7 +224,7 @@ func keepalive(h interface{ Get(string) string }) time.Duration {
 }
 
 // spawn prepares a process; run starts it.
-func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string, wantStdin bool) (*proc, error) {
+func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string, wantStdin bool, pty *pb.PTY) (*proc, error) {
 	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
 	cmd.Env = ps.s.environ(acct, cfg.GetEnvs())
 	cmd.Dir = acct.Home
@@ -262,6 +263,9 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 		cmd.SysProcAttr.Credential = acct.credential()
 	}
 	p := &proc{tag: tag, config: cfg, cmd: cmd, subs: map[chan *pb.ProcessEvent]struct{}{}, done: make(chan struct{})}
+	if pty != nil {
+		return p, p.attachPTY(pty, acct)
+	}
 	if wantStdin {
 		w, err := cmd.StdinPipe()
 		if err != nil {
@@ -273,26 +277,37 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 }
 
 func (ps *processService) run(p *proc) error {
-	stdout, err := p.cmd.StdoutPipe()
-	if err != nil {
-		return connect.NewError(connect.CodeInternal, err)
-	}
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		return connect.NewError(connect.CodeInternal, err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", p.config.GetCmd(), err))
+	var wg sync.WaitGroup
+	if p.tty != nil {
+		err := p.cmd.Start()
+		p.term.Close() // the process holds it now (or never will)
+		if err != nil {
+			p.tty.Close()
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", p.config.GetCmd(), err))
+		}
+		wg.Add(1)
+		go p.copyOut(&wg, p.tty, ptyData)
+	} else {
+		stdout, err := p.cmd.StdoutPipe()
+		if err != nil {
+			return connect.NewError(connect.CodeInternal, err)
+		}
+		stderr, err := p.cmd.StderrPipe()
+		if err != nil {
+			return connect.NewError(connect.CodeInternal, err)
+		}
+		if err := p.cmd.Start(); err != nil {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", p.config.GetCmd(), err))
+		}
+		wg.Add(2)
+		go p.copyOut(&wg, stdout, stdoutData)
+		go p.copyOut(&wg, stderr, stderrData)
 	}
 	p.pid = uint32(p.cmd.Process.Pid)
 	ps.mu.Lock()
 	ps.procs[p.pid] = p
 	ps.mu.Unlock()
 
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go p.copyOut(&wg, stdout, false)
-	go p.copyOut(&wg, stderr, true)
 	go func() {
 		wg.Wait()
 		err := p.cmd.Wait()
@@ -315,6 +330,9 @@ func (ps *processService) run(p *proc) error {
 		p.end = end
 		p.mu.Unlock()
 		p.closeStdin()
+		if p.tty != nil {
+			p.tty.Close()
+		}
 		ps.mu.Lock()
 		delete(ps.procs, p.pid)
 		ps.mu.Unlock()
@@ -323,18 +341,28 @@ func (ps *processService) run(p *proc) error {
 	return nil
 }
 
-func (p *proc) copyOut(wg *sync.WaitGroup, r io.Reader, isErr bool) {
+func stdoutData(b []byte) *pb.ProcessEvent_DataEvent {
+	return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
+}
+
+func stderrData(b []byte) *pb.ProcessEvent_DataEvent {
+	return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
+}
+
+func ptyData(b []byte) *pb.ProcessEvent_DataEvent {
+	return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Pty{Pty: b}}
+}
+
+// copyOut publishes what r yields until it ends: EOF for a pipe, EIO for a
+// PTY master once no process holds the terminal any more.
+func (p *proc) copyOut(wg *sync.WaitGroup, r io.Reader, event func([]byte) *pb.ProcessEvent_DataEvent) {
 	defer wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			data := append([]byte(nil), buf[:n]...)
-			ev := &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: data}}
-			if isErr {
-				ev = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: data}}
-			}
-			p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: ev}})
+			p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: event(data)}})
 		}
 		if err != nil {
 			return
@@ -362,6 +390,9 @@ func (p *proc) closeStdin() error {
 }
 
 func (p *proc) writeStdin(b []byte) error {
+	if p.tty != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("this process has a PTY: send its input as PTY input, not stdin"))
+	}
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	if p.stdin == nil {
@@ -376,10 +407,7 @@ func (ps *processService) SendInput(ctx context.Context, req *connect.Request[pb
 	if err != nil {
 		return nil, err
 	}
-	if req.Msg.GetInput().GetPty() != nil {
-		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("PTY input is not supported"))
-	}
-	if err := p.writeStdin(req.Msg.GetInput().GetStdin()); err != nil {
+	if err := p.write(req.Msg.GetInput()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&pb.SendInputResponse{}), nil
@@ -399,7 +427,7 @@ func (ps *processService) StreamInput(ctx context.Context, stream *connect.Clien
 			if p == nil {
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("send a start event naming the process before data"))
 			}
-			if err := p.writeStdin(ev.Data.GetInput().GetStdin()); err != nil {
+			if err := p.write(ev.Data.GetInput()); err != nil {
 				return nil, err
 			}
 		}
@@ -414,6 +442,9 @@ func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[p
 	p, err := ps.find(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
+	}
+	if p.tty != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("this process has a PTY, which has no stdin to close: send Ctrl+D (0x04) as PTY input instead"))
 	}
 	if err := p.closeStdin(); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
