@@ -13,7 +13,7 @@ import (
 
 func sandboxCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, inspect, use and kill sandboxes"}
-	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxGet(g), sandboxExec(g), sandboxKill(g))
+	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxGet(g), sandboxExec(g), sandboxShell(g), sandboxKill(g))
 	cmd.AddCommand(sandboxStateCmds(g)...)
 	return cmd
 }
