@@ -387,7 +387,8 @@ func writeFileAs(path string, r io.Reader, a account, md map[string]string) erro
 		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		created = err == nil
 		if errors.Is(err, fs.ErrExist) {
-			f, err = os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0o644)
+			// O_CREATE still: a dangling symlink's target is made, as in E2B.
+			f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 		}
 		return err
 	})
