@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,23 +56,65 @@ func TestShellPipedInput(t *testing.T) {
 	}
 }
 
-// From a terminal: the remote PTY gets the local size, and the exit code
-// comes back.
+// From a terminal: the remote PTY gets the local size and follows its
+// changes (SIGWINCH), and the exit code comes back.
 func TestShellFromTerminal(t *testing.T) {
 	c, sb, me := shellEnv(t)
 	master, tty := openTestPTY(t, 33, 111)
-	var out bytes.Buffer
+	out := &syncBuffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	master.WriteString("echo size=$(stty size); exit 7\r")
-	code, err := runShell(ctx, c, sb, client.PTYRequest{Cmd: "/bin/sh", Args: []string{"-i"}, User: me}, tty, &out)
-	if err != nil {
-		t.Fatalf("runShell: %v (output %q)", err, out.String())
+	type result struct {
+		code int
+		err  error
 	}
-	if code != 7 || !strings.Contains(out.String(), "size=33 111") {
-		t.Errorf("got exit %d, output %q; want 7 with size=33 111", code, out.String())
+	done := make(chan result, 1)
+	go func() {
+		code, err := runShell(ctx, c, sb, client.PTYRequest{Cmd: "/bin/sh", Args: []string{"-i"}, User: me}, tty, out)
+		done <- result{code, err}
+	}()
+	// Typed until the shell answers: it may not read before it is up.
+	typeUntil := func(line, want string) {
+		t.Helper()
+		for !out.has(want) {
+			if ctx.Err() != nil {
+				t.Fatalf("no %q in the output %q", want, out.String())
+			}
+			master.WriteString(line + "\r")
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	typeUntil("echo a=$(stty size)", "a=33 111")
+	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 44, Col: 122}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Kill(os.Getpid(), unix.SIGWINCH) // what the terminal does on a resize
+	typeUntil("echo b=$(stty size)", "b=44 122")
+	master.WriteString("exit 7\r")
+	r := <-done
+	if r.err != nil || r.code != 7 {
+		t.Errorf("got exit %d, %v; want 7 (output %q)", r.code, r.err, out.String())
 	}
 }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) has(sub string) bool { return strings.Contains(s.String(), sub) }
 
 // openTestPTY stands in for the user's terminal.
 func openTestPTY(t *testing.T, rows, cols uint16) (master, tty *os.File) {
