@@ -23,7 +23,7 @@ func TestE2BSDK(t *testing.T) {
 		}
 		t.Skip("skipping: run `make setup` to install the e2b SDK (npm ci in tests/e2b)")
 	}
-	cmd := exec.Command(node, "--test", "--test-reporter=spec")
+	cmd := exec.Command(node, "--test", "--test-reporter=spec", "sdk.test.mjs") // each *.test.mjs has its own Go test
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
