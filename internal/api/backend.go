@@ -182,7 +182,7 @@ func (l *Local) BuildTemplate(ctx context.Context, req template.BuildRequest, pr
 		return TemplateInfo{}, err
 	}
 	progress(template.Progress{Phase: "ready", Percent: 99, Message: "booting once for fast creates"})
-	if err := l.Manager.MakeReady(ctx, req.Name, true); err != nil {
+	if err := l.Manager.MakeBuiltReady(ctx, req.Name); err != nil {
 		return TemplateInfo{}, err
 	}
 	return l.GetTemplate(ctx, req.Name)
