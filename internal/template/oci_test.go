@@ -2,13 +2,19 @@ package template
 
 import (
 	"context"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"agentenv/internal/template/ocitest"
 )
@@ -141,5 +147,42 @@ func TestResolveUser(t *testing.T) {
 	}
 	if _, err := resolveUser(root, "nobody"); err == nil || !strings.Contains(err.Error(), "not in the image's /etc/passwd") {
 		t.Errorf("resolveUser(nobody) err = %v, want not in passwd", err)
+	}
+}
+
+// TestPullImage: --image pulls from a registry. The registry is
+// go-containerregistry's in-memory one on loopback (no outside traffic).
+func TestPullImage(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("unpacking files owned by other users needs root")
+	}
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/test/app:1"
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(tag, testImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	img, err := PullImage(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := ImageDefaults(img); err != nil || d.User != "app" {
+		t.Errorf("defaults = %+v, %v; want the image's", d, err)
+	}
+	root := t.TempDir()
+	r := FlattenImage(img)
+	defer r.Close()
+	if _, err := ExtractTar(context.Background(), r, root, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "data/c")); err != nil || string(b) != "C" {
+		t.Errorf("data/c = %q, %v; want C", b, err)
+	}
+	if _, err := PullImage(context.Background(), strings.TrimPrefix(srv.URL, "http://")+"/test/missing:1"); err == nil {
+		t.Error("pulling a missing image: nil error")
 	}
 }
