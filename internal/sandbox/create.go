@@ -231,12 +231,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if err := m.waitEnvd(ctx, sb); err != nil {
 		return fail(err)
 	}
+	tEnvd := time.Since(now)
 	if src == nil {
 		if err := m.runStart(ctx, sb); err != nil {
 			return fail(err)
 		}
 	}
-	tEnvd := time.Since(now)
 	if src != nil {
 		// The restored envd still holds the snapshotted sandbox's token:
 		// give this sandbox its own.
