@@ -178,6 +178,7 @@ func (l *Local) BuildTemplate(ctx context.Context, req template.BuildRequest, pr
 	if err := l.TemplateStore.CanBuild(req.Name); err != nil {
 		return TemplateInfo{}, err
 	}
+	defer l.Manager.Preparing(req.Name)()
 	if _, err := l.TemplateStore.Build(ctx, req, progress); err != nil {
 		return TemplateInfo{}, err
 	}

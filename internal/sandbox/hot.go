@@ -107,7 +107,7 @@ func (m *Manager) RunHot(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		for _, t := range m.d.Templates.List() {
-			if _, busy := m.preparing.Load(t.Name); busy {
+			if m.isPreparing(t.Name) {
 				continue
 			}
 			for ctx.Err() == nil {

@@ -69,9 +69,9 @@ type Manager struct {
 	closed   bool
 	inflight sync.WaitGroup
 
-	// preparing holds the templates being made ready (name -> struct{}):
-	// the hot pool leaves them alone until their start command has passed.
-	preparing sync.Map
+	// preparing counts, per template, the builds and MakeReady calls at
+	// work on it (under mu): the hot pool leaves it alone until they end.
+	preparing map[string]int
 
 	// dying holds the IDs being torn down behind an answered kill (or a
 	// failed create's cleanup that is retried): admission counts them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"agentenv/internal/errdefs"
@@ -52,8 +53,7 @@ func (m *Manager) dropReady(template string) {
 // there is none for this runtime build). It is a no-op when ready templates
 // are off.
 func (m *Manager) MakeReady(ctx context.Context, template string, force bool) error {
-	m.preparing.Store(template, struct{}{})
-	defer m.preparing.Delete(template)
+	defer m.Preparing(template)()
 	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
 		if force {
 			return m.checkStart(ctx, template)
@@ -114,8 +114,8 @@ func (m *Manager) MakeBuiltReady(ctx context.Context, template string) error {
 	if err == nil || gerr != nil || t.StartCmd == "" {
 		return err
 	}
-	// A create that took the template before it was marked preparing
-	// holds it until its own start command fails.
+	// A create that took the template all the same (a client's, as soon
+	// as the template was stored) holds it until its start command fails.
 	deadline := time.Now().Add(time.Duration(max(t.ReadyTimeout, 60)+30) * time.Second)
 	for {
 		derr := m.DeleteTemplate(template)
@@ -140,4 +140,32 @@ func (m *Manager) checkStart(ctx context.Context, template string) error {
 		return err
 	}
 	return m.Kill(context.WithoutCancel(ctx), sb.ID)
+}
+
+// Preparing marks a template as being built or made ready until done is
+// called: the hot pool boots none of it meanwhile (a boot there would run
+// a start command not yet known to pass, or race the ready snapshot).
+func (m *Manager) Preparing(template string) (done func()) {
+	m.mu.Lock()
+	if m.preparing == nil {
+		m.preparing = map[string]int{}
+	}
+	m.preparing[template]++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			if m.preparing[template]--; m.preparing[template] <= 0 {
+				delete(m.preparing, template)
+			}
+			m.mu.Unlock()
+		})
+	}
+}
+
+func (m *Manager) isPreparing(template string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.preparing[template] > 0
 }
