@@ -17,6 +17,8 @@ func main() {
 	addr := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", envd.Port), "address to serve on")
 	maxUpload := flag.Int64("max-upload", 1<<30, "largest POST /files body in bytes")
 	version := flag.Bool("version", false, "print the version and exit")
+	user := flag.String("user", "", "default user of commands and file operations (default \"user\")")
+	workdir := flag.String("workdir", "", "default working directory of commands (default: the user's home)")
 	flag.Parse()
 	if *version {
 		fmt.Println(envd.Version)
@@ -33,7 +35,7 @@ func main() {
 			envs[k] = v
 		}
 	}
-	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload})
+	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir})
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		log.Fatalf("envd: %v", err)

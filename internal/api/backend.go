@@ -178,11 +178,12 @@ func (l *Local) BuildTemplate(ctx context.Context, req template.BuildRequest, pr
 	if err := l.TemplateStore.CanBuild(req.Name); err != nil {
 		return TemplateInfo{}, err
 	}
+	defer l.Manager.Preparing(req.Name)()
 	if _, err := l.TemplateStore.Build(ctx, req, progress); err != nil {
 		return TemplateInfo{}, err
 	}
 	progress(template.Progress{Phase: "ready", Percent: 99, Message: "booting once for fast creates"})
-	if err := l.Manager.MakeReady(ctx, req.Name, true); err != nil {
+	if err := l.Manager.MakeBuiltReady(ctx, req.Name); err != nil {
 		return TemplateInfo{}, err
 	}
 	return l.GetTemplate(ctx, req.Name)

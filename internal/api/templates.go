@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +27,10 @@ type templateJSON struct {
 	InUse      int       `json:"sandboxesInUse"`
 	// Ready: creates restore a snapshot of the booted template.
 	Ready bool `json:"ready"`
+	// The template's process settings (an OCI image's env, workdir and
+	// user; its start and ready commands).
+	template.Defaults
+	template.Start
 }
 
 func toTemplateJSON(ti TemplateInfo) templateJSON {
@@ -33,7 +38,7 @@ func toTemplateJSON(ti TemplateInfo) templateJSON {
 	return templateJSON{Ready: ti.Ready,
 		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
-		ImageSize: t.ImageSize, InUse: t.InUse,
+		ImageSize: t.ImageSize, InUse: t.InUse, Defaults: t.Defaults, Start: t.Start,
 	}
 }
 
@@ -96,7 +101,40 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.streamBuild(w, r, template.BuildRequest{Name: r.PathValue("name"), Upload: r.Body})
+	req, err := uploadRequest(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.streamBuild(w, r, req)
+}
+
+// uploadRequest reads an upload's settings from its query: image (the
+// label of the OCI image it was flattened from), env (KEY=VALUE, repeated),
+// workdir, user, startCmd, readyCmd, readyTimeout (seconds).
+func uploadRequest(r *http.Request) (template.BuildRequest, error) {
+	q := r.URL.Query()
+	req := template.BuildRequest{Name: r.PathValue("name"), Upload: r.Body, Image: q.Get("image"),
+		Defaults: template.Defaults{Workdir: q.Get("workdir"), User: q.Get("user")},
+		Start:    template.Start{StartCmd: q.Get("startCmd"), ReadyCmd: q.Get("readyCmd")}}
+	for _, kv := range q["env"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return req, errdefs.Invalid("env %q: give KEY=VALUE", kv)
+		}
+		if req.Env == nil {
+			req.Env = map[string]string{}
+		}
+		req.Env[k] = v
+	}
+	if t := q.Get("readyTimeout"); t != "" {
+		n, err := strconv.Atoi(t)
+		if err != nil {
+			return req, errdefs.Invalid("readyTimeout %q: give whole seconds", t)
+		}
+		req.ReadyTimeout = n
+	}
+	return req, nil
 }
 
 // streamBuild answers an invalid request with a plain 4xx; once the build

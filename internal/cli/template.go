@@ -22,8 +22,9 @@ func templateCmd(g *globals) *cobra.Command {
 func templateBuild(g *globals) *cobra.Command {
 	var req client.BuildRequest
 	var packages, upload string
+	var img imageFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL | --import PATH)",
+		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL | --import PATH | --oci PATH | --image REF) [--start-cmd CMD [--ready-cmd CMD]]",
 		Short: "Build a template on the server, showing progress",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -35,14 +36,31 @@ func templateBuild(g *globals) *cobra.Command {
 			if packages != "" {
 				req.Packages = strings.Split(packages, ",")
 			}
+			if err := img.settings(&req); err != nil {
+				return err
+			}
 			var tarball io.Reader
-			if upload != "" {
-				if req.Debian != "" || req.Rootfs != "" {
-					return fmt.Errorf("give one source: --debian, --rootfs or --import")
+			sources := 0
+			for _, s := range []string{req.Debian, req.Rootfs, upload, img.oci, img.ref} {
+				if s != "" {
+					sources++
 				}
+			}
+			if sources > 1 {
+				return fmt.Errorf("give one source: --debian, --rootfs, --import, --oci or --image")
+			}
+			if upload != "" {
 				r, err := template.OpenRootfs(cmd.Context(), upload)
 				if err != nil {
 					return fmt.Errorf("--rootfs: %w", err)
+				}
+				defer r.Close()
+				tarball = r
+			}
+			if img.oci != "" || img.ref != "" {
+				r, err := img.open(cmd, &req)
+				if err != nil {
+					return err
 				}
 				defer r.Close()
 				tarball = r
@@ -67,7 +85,7 @@ func templateBuild(g *globals) *cobra.Command {
 			}
 			var t client.Template
 			if tarball != nil {
-				t, err = c.UploadTemplate(cmd.Context(), req.Name, tarball, show)
+				t, err = c.UploadTemplateWith(cmd.Context(), req, tarball, show)
 			} else {
 				t, err = c.BuildTemplate(cmd.Context(), req, show)
 			}
@@ -87,6 +105,7 @@ func templateBuild(g *globals) *cobra.Command {
 	f.StringVar(&packages, "packages", "", "comma-separated Debian packages to include")
 	f.StringVar(&upload, "rootfs", "", "root filesystem directory or tarball (.tar, .tar.gz) on this machine, uploaded to the server")
 	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
+	img.register(cmd)
 	return cmd
 }
 

@@ -80,6 +80,19 @@ type Template struct {
 	ImageSize  int64     `json:"imageSizeBytes"`
 	InUse      int       `json:"sandboxesInUse"`
 	Ready      bool      `json:"ready"`
+	TemplateSettings
+}
+
+// TemplateSettings are a template's process settings: defaults for every
+// process in its sandboxes (an OCI image's env, workdir and user) and a
+// start command running in every sandbox once its ready check passes.
+type TemplateSettings struct {
+	Env          map[string]string `json:"env,omitempty"`
+	Workdir      string            `json:"workdir,omitempty"`
+	User         string            `json:"user,omitempty"`
+	StartCmd     string            `json:"startCmd,omitempty"`
+	ReadyCmd     string            `json:"readyCmd,omitempty"`
+	ReadyTimeout int               `json:"readyTimeout,omitempty"`
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
@@ -195,6 +208,10 @@ type BuildRequest struct {
 	Rootfs string `json:"rootfs,omitempty"`
 	// Busybox builds the tiny busybox template.
 	Busybox bool `json:"busybox,omitempty"`
+	// Image labels an uploaded rootfs flattened from an OCI image
+	// (UploadTemplateWith only).
+	Image string `json:"image,omitempty"`
+	TemplateSettings
 }
 
 // BuildProgress is one progress step of a build.
@@ -216,7 +233,29 @@ func (c *Client) BuildTemplate(ctx context.Context, req BuildRequest, progress f
 // UploadTemplate builds a template from a rootfs tar stream (plain or
 // gzip), calling progress for each step.
 func (c *Client) UploadTemplate(ctx context.Context, name string, tarball io.Reader, progress func(BuildProgress)) (Template, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.API+"/agentenv/templates/"+url.PathEscape(name)+"/rootfs", tarball)
+	return c.UploadTemplateWith(ctx, BuildRequest{Name: name}, tarball, progress)
+}
+
+// UploadTemplateWith is UploadTemplate with the image label and settings
+// of b (its source fields are not used).
+func (c *Client) UploadTemplateWith(ctx context.Context, b BuildRequest, tarball io.Reader, progress func(BuildProgress)) (Template, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"image": b.Image, "workdir": b.Workdir, "user": b.User, "startCmd": b.StartCmd, "readyCmd": b.ReadyCmd} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if b.ReadyTimeout != 0 {
+		q.Set("readyTimeout", fmt.Sprint(b.ReadyTimeout))
+	}
+	for k, v := range b.Env {
+		q.Add("env", k+"="+v)
+	}
+	u := c.API + "/agentenv/templates/" + url.PathEscape(b.Name) + "/rootfs"
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, tarball)
 	if err != nil {
 		return Template{}, err
 	}

@@ -228,8 +228,12 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
 	cmd.Env = ps.s.environ(acct, cfg.GetEnvs())
 	cmd.Dir = acct.Home
+	cwd := defaultWorkdir()
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
-		dir, err := resolvePath(cfg.GetCwd(), acct)
+		cwd = cfg.GetCwd()
+	}
+	if cwd != "" {
+		dir, err := resolvePath(cwd, acct)
 		if err != nil {
 			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("working directory: %w", err))
 		}

@@ -53,6 +53,10 @@ type Config struct {
 	Envs map[string]string
 	// MaxUpload caps one POST /files body in bytes (0: 1 GiB).
 	MaxUpload int64
+	// DefaultUser and DefaultWorkdir are the template's defaults for
+	// requests that name no user or working directory (empty: "user" and
+	// the user's home). They are process-wide: one envd runs per sandbox.
+	DefaultUser, DefaultWorkdir string
 }
 
 // Server is the daemon.
@@ -74,6 +78,7 @@ func New(cfg Config) *Server {
 		s.envs[k] = v
 	}
 	s.procs = newProcessService(s)
+	setDefaults(cfg.DefaultUser, cfg.DefaultWorkdir)
 	return s
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"connectrpc.com/connect"
@@ -30,9 +31,34 @@ type account struct {
 	Home string
 }
 
+// defaults are the template's default user and working directory.
+var defaults atomic.Pointer[[2]string]
+
+func setDefaults(user, workdir string) {
+	if user == "" {
+		user = DefaultUser
+	}
+	defaults.Store(&[2]string{user, workdir})
+}
+
+func defaultUser() string {
+	if d := defaults.Load(); d != nil {
+		return d[0]
+	}
+	return DefaultUser
+}
+
+// defaultWorkdir is the template's working directory ("" for none).
+func defaultWorkdir() string {
+	if d := defaults.Load(); d != nil {
+		return d[1]
+	}
+	return ""
+}
+
 func lookupUser(name string) (account, error) {
 	if name == "" {
-		name = DefaultUser
+		name = defaultUser()
 	}
 	u, err := user.Lookup(name)
 	if err != nil {

@@ -232,6 +232,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		return fail(err)
 	}
 	tEnvd := time.Since(now)
+	if src == nil {
+		if err := m.runStart(ctx, sb); err != nil {
+			return fail(err)
+		}
+	}
 	if src != nil {
 		// The restored envd still holds the snapshotted sandbox's token:
 		// give this sandbox its own.

@@ -107,6 +107,9 @@ func (m *Manager) RunHot(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		for _, t := range m.d.Templates.List() {
+			if m.isPreparing(t.Name) {
+				continue
+			}
 			for ctx.Err() == nil {
 				m.mu.Lock()
 				n := len(m.hot[t.Name])

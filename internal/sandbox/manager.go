@@ -69,6 +69,10 @@ type Manager struct {
 	closed   bool
 	inflight sync.WaitGroup
 
+	// preparing counts, per template, the builds and MakeReady calls at
+	// work on it (under mu): the hot pool leaves it alone until they end.
+	preparing map[string]int
+
 	// dying holds the IDs being torn down behind an answered kill (or a
 	// failed create's cleanup that is retried): admission counts them.
 	dying     map[string]*teardown
@@ -177,19 +181,12 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		"E2B_TEMPLATE_ID=" + sb.Template,
 		envd.TokenEnv + "=" + sb.AccessToken,
 	}
-	keys := make([]string, 0, len(sb.EnvVars))
-	for k := range sb.EnvVars {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+sb.EnvVars[k])
-	}
+	env, args := m.templateProcess(sb, env)
 	return runtime.Spec{
 		ID:       sb.ID,
 		Dir:      m.dir(sb.ID),
 		Image:    image,
-		Args:     []string{template.EnvdPath},
+		Args:     args,
 		Env:      env,
 		NetNS:    sb.Slot.Path(),
 		CPUs:     float64(sb.CPUs),

@@ -2,9 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"agentenv/internal/errdefs"
 	"agentenv/internal/snapshot"
 )
 
@@ -50,7 +53,11 @@ func (m *Manager) dropReady(template string) {
 // there is none for this runtime build). It is a no-op when ready templates
 // are off.
 func (m *Manager) MakeReady(ctx context.Context, template string, force bool) error {
+	defer m.Preparing(template)()
 	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
+		if force {
+			return m.checkStart(ctx, template)
+		}
 		return nil
 	}
 	if _, ok := m.readySnapshot(template); ok && !force {
@@ -96,4 +103,69 @@ func readyEnv(sb Sandbox) map[string]string {
 func (m *Manager) IsReady(template string) bool {
 	_, ok := m.readySnapshot(template)
 	return ok
+}
+
+// MakeBuiltReady makes a template just built ready. A template whose start
+// command fails its ready check cannot start sandboxes: it is deleted, so
+// a failed build leaves nothing behind.
+func (m *Manager) MakeBuiltReady(ctx context.Context, template string) error {
+	err := m.MakeReady(ctx, template, true)
+	t, gerr := m.d.Templates.Get(template)
+	if err == nil || gerr != nil || t.StartCmd == "" {
+		return err
+	}
+	// A create that took the template all the same (a client's, as soon
+	// as the template was stored) holds it until its start command fails.
+	deadline := time.Now().Add(time.Duration(max(t.ReadyTimeout, 60)+30) * time.Second)
+	for {
+		derr := m.DeleteTemplate(template)
+		if derr == nil || errors.Is(derr, errdefs.ErrNotFound) {
+			return fmt.Errorf("%w (the template was removed)", err)
+		}
+		if !errors.Is(derr, errdefs.ErrConflict) || time.Now().After(deadline) {
+			return errors.Join(err, fmt.Errorf("remove the failed template: %w", derr))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// checkStart boots a template with a start command once, when no ready
+// snapshot is kept, so that a build reports a start command that fails.
+func (m *Manager) checkStart(ctx context.Context, template string) error {
+	if t, err := m.d.Templates.Get(template); err != nil || t.StartCmd == "" {
+		return err
+	}
+	sb, err := m.create(ctx, CreateRequest{Template: template, Timeout: time.Minute}, nil)
+	if err != nil {
+		return err
+	}
+	return m.Kill(context.WithoutCancel(ctx), sb.ID)
+}
+
+// Preparing marks a template as being built or made ready until done is
+// called: the hot pool boots none of it meanwhile (a boot there would run
+// a start command not yet known to pass, or race the ready snapshot).
+func (m *Manager) Preparing(template string) (done func()) {
+	m.mu.Lock()
+	if m.preparing == nil {
+		m.preparing = map[string]int{}
+	}
+	m.preparing[template]++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			if m.preparing[template]--; m.preparing[template] <= 0 {
+				delete(m.preparing, template)
+			}
+			m.mu.Unlock()
+		})
+	}
+}
+
+func (m *Manager) isPreparing(template string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.preparing[template] > 0
 }

@@ -61,7 +61,8 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err != nil {
 		return Template{}, err
 	}
-	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC()}
+	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
+		Defaults: req.Defaults, Start: req.Start}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
@@ -134,6 +135,12 @@ func checkSource(req BuildRequest) (string, error) {
 	if req.Upload != nil {
 		n++
 		source = "upload"
+		if req.Image != "" {
+			source = "oci:" + req.Image
+		}
+	}
+	if err := checkSettings(req); err != nil {
+		return "", err
 	}
 	if n != 1 {
 		return "", errdefs.Invalid("give exactly one source: --debian SUITE, --rootfs DIR|TARBALL (uploaded by the CLI), --import PATH (inside the server's --import-dir) or busybox")
@@ -179,6 +186,9 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 			return errdefs.Invalid("rootfs: %v: the paths agentenv sets up (/home/user, /tmp, /etc/passwd, /etc/group, /etc/hosts, /bin/bash, /.agentenv) must not be symlinks leading outside the root", err)
 		}
 		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	if err := withRoot(rootfs, func(root *os.Root) error { return applyDefaults(root, &t.Defaults) }); err != nil {
+		return err
 	}
 	progress(Progress{Phase: "image", Percent: 90, Message: "writing EROFS image"})
 	image := filepath.Join(dir, "image.erofs")

@@ -32,6 +32,9 @@ type Template struct {
 	CreatedAt time.Time `json:"createdAt"`
 	ImageSize int64     `json:"imageSize"`
 	EnvdHash  string    `json:"envdHash"`
+	// Defaults and Start are the template's process settings (see settings.go).
+	Defaults
+	Start
 	// InUse is the number of sandboxes using the template (not persisted).
 	InUse int `json:"inUse"`
 }
@@ -62,6 +65,12 @@ type BuildRequest struct {
 	Busybox bool `json:"busybox,omitempty"`
 	// Upload is a rootfs tar stream (plain or gzip) sent by the client.
 	Upload io.Reader `json:"-"`
+	// Image names the OCI image an upload was flattened from (a label
+	// kept as the template's source, "oci:IMAGE").
+	Image string `json:"image,omitempty"`
+	// Defaults and Start are the template's process settings (see settings.go).
+	Defaults
+	Start
 }
 
 // Options are the operator's choices for template builds.
