@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httputil"
@@ -51,11 +50,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	_, c, err := p.remote.locate(r.Context(), id)
 	if err != nil {
-		status := http.StatusBadGateway
-		if !errors.Is(err, errdefs.ErrNotFound) {
-			status = http.StatusServiceUnavailable
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// E2B's answer, which the SDK reads as "not running".
+			writeProxyError(w, id, http.StatusBadGateway, proxy.NotFound)
+			return
 		}
-		writeProxyError(w, id, status, err.Error())
+		writeProxyError(w, id, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	// The node routes by these headers whatever the client used; the
@@ -86,14 +86,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // errNodeLost is why a proxied request ended when its node was lost.
 var errNodeLost = errors.New("node lost")
 
-// writeProxyError answers as E2B's proxy does: the SDK reads 502 as "the
-// sandbox is not running".
+// writeProxyError answers with the body of E2B's proxy (sandboxId,
+// message, code): the SDK reads 502 as "the sandbox is not running".
 func writeProxyError(w http.ResponseWriter, id string, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	body := map[string]any{"code": status, "message": msg}
-	if id != "" {
-		body["sandboxId"] = id
-	}
-	json.NewEncoder(w).Encode(body)
+	proxy.WriteError(w, id, status, msg, nil)
 }

@@ -7,7 +7,6 @@ package proxy
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,6 +44,15 @@ type SandboxDialer interface {
 type TrafficTokens interface {
 	// TrafficToken returns the token a sandbox requires, or "".
 	TrafficToken(sandboxID string) string
+}
+
+// Booter is implemented by resolvers whose sandboxes can boot again under
+// the same ID (a resume of a sandbox paused without its memory), maybe at
+// an address another sandbox had: connections pooled for one boot must
+// never carry requests of the next.
+type Booter interface {
+	// Boot returns a number that changes at each boot of the sandbox.
+	Boot(sandboxID string) uint64
 }
 
 // EnvdPort is the port of the in-sandbox daemon, which checks its own
@@ -87,7 +95,8 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			target, _, err := r.Addr(strings.TrimSuffix(host, poolSuffix), port)
+			id, _, _ := strings.Cut(strings.TrimSuffix(host, poolSuffix), ".")
+			target, _, err := r.Addr(id, port)
 			if err != nil {
 				return nil, err
 			}
@@ -99,7 +108,7 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
-			pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(t.id+poolSuffix, strconv.Itoa(t.port))})
+			pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(t.poolHost(), strconv.Itoa(t.port))})
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
@@ -111,7 +120,8 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			}
 			t, _ := r.Context().Value(targetKey{}).(target)
 			p.log.Warn("proxy: sandbox port not reachable", "sandbox", t.id, "port", t.port, "err", err)
-			writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox port is not reachable: %v", err))
+			// E2B's answer when nothing listens on the port.
+			WriteError(w, t.id, http.StatusBadGateway, "The sandbox is running but port is not open", map[string]any{"port": t.port})
 		},
 	}
 	return p
@@ -122,6 +132,47 @@ type targetKey struct{}
 type target struct {
 	id   string
 	port int
+	boot uint64
+}
+
+// poolHost is the pseudo host name connections to the target are pooled
+// by: "<id>.<boot>.sandbox".
+func (t target) poolHost() string {
+	return t.id + "." + strconv.FormatUint(t.boot, 10) + poolSuffix
+}
+
+// NotFound is E2B's message for a sandbox the proxy cannot route to
+// (unknown, killed, paused and not resumed by traffic): the SDK reads the
+// 502 that carries it as "not running".
+const NotFound = "The sandbox was not found"
+
+// WriteError answers with E2B's proxy error body: the sandbox ID, a
+// message and the status as code (extra fields, such as the port, too).
+func WriteError(w http.ResponseWriter, id string, status int, msg string, extra map[string]any) {
+	body := map[string]any{"message": msg, "code": status}
+	if id != "" {
+		body["sandboxId"] = id
+	}
+	for k, v := range extra {
+		body[k] = v
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body)
+}
+
+// resolveError answers a request whose sandbox cannot be reached, as
+// E2B's proxy does: 429 when resuming it hit a limit, 409 while it is
+// changing state, else 502 "not found".
+func resolveError(w http.ResponseWriter, id string, err error) {
+	switch {
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		WriteError(w, id, http.StatusTooManyRequests, err.Error(), nil)
+	case errors.Is(err, errdefs.ErrConflict):
+		WriteError(w, id, http.StatusConflict, "The sandbox is still transitioning. Try again in a moment.", nil)
+	default:
+		WriteError(w, id, http.StatusBadGateway, NotFound, nil)
+	}
 }
 
 // ParseHost splits "<port>-<sandboxID>.<domain>" (an optional ":port"
@@ -200,32 +251,39 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	_, gone, err := p.resolve.Addr(id, port)
-	if err != nil {
-		// 502 tells the E2B SDK the sandbox is not running; a paused one
-		// gets 409 and a message saying to resume it.
-		status := http.StatusBadGateway
-		if errors.Is(err, errdefs.ErrConflict) {
-			status = http.StatusConflict
-			if writeConnectError(w, r, "failed_precondition", err.Error()) {
+	if tt, ok := p.resolve.(TrafficTokens); ok && port != EnvdPort {
+		// Checked before the sandbox is resolved: traffic without its
+		// token must not auto-resume a paused sandbox.
+		if want := tt.TrafficToken(id); want != "" {
+			got, hdr := r.Header.Get(TrafficTokenHeader), strings.ToLower(TrafficTokenHeader)
+			switch {
+			case got == "":
+				WriteError(w, id, http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", hdr), nil)
+				return
+			case subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1:
+				WriteError(w, id, http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", hdr), nil)
 				return
 			}
 		}
-		writeError(w, status, err.Error())
+	}
+	// Resolving may auto-resume a paused sandbox; the request then waits
+	// for it.
+	_, gone, err := p.resolve.Addr(id, port)
+	if err != nil {
+		p.log.Debug("proxy: sandbox not routable", "sandbox", id, "port", port, "err", err)
+		resolveError(w, id, err)
 		return
 	}
-	if tt, ok := p.resolve.(TrafficTokens); ok && port != EnvdPort {
-		if want := tt.TrafficToken(id); want != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(TrafficTokenHeader)), []byte(want)) != 1 {
-			writeError(w, http.StatusForbidden, fmt.Sprintf("sandbox %s accepts traffic to its ports only with its traffic token in the %s header (trafficAccessToken from the create response)", id, TrafficTokenHeader))
-			return
-		}
+	var boot uint64
+	if b, ok := p.resolve.(Booter); ok {
+		boot = b.Boot(id)
 	}
 	r.Header.Del("E2b-Sandbox-Id")
 	r.Header.Del("E2b-Sandbox-Port")
 	r.Header.Del(TrafficTokenHeader)
 	// End the request when the sandbox goes away: its TCP peer vanishes
 	// without a reset, so the connection would otherwise hang.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port}))
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port, boot: boot}))
 	defer cancel()
 	go func() {
 		select {
@@ -245,23 +303,4 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
-}
-
-// writeConnectError answers a Connect streaming request with a Connect
-// error (HTTP 200 and an end-of-stream message), because Connect clients
-// drop the body of a non-200 stream response and the user would never see
-// why. It reports whether the request was a Connect stream.
-func writeConnectError(w http.ResponseWriter, r *http.Request, code, msg string) bool {
-	ct := r.Header.Get("Content-Type")
-	if !strings.HasPrefix(ct, "application/connect+") {
-		return false
-	}
-	body, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
-	frame := make([]byte, 5, 5+len(body))
-	frame[0] = 0x02 // end of stream
-	binary.BigEndian.PutUint32(frame[1:], uint32(len(body)))
-	w.Header().Set("Content-Type", ct)
-	w.WriteHeader(http.StatusOK)
-	w.Write(append(frame, body...))
-	return true
 }

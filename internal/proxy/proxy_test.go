@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,7 +81,13 @@ func (f *fakeResolver) Addr(id string, port int) (string, <-chan struct{}, error
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id == "paused" {
-		return "", nil, errdefs.Conflict("sandbox %q is paused: resume it with connect", id)
+		return "", nil, fmt.Errorf("sandbox %q is paused: %w", id, errdefs.ErrNotFound)
+	}
+	if id == "busy" {
+		return "", nil, errdefs.Conflict("sandbox %q is being resumed", id)
+	}
+	if id == "full" {
+		return "", nil, fmt.Errorf("limit of sandboxes reached: %w", errdefs.ErrResourceExhausted)
 	}
 	b, ok := f.boxes[id]
 	if !ok {
@@ -150,7 +159,9 @@ func TestRouting(t *testing.T) {
 		{"unknown sandbox by header", "", map[string]string{"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}, http.StatusBadGateway},
 		{"unknown sandbox by host", "49983-nope.example.com", nil, http.StatusBadGateway},
 		{"nothing listening on the port", "49983-dead.example.com", nil, http.StatusBadGateway},
-		{"paused sandbox", "49983-paused.example.com", nil, http.StatusConflict},
+		{"paused sandbox", "49983-paused.example.com", nil, http.StatusBadGateway},
+		{"sandbox changing state", "49983-busy.example.com", nil, http.StatusConflict},
+		{"resume hit a limit", "49983-full.example.com", nil, http.StatusTooManyRequests},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,8 +193,8 @@ func TestRouting(t *testing.T) {
 				if err := json.Unmarshal(b, &e); err != nil || e.Code != tt.status || e.Message == "" {
 					t.Errorf("got error body %q, want JSON {code: %d, message}", b, tt.status)
 				}
-				if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
-					t.Errorf("got Content-Type %q, want application/json", ct)
+				if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct != "application/json" {
+					t.Errorf("got Content-Type %q, want application/json", resp.Header.Get("Content-Type"))
 				}
 				return
 			}
@@ -331,25 +342,101 @@ func TestConnectionsPooledPerSandbox(t *testing.T) {
 	}
 }
 
-// Connect clients drop the body of a non-200 stream response, so a paused
-// sandbox must answer a Connect stream with a Connect error the client shows.
+// A paused (or unknown) sandbox answers a Connect stream as E2B's proxy
+// does, a plain 502, which Connect clients read as "unavailable" (the SDK
+// then says the sandbox was not found, likely timed out).
 func TestPausedConnectStream(t *testing.T) {
 	url, _ := setup(t, http.HandlerFunc(echoHandler))
 	hc := &http.Client{Transport: routeTransport{id: "paused"}}
 	for _, opts := range [][]connect.ClientOption{{connect.WithProtoJSON()}, nil} {
 		proc := processpbconnect.NewProcessClient(hc, url, opts...)
 		s, err := proc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "true"}}))
+		if err == nil {
+			for s.Receive() {
+				t.Errorf("got message %v from a paused sandbox", s.Msg())
+			}
+			err = s.Err()
+			s.Close()
+		}
+		if got := connect.CodeOf(err); got != connect.CodeUnavailable {
+			t.Errorf("got stream error %v, want unavailable (HTTP 502)", err)
+		}
+	}
+}
+
+// The bodies are E2B's: {sandboxId, message, code} (and port when nothing
+// listens on it), as JSON with a charset.
+func TestE2BErrorBodies(t *testing.T) {
+	url, _ := setup(t, http.HandlerFunc(echoHandler))
+	tests := []struct {
+		host string
+		want map[string]any
+	}{
+		{"49983-nope.example.com", map[string]any{"sandboxId": "nope", "message": "The sandbox was not found", "code": 502.0}},
+		{"49983-paused.example.com", map[string]any{"sandboxId": "paused", "message": "The sandbox was not found", "code": 502.0}},
+		{"8080-dead.example.com", map[string]any{"sandboxId": "dead", "message": "The sandbox is running but port is not open", "port": 8080.0, "code": 502.0}},
+		{"49983-busy.example.com", map[string]any{"sandboxId": "busy", "message": "The sandbox is still transitioning. Try again in a moment.", "code": 409.0}},
+	}
+	for _, tt := range tests {
+		req, _ := http.NewRequest("GET", url+"/health", nil)
+		req.Host = tt.host
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			t.Fatalf("Start: %v", err)
+			t.Fatal(err)
 		}
-		for s.Receive() {
-			t.Errorf("got message %v from a paused sandbox", s.Msg())
+		var got map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: got body %v (%v), want %v", tt.host, got, err, tt.want)
 		}
-		err = s.Err()
-		if got := connect.CodeOf(err); got != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "paused") {
-			t.Errorf("got stream error %v, want failed_precondition saying the sandbox is paused", err)
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json; charset=utf-8" {
+			t.Errorf("%s: got Content-Type %q, want application/json; charset=utf-8", tt.host, ct)
 		}
-		s.Close()
+	}
+}
+
+// bootResolver is a fakeResolver whose sandbox boots again (a resume
+// without memory) at another backend.
+type bootResolver struct {
+	*fakeResolver
+	boot atomic.Uint64
+}
+
+func (b *bootResolver) Boot(string) uint64 { return b.boot.Load() }
+
+// A sandbox that boots again gets new connections: one pooled for the
+// previous boot is never reused (it may lead to another sandbox now).
+func TestConnectionsPooledPerBoot(t *testing.T) {
+	serve := func(name string) *httptest.Server {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, name) }))
+		t.Cleanup(s.Close)
+		return s
+	}
+	first, second := serve("first"), serve("second")
+	r := &bootResolver{fakeResolver: &fakeResolver{boxes: map[string]fakeBox{"sb1": {addr: first.Listener.Addr().String(), gone: make(chan struct{})}}}}
+	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t.Cleanup(ps.Close)
+	get := func() string {
+		req, _ := http.NewRequest("GET", ps.URL+"/", nil)
+		req.Host = "8080-sb1.example.com"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got := get(); got != "first" {
+		t.Fatalf("got %q, want first", got)
+	}
+	r.mu.Lock()
+	r.boxes["sb1"] = fakeBox{addr: second.Listener.Addr().String(), gone: make(chan struct{})}
+	r.mu.Unlock()
+	r.boot.Add(1)
+	if got := get(); got != "second" {
+		t.Errorf("after a new boot got %q, want second (a connection of the previous boot was reused)", got)
 	}
 }
 

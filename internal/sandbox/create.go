@@ -117,6 +117,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		ID: newID(), Template: req.Template, State: StateCreating,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
 		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
+		Timeout: req.Timeout, Lifecycle: req.Lifecycle,
 	}
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()

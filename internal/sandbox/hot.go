@@ -66,6 +66,7 @@ func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (San
 	}
 	now := time.Now().UTC()
 	next.StartedAt, next.EndAt = now, now.Add(req.Timeout)
+	next.Timeout, next.Lifecycle = req.Timeout, req.Lifecycle
 	if eg, err := req.Network.egress(); err == nil && !defaultNetwork(*req.Network) {
 		if err := m.d.Net.SetEgress(ctx, next.Slot, eg); err != nil {
 			return Sandbox{}, err

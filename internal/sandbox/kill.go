@@ -49,8 +49,18 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 // kill moves e to killing, unlists it and starts its teardown. A reason
 // (the sandbox died on its own) leaves a tombstone that Get reports.
 func (m *Manager) kill(ctx context.Context, e *entry, reason string) error {
+	return m.killWhen(ctx, e, reason, nil)
+}
+
+// killWhen is kill, done only if cond (when not nil) still holds under
+// the sandbox's lock; otherwise it does nothing.
+func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond func(Sandbox) bool) error {
 	e.mu.Lock()
 	id := e.sb.ID
+	if cond != nil && e.sb.State != StateKilling && !cond(e.sb) {
+		e.mu.Unlock()
+		return nil
+	}
 	switch e.sb.State {
 	case StateCreating:
 		e.mu.Unlock()
@@ -310,7 +320,9 @@ func (m *Manager) watch(e *entry) {
 	if !ok {
 		return
 	}
-	id := e.sb.ID
+	e.mu.Lock()
+	id, gone, boot := e.sb.ID, e.gone, e.boot
+	e.mu.Unlock()
 	exited, err := w.Exited(context.Background(), id)
 	if err != nil {
 		m.d.Log.Warn("cannot watch sandbox for unexpected exits", "sandbox", id, "err", err)
@@ -319,14 +331,14 @@ func (m *Manager) watch(e *entry) {
 	go func() {
 		select {
 		case <-exited:
-		case <-e.gone:
+		case <-gone:
 			return
 		}
 		e.mu.Lock()
-		state := e.sb.State
+		state, rebooted := e.sb.State, e.boot != boot || e.sb.FilesOnly
 		e.mu.Unlock()
-		if state == StateKilling {
-			return // being killed on purpose
+		if state == StateKilling || rebooted {
+			return // being killed, or stopped by a pause without memory, on purpose
 		}
 		reason := "it stopped unexpectedly (out of its memory limit, or its init process exited)"
 		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {

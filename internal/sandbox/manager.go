@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -92,14 +91,21 @@ type entry struct {
 	sb      Sandbox
 	timer   *time.Timer
 	release func()
-	// gone is closed when the sandbox stops being reachable (killed or
-	// died), so that proxied requests to it end at once.
+	// gone is closed when the sandbox stops being reachable (killed,
+	// died, or paused without its memory), so that proxied requests to it
+	// end at once. A boot after a pause without memory gets a new one.
 	gone     chan struct{}
 	goneOnce sync.Once
+	// boot counts the sandbox's boots (a resume without memory is one):
+	// the proxy pools connections per boot.
+	boot uint64
+	// bootAt is no later than the sandbox's boot (its files changed since
+	// are what a pause without memory saves).
+	bootAt time.Time
 }
 
 func newEntry(sb Sandbox, release func()) *entry {
-	return &entry{sb: sb, release: release, gone: make(chan struct{})}
+	return &entry{sb: sb, release: release, gone: make(chan struct{}), bootAt: time.Now()}
 }
 
 func (e *entry) markGone() { e.goneOnce.Do(func() { close(e.gone) }) }
@@ -242,18 +248,13 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 	}
 }
 
-// armTimer (re)schedules the sandbox's automatic kill. Callers hold e.mu.
+// armTimer (re)schedules the sandbox's timeout: a kill, or a pause when
+// its lifecycle says so (expire). Callers hold e.mu.
 func (m *Manager) armTimer(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	id := e.sb.ID
-	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() {
-		m.d.Log.Info("sandbox timed out", "sandbox", id)
-		if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
-		}
-	})
+	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(e) })
 }
 
 func (m *Manager) entry(id string) (*entry, error) {
@@ -378,16 +379,34 @@ func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
 	}
 	e.mu.Lock()
 	sb := e.sb
+	var gone <-chan struct{} = e.gone
 	e.mu.Unlock()
-	if sb.State == StatePaused {
-		return "", nil, errdefs.Conflict("sandbox %q is paused: resume it first (POST /sandboxes/%s/resume, or the SDK's connect)", id, id)
+	if sb.State == StatePaused && sb.Lifecycle.AutoResume && !sb.FilesOnly {
+		// Traffic resumes it (E2B's autoResume); concurrent requests
+		// queue on the sandbox's lock behind one resume.
+		if sb, gone, err = m.wake(e); err != nil {
+			return "", nil, err
+		}
 	}
 	if sb.State != StateRunning {
 		// Not (yet, or any more) reachable: the proxy answers 502, which
 		// the E2B SDK reads as "not running".
-		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrUnavailable)
+		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrNotFound)
 	}
-	return sb.Addr(port), e.gone, nil
+	return sb.Addr(port), gone, nil
+}
+
+// Boot implements proxy.Booter: it changes each time the sandbox boots
+// again under its ID (a resume without memory), so that connections
+// pooled for one boot are never reused for the next.
+func (m *Manager) Boot(id string) uint64 {
+	e, err := m.entry(id)
+	if err != nil {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.boot
 }
 
 func (n Network) egress() (netns.Egress, error) {

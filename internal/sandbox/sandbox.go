@@ -77,6 +77,27 @@ type Sandbox struct {
 	Network Network `json:"network"`
 	// Reason says why a sandbox was lost.
 	Reason string `json:"reason,omitempty"`
+	// Timeout is the timeout the sandbox was created with: an auto-resume
+	// (and a resume with no time left) runs it again (as E2B).
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// Lifecycle says what happens at the timeout and to traffic while paused.
+	Lifecycle Lifecycle `json:"lifecycle,omitempty"`
+	// FilesOnly marks a sandbox paused without its memory: its container
+	// is gone and its files wait in its directory; a resume boots it again.
+	FilesOnly bool `json:"filesOnly,omitempty"`
+}
+
+// Lifecycle is E2B's lifecycle policy (create's autoPause, autoPauseMemory
+// and autoResume). The zero value is E2B's default: kill at the timeout.
+type Lifecycle struct {
+	// AutoPause pauses the sandbox at its timeout instead of killing it.
+	AutoPause bool `json:"autoPause,omitempty"`
+	// DropMemory makes that pause keep only the files (autoPauseMemory:
+	// false): resuming boots the sandbox again with its files.
+	DropMemory bool `json:"dropMemory,omitempty"`
+	// AutoResume resumes a paused sandbox when traffic reaches it through
+	// the proxy (never one paused without its memory).
+	AutoResume bool `json:"autoResume,omitempty"`
 }
 
 // Network is a sandbox's egress policy, as E2B expresses it: internet on
@@ -103,6 +124,8 @@ type CreateRequest struct {
 	EnvVars  map[string]string
 	CPUs     int
 	MemoryMB int
+	// Lifecycle: what happens at the timeout (default: kill).
+	Lifecycle Lifecycle
 }
 
 // Limits bound what a create request may ask for.
@@ -162,6 +185,12 @@ func (l Limits) check(req *CreateRequest) error {
 	}
 	if req.MemoryMB < 64 || req.MemoryMB > l.MaxMemMB {
 		return errdefs.Invalid("memoryMB %d out of range: give 64..%d", req.MemoryMB, l.MaxMemMB)
+	}
+	if req.Lifecycle.DropMemory && !req.Lifecycle.AutoPause {
+		return errdefs.Invalid("autoPauseMemory=false only applies when autoPause is true: set autoPause, or leave autoPauseMemory out")
+	}
+	if req.Lifecycle.DropMemory && req.Lifecycle.AutoResume {
+		return errdefs.Invalid("autoPauseMemory=false cannot be combined with autoResume: a sandbox paused without its memory reboots on resume, so it is resumed only explicitly (connect or resume)")
 	}
 	for k, v := range req.EnvVars {
 		if strings.ContainsRune(v, 0) {

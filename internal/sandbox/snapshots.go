@@ -16,10 +16,17 @@ import (
 // Pause freezes a running sandbox in place: its processes stop, it uses no
 // CPU, and the time it spends paused does not count against its timeout.
 func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
-	p, ok := m.d.Runtime.(runtime.Pauser)
-	if !ok {
-		return Sandbox{}, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrInvalid)
-	}
+	return m.pause(ctx, id, m.pauseLocked)
+}
+
+// PauseFiles pauses a running sandbox keeping only its files (E2B's pause
+// with memory: false): its processes end and its memory is freed; a
+// resume boots it again with the files it had.
+func (m *Manager) PauseFiles(ctx context.Context, id string) (Sandbox, error) {
+	return m.pause(ctx, id, m.pauseFilesLocked)
+}
+
+func (m *Manager) pause(ctx context.Context, id string, how func(context.Context, *entry) error) (Sandbox, error) {
 	e, err := m.entry(id)
 	if err != nil {
 		return Sandbox{}, err
@@ -32,26 +39,17 @@ func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
 	if e.sb.State != StateRunning {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s and cannot be paused", id, e.sb.State)
 	}
-	if err := p.Pause(ctx, id); err != nil {
-		return Sandbox{}, fmt.Errorf("pause %s: %w", id, err)
-	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	e.sb.Remaining = time.Until(e.sb.EndAt)
-	if err := m.move(e, StatePaused); err != nil {
+	if err := how(ctx, e); err != nil {
 		return Sandbox{}, err
 	}
 	return e.sb, nil
 }
 
-// Resume continues a paused sandbox. Its timeout restarts with the time it
-// had left, or with timeout when that is not zero.
+// Resume continues a paused sandbox (boots it again with its files when
+// it was paused without memory). Its timeout restarts with timeout when
+// that is not zero, else with the time it had left (its create timeout
+// when it was paused by its timeout).
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (Sandbox, error) {
-	p, ok := m.d.Runtime.(runtime.Pauser)
-	if !ok {
-		return Sandbox{}, fmt.Errorf("this runtime cannot resume sandboxes: %w", errdefs.ErrInvalid)
-	}
 	if timeout != 0 {
 		if err := m.d.Limits.checkTimeout(timeout); err != nil {
 			return Sandbox{}, err
@@ -63,22 +61,9 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State != StatePaused {
-		return Sandbox{}, errdefs.Conflict("sandbox %q is %s, not paused", id, e.sb.State)
-	}
-	if err := p.Resume(ctx, id); err != nil {
-		return Sandbox{}, fmt.Errorf("resume %s: %w", id, err)
-	}
-	left := e.sb.Remaining
-	if timeout != 0 {
-		left = timeout
-	}
-	e.sb.EndAt = time.Now().UTC().Add(left)
-	e.sb.Remaining = 0
-	if err := m.move(e, StateRunning); err != nil {
+	if err := m.resumeLocked(ctx, e, timeout); err != nil {
 		return Sandbox{}, err
 	}
-	m.armTimer(e)
 	return e.sb, nil
 }
 

@@ -1,0 +1,133 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+)
+
+// E2B's lifecycle: at its timeout a sandbox is killed, or paused when it
+// was created with autoPause (keeping its memory, or only its files with
+// autoPauseMemory: false). A paused sandbox is resumed by connect, by
+// resume, or by traffic through the proxy when it was created with
+// autoResume (never one paused without its memory: that resume reboots it).
+
+// expire runs when a sandbox's timer fires. The state and deadline are
+// checked again under the sandbox's lock: a connect or set-timeout that
+// won the race has re-armed the timer, and a kill or pause has stopped it.
+func (m *Manager) expire(e *entry) {
+	ctx := context.Background()
+	e.mu.Lock()
+	if e.sb.State != StateRunning || time.Now().Before(e.sb.EndAt) {
+		e.mu.Unlock()
+		return
+	}
+	id, lc := e.sb.ID, e.sb.Lifecycle
+	if lc.AutoPause {
+		var err error
+		if lc.DropMemory {
+			err = m.pauseFilesLocked(ctx, e)
+		} else {
+			err = m.pauseLocked(ctx, e)
+		}
+		e.mu.Unlock()
+		if err == nil {
+			m.d.Log.Info("sandbox timed out: paused", "sandbox", id, "memory", !lc.DropMemory)
+			return
+		}
+		// A sandbox whose time is up must not keep running: kill it.
+		m.d.Log.Error("pause on timeout failed; killing the sandbox", "sandbox", id, "err", err)
+	} else {
+		e.mu.Unlock()
+		m.d.Log.Info("sandbox timed out", "sandbox", id)
+	}
+	expired := func(sb Sandbox) bool { return sb.State == StateRunning && !time.Now().Before(sb.EndAt) }
+	if err := m.killWhen(ctx, e, "", expired); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
+	}
+}
+
+// wake resumes a paused sandbox that asked to be resumed by traffic (for
+// the proxy) and returns it with its gone channel. Callers queue on the
+// sandbox's lock, so concurrent requests make one resume and then all
+// find it running.
+func (m *Manager) wake(e *entry) (Sandbox, <-chan struct{}, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.State == StatePaused && e.sb.Lifecycle.AutoResume && !e.sb.FilesOnly {
+		// As E2B, an auto-resume gives the sandbox its create timeout.
+		if err := m.resumeLocked(context.Background(), e, e.sb.Timeout); err != nil {
+			m.d.Log.Warn("auto-resume failed", "sandbox", e.sb.ID, "err", err)
+			return Sandbox{}, nil, fmt.Errorf("auto-resume of sandbox %q failed: %w", e.sb.ID, err)
+		}
+		m.d.Log.Info("sandbox auto-resumed by traffic", "sandbox", e.sb.ID)
+	}
+	return e.sb, e.gone, nil
+}
+
+// pauseLocked freezes a running sandbox in place (memory kept). Callers
+// hold e.mu and have checked the state.
+func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {
+	p, ok := m.d.Runtime.(runtime.Pauser)
+	if !ok {
+		return fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrInvalid)
+	}
+	if err := p.Pause(ctx, e.sb.ID); err != nil {
+		return fmt.Errorf("pause %s: %w", e.sb.ID, err)
+	}
+	m.stopClock(e)
+	return m.move(e, StatePaused)
+}
+
+// stopClock stops the timer and keeps the time the sandbox had left.
+func (m *Manager) stopClock(e *entry) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.sb.Remaining = time.Until(e.sb.EndAt)
+}
+
+// resumeLocked continues a paused sandbox (a reboot with its files when
+// it was paused without memory). Its timeout restarts with timeout when
+// not zero, else with the time it had left, else with its create timeout.
+// Callers hold e.mu.
+func (m *Manager) resumeLocked(ctx context.Context, e *entry, timeout time.Duration) error {
+	if e.sb.State != StatePaused {
+		return errdefs.Conflict("sandbox %q is %s, not paused", e.sb.ID, e.sb.State)
+	}
+	if e.sb.FilesOnly {
+		if err := m.rebootLocked(ctx, e); err != nil {
+			return err
+		}
+	} else {
+		p, ok := m.d.Runtime.(runtime.Pauser)
+		if !ok {
+			return fmt.Errorf("this runtime cannot resume sandboxes: %w", errdefs.ErrInvalid)
+		}
+		if err := p.Resume(ctx, e.sb.ID); err != nil {
+			return fmt.Errorf("resume %s: %w", e.sb.ID, err)
+		}
+	}
+	left := e.sb.Remaining
+	if timeout != 0 {
+		left = timeout
+	}
+	if left <= 0 {
+		// Paused by its timeout: nothing was left.
+		left = e.sb.Timeout
+	}
+	if left <= 0 {
+		left = m.d.Limits.DefaultTimeout
+	}
+	e.sb.EndAt = time.Now().UTC().Add(left)
+	e.sb.Remaining = 0
+	if err := m.move(e, StateRunning); err != nil {
+		return err
+	}
+	m.armTimer(e)
+	return nil
+}
