@@ -195,6 +195,13 @@ type sandboxJSON struct {
 	State           string            `json:"state"`
 	AllowInternet   bool              `json:"allowInternetAccess"`
 	Network         *networkJSON      `json:"network,omitempty"`
+	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
+}
+
+// lifecycleJSON is E2B's SandboxLifecycle.
+type lifecycleJSON struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"` // kill or pause
 }
 
 func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
@@ -207,6 +214,10 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {
 		public := !sb.Network.PrivateTraffic
 		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
+	}
+	out.Lifecycle = &lifecycleJSON{AutoResume: sb.Lifecycle.AutoResume, OnTimeout: "kill"}
+	if sb.Lifecycle.AutoPause {
+		out.Lifecycle.OnTimeout = "pause"
 	}
 	if s.cfg.Domain != "" {
 		d := s.cfg.Domain

@@ -60,6 +60,12 @@ type Backend interface {
 	BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error)
 }
 
+// FilesPauser is implemented by backends that can pause a sandbox keeping
+// only its files (E2B's pause with memory: false; resume reboots it).
+type FilesPauser interface {
+	PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error)
+}
+
 // TemplateInfo is a template and whether creates from it restore a
 // ready snapshot.
 type TemplateInfo struct {
@@ -112,6 +118,10 @@ func (l *Local) SetNetwork(ctx context.Context, id string, n sandbox.Network) (s
 
 func (l *Local) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return l.Manager.Pause(ctx, id)
+}
+
+func (l *Local) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return l.Manager.PauseFiles(ctx, id)
 }
 
 func (l *Local) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"agentenv/internal/errdefs"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
@@ -38,6 +39,15 @@ func (m *metered) Kill(ctx context.Context, id string) error {
 
 func (m *metered) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return timed(m, "pause", func() (sandbox.Sandbox, error) { return m.Backend.Pause(ctx, id) })
+}
+
+// PauseFiles passes through to a backend that has it.
+func (m *metered) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	fp, ok := m.Backend.(FilesPauser)
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.Invalid("pause with memory: false is not available on this server (fleet mode): pause with memory")
+	}
+	return timed(m, "pause", func() (sandbox.Sandbox, error) { return fp.PauseFiles(ctx, id) })
 }
 
 func (m *metered) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {

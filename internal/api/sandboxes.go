@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -26,6 +27,26 @@ type createRequest struct {
 	EnvVars             map[string]string `json:"envVars"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
+	// E2B's lifecycle: what happens at the timeout and to traffic while
+	// paused (the SDK's lifecycle option sends these).
+	AutoPause       *bool `json:"autoPause"`
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+}
+
+// lifecycle reads E2B's autoPause, autoPauseMemory (default true) and
+// autoResume.enabled.
+func (r createRequest) lifecycle() sandbox.Lifecycle {
+	lc := sandbox.Lifecycle{
+		AutoPause:  r.AutoPause != nil && *r.AutoPause,
+		DropMemory: r.AutoPauseMemory != nil && !*r.AutoPauseMemory,
+	}
+	if r.AutoResume != nil {
+		lc.AutoResume = r.AutoResume.Enabled
+	}
+	return lc
 }
 
 // maxTimeoutSeconds guards the seconds→Duration conversion from overflow.
@@ -47,7 +68,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	cr := sandbox.CreateRequest{
 		Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		CPUs: req.CPUCount, MemoryMB: req.MemoryMB,
-		Network: toNetwork(req.AllowInternetAccess, req.Network),
+		Network:   toNetwork(req.AllowInternetAccess, req.Network),
+		Lifecycle: req.lifecycle(),
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
@@ -167,55 +189,71 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// connectSandbox is E2B's connect (and resume): for a running sandbox it
-// returns its details and, when a timeout is given, extends it.
+// connectSandbox is E2B's connect: a paused sandbox is resumed (201), a
+// running one's details are returned (200) and its timeout, when given,
+// only ever extended. memory: false resumes a sandbox paused without its
+// memory (a reboot with its files, as any resume of it).
 func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
 	}
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	id := r.PathValue("id")
-	sb, err := s.cfg.Backend.Get(r.Context(), id)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if sb.State == sandbox.StatePaused {
-		// Connecting to a paused sandbox resumes it (201, as E2B).
-		// The timeout only ever extends what the sandbox had left.
-		var d time.Duration
-		if req.Timeout != nil {
-			if d, err = seconds(*req.Timeout, "timeout"); err != nil {
-				writeError(w, err)
-				return
-			}
-			if d < sb.Remaining {
-				d = 0
-			}
-		}
-		if sb, err = s.cfg.Backend.Resume(r.Context(), id, d); err != nil {
+	var d time.Duration
+	if req.Timeout != nil {
+		var err error
+		if d, err = seconds(*req.Timeout, "timeout"); err != nil {
 			writeError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
-		return
 	}
-	if req.Timeout != nil {
-		d, err := seconds(*req.Timeout, "timeout")
+	id := r.PathValue("id")
+	// A timeout pause or an auto-resume may change the state between the
+	// read and the action: read again and retry a few times.
+	for range 3 {
+		sb, err := s.cfg.Backend.Get(r.Context(), id)
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		// Connect never shortens a sandbox's life.
-		if sb, err = s.cfg.Backend.Extend(r.Context(), id, d); err != nil {
-			writeError(w, err)
+		if req.Memory != nil && !*req.Memory && sb.State == sandbox.StatePaused && !sb.FilesOnly {
+			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", id))
 			return
 		}
+		if sb.State == sandbox.StatePaused {
+			// The timeout only ever extends what the sandbox had left.
+			rd := d
+			if rd < sb.Remaining {
+				rd = 0
+			}
+			sb, err = s.cfg.Backend.Resume(r.Context(), id, rd)
+			if errors.Is(err, errdefs.ErrConflict) {
+				continue // resumed meanwhile
+			}
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
+			return
+		}
+		if d > 0 {
+			// Connect never shortens a sandbox's life.
+			if sb, err = s.cfg.Backend.Extend(r.Context(), id, d); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		if sb.State == sandbox.StatePaused {
+			continue // paused meanwhile (its timeout)
+		}
+		writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+		return
 	}
-	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+	writeError(w, errdefs.Conflict("sandbox %s kept changing state during connect: retry", id))
 }
 
 func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {

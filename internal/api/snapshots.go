@@ -34,8 +34,30 @@ func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
 		Parent: sn.Parent, SandboxID: sn.Sandbox, Runtime: sn.Runtime, SizeBytes: sn.Size, CreatedAt: sn.CreatedAt, InUse: sn.InUse}
 }
 
+// pauseSandbox is E2B's pause: with memory (the default) the sandbox
+// freezes in place; with memory: false only its files are kept and a
+// resume boots it again.
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.cfg.Backend.Pause(r.Context(), r.PathValue("id")); err != nil {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	var err error
+	if req.Memory != nil && !*req.Memory {
+		fp, ok := s.cfg.Backend.(FilesPauser)
+		if !ok {
+			writeError(w, errdefs.Invalid("pause with memory: false is not available on this server (fleet mode): pause with memory"))
+			return
+		}
+		_, err = fp.PauseFiles(r.Context(), id)
+	} else {
+		_, err = s.cfg.Backend.Pause(r.Context(), id)
+	}
+	if err != nil {
 		writeError(w, err)
 		return
 	}
