@@ -44,10 +44,12 @@ const (
 	filesTimeout = 5 * time.Minute
 )
 
-// walk lists the root filesystem's files, directories and links below
-// "/", without the kernel's filesystems (every other mount is skipped by
-// -xdev). Names are NUL-terminated, relative ("./etc/hosts").
-const walk = `find . -xdev -mindepth 1 \( -path ./proc -o -path ./sys -o -path ./dev \) -prune -o \( -type f -o -type d -o -type l \)`
+// walk lists the files, directories and links of the root filesystem and
+// of /tmp (gVisor mounts a tmpfs there; on E2B /tmp is on the disk; the
+// first walk prunes it so that no path comes twice), without
+// the kernel's filesystems (every other mount is skipped by -xdev). Names
+// are NUL-terminated, relative ("./etc/hosts").
+const walk = `find . ./tmp -xdev -mindepth 1 \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./tmp \) -prune -o \( -type f -o -type d -o -type l \)`
 
 // saveScript writes the path list and the archive of entries changed in
 // the last %d minutes. Debian's GNU tar reads a NUL list; busybox's tar
@@ -67,7 +69,7 @@ rm -f ` + shm + `changed`
 const restoreScript = `set -e; cd /
 if [ -s ` + shm + `gone ]; then xargs -0 rm -rf -- < ` + shm + `gone; fi
 if [ "$(head -c 6 ` + shm + `archive)" = 070701 ]; then
-	cpio -i -d -m -u -F ` + shm + `archive 2>/dev/null
+	cpio -i -d -m -u -F ` + shm + `archive
 else
 	tar -x -p --numeric-owner -f ` + shm + `archive
 fi

@@ -1,0 +1,224 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentenv/internal/childproc"
+	"agentenv/internal/client"
+	"agentenv/internal/testenv"
+)
+
+// E2B's lifecycle: autoPause at the timeout (with or without memory),
+// autoResume by traffic, connect resumes, and the proxy's answers for a
+// sandbox that is not running.
+
+// proxyGet sends GET path to a sandbox's envd through the proxy, as the
+// SDK does (E2b-Sandbox-Id / -Port headers).
+func (e *env) proxyGet(t *testing.T, id, path string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", e.proxy+path, nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(b, &out)
+	return resp.StatusCode, out
+}
+
+// waitState polls the sandbox until it is in state want (20 s at most).
+func (e *env) waitState(t *testing.T, id, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		sb, err := e.client.GetSandbox(context.Background(), id)
+		if err == nil && sb.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s not %s after 20s (last: %+v, %v)", id, want, sb, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// connect is E2B's POST /sandboxes/{id}/connect; it returns the status.
+func (e *env) connect(t *testing.T, id string, body string) int {
+	t.Helper()
+	status, out := e.rawRequest(t, "POST", "/sandboxes/"+id+"/connect", testKey, strings.NewReader(body))
+	if status/100 != 2 {
+		t.Fatalf("connect %s: %d %v", id, status, out)
+	}
+	return status
+}
+
+// notRunning checks the proxy's answer for a sandbox that does not run:
+// E2B's 502 body, which the SDK's isRunning reads as false.
+func (e *env) notRunning(t *testing.T, id string) {
+	t.Helper()
+	status, body := e.proxyGet(t, id, "/health")
+	want := map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": 502.0}
+	if status != http.StatusBadGateway || !reflect.DeepEqual(body, want) {
+		t.Errorf("envd of a sandbox that is not running: %d %v, want 502 %v", status, body, want)
+	}
+}
+
+func TestTimeoutPausesAndConnectResumes(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true})
+	if got, _ := e.client.GetSandbox(context.Background(), sb.SandboxID); got.SandboxID == "" {
+		t.Fatal("no sandbox")
+	}
+	v := startMemoryServer(t, e, sb)
+	e.waitState(t, sb.SandboxID, "paused")
+	e.notRunning(t, sb.SandboxID)
+	_, info := e.rawRequest(t, "GET", "/sandboxes/"+sb.SandboxID, testKey, nil)
+	if lc, _ := info["lifecycle"].(map[string]any); lc["onTimeout"] != "pause" || lc["autoResume"] != false {
+		t.Errorf("lifecycle %v, want onTimeout pause, autoResume false", info["lifecycle"])
+	}
+	if got := e.connect(t, sb.SandboxID, `{"timeout": 30}`); got != http.StatusCreated {
+		t.Errorf("connect to a paused sandbox: %d, want 201 (resumed)", got)
+	}
+	if got := askMemoryServer(t, e, sb); got != v {
+		t.Errorf("after connect the memory server answers %q, want %q (memory kept)", got, v)
+	}
+	if got := e.connect(t, sb.SandboxID, `{"timeout": 30}`); got != http.StatusOK {
+		t.Errorf("connect to a running sandbox: %d, want 200", got)
+	}
+}
+
+func TestAutoResumeByTraffic(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
+	v := startMemoryServer(t, e, sb)
+	e.waitState(t, sb.SandboxID, "paused")
+	// 20 requests at once: one resume, every request answered.
+	var wg sync.WaitGroup
+	statuses := make([]int, 20)
+	for i := range statuses {
+		wg.Go(func() { statuses[i], _ = e.proxyGet(t, sb.SandboxID, "/health") })
+	}
+	wg.Wait()
+	for i, s := range statuses {
+		if s/100 != 2 {
+			t.Errorf("request %d to an auto-resuming sandbox: %d, want 2xx", i, s)
+		}
+	}
+	got, _ := e.client.GetSandbox(context.Background(), sb.SandboxID)
+	if got.State != "running" {
+		t.Errorf("state %q after traffic, want running", got.State)
+	}
+	// It runs its create timeout again (3 s), not the nothing it had left.
+	if left := time.Until(got.EndAt); left < time.Second {
+		t.Errorf("%v left after auto-resume, want about 3s", left)
+	}
+	if got := askMemoryServer(t, e, sb); got != v {
+		t.Errorf("after auto-resume the memory server answers %q, want %q", got, v)
+	}
+}
+
+// filesScript changes the sandbox's files in every way a resume without
+// memory must keep: new files (also in a new directory, also a symlink),
+// a changed mode, a deleted file of the template. Run as root.
+const filesScript = `set -e
+mkdir -p /home/user/new/deep && echo deep > /home/user/new/deep/f
+echo tmp > /tmp/kept && chmod 0751 /tmp/kept && ln -s /tmp/kept /tmp/link
+rm /bin/yes
+cat /proc/sys/kernel/random/boot_id`
+
+const filesCheck = `cat /home/user/new/deep/f /tmp/kept /tmp/link; stat -c %a /tmp/kept
+test -e /bin/yes && echo yes-back || echo yes-gone
+nc 127.0.0.1 9000 </dev/null 2>/dev/null || echo no-server
+cat /proc/sys/kernel/random/boot_id`
+
+func checkFilesKept(t *testing.T, e *env, sb client.Sandbox, bootBefore string) {
+	t.Helper()
+	out := strings.Fields(e.envdAs(t, sb, "root").sh(filesCheck))
+	if len(out) != 7 || out[0] != "deep" || out[1] != "tmp" || out[2] != "tmp" || out[3] != "751" || out[4] != "yes-gone" || out[5] != "no-server" {
+		t.Fatalf("after a resume without memory got %q, want deep tmp tmp 751 yes-gone no-server <boot id>", out)
+	}
+	if out[6] == bootBefore {
+		t.Errorf("boot id %s unchanged: the sandbox was not booted again", bootBefore)
+	}
+}
+
+func TestPauseWithoutMemory(t *testing.T) {
+	e := sharedServer(t)
+	sb := e.create(t, client.CreateRequest{Timeout: 60})
+	startMemoryServer(t, e, sb)
+	boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
+	if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
+		t.Fatalf("pause with memory false: %d %v", status, out)
+	}
+	e.waitState(t, sb.SandboxID, "paused")
+	e.notRunning(t, sb.SandboxID)
+	if status, _ := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusConflict {
+		t.Errorf("second pause: %d, want 409", status)
+	}
+	if got := e.connect(t, sb.SandboxID, `{"timeout": 60}`); got != http.StatusCreated {
+		t.Errorf("connect: %d, want 201", got)
+	}
+	checkFilesKept(t, e, sb, boot)
+	// And again: what the first resume restored is kept by a second pause.
+	if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
+		t.Fatalf("second pause with memory false: %d %v", status, out)
+	}
+	e.connect(t, sb.SandboxID, `{"timeout": 60}`)
+	checkFilesKept(t, e, sb, boot)
+}
+
+func TestTimeoutPauseWithoutMemory(t *testing.T) {
+	e := sharedServer(t)
+	if status, out := e.rawRequest(t, "POST", "/sandboxes", testKey, strings.NewReader(`{"templateID":"busybox","autoPauseMemory":false}`)); status != http.StatusBadRequest {
+		t.Errorf("autoPauseMemory false without autoPause: %d %v, want 400", status, out)
+	}
+	if status, out := e.rawRequest(t, "POST", "/sandboxes", testKey, strings.NewReader(`{"templateID":"busybox","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`)); status != http.StatusBadRequest {
+		t.Errorf("autoPauseMemory false with autoResume: %d %v, want 400", status, out)
+	}
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true, "autoPauseMemory": false})
+	startMemoryServer(t, e, sb)
+	boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
+	e.waitState(t, sb.SandboxID, "paused")
+	e.notRunning(t, sb.SandboxID)
+	e.connect(t, sb.SandboxID, `{"timeout": 60}`)
+	checkFilesKept(t, e, sb, boot)
+}
+
+// TestE2BLifecycle runs tests/e2b/lifecycle.test.mjs: the official SDK's
+// lifecycle options, isRunning, connect and pause({keepMemory: false}).
+func TestE2BLifecycle(t *testing.T) {
+	e := sharedServer(t)
+	node := testenv.NeedCommand(t, "node", "the e2b SDK test needs Node.js")
+	dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		if testenv.Required() {
+			t.Fatalf("tests/e2b/node_modules/e2b missing: make setup installs it (npm ci)")
+		}
+		t.Skip("skipping: run `make setup` to install the e2b SDK (npm ci in tests/e2b)")
+	}
+	cmd := exec.Command(node, "--test", "--test-reporter=spec", "lifecycle.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
+	out, err := childproc.CombinedOutput(cmd)
+	t.Logf("node --test output:\n%s", bytes.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("e2b SDK lifecycle tests failed: %v", err)
+	}
+}
