@@ -322,3 +322,31 @@ func (m *Manager) envdPut(ctx context.Context, sb Sandbox, path string, body io.
 	}
 	return nil
 }
+
+// adoptFilesOnly takes back, after a restart, a sandbox paused without its
+// memory: it has no container and no slot, only its files, which a resume
+// boots again. It reports whether sb was one (and could be adopted).
+func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
+	if sb.State != StatePaused || !sb.FilesOnly || sb.Slot.Namespace != "" {
+		return false
+	}
+	for _, f := range []string{filesPaths, filesArchive} {
+		if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), f)); err != nil {
+			return false
+		}
+	}
+	_, releaseTemplate, err := m.d.Templates.Acquire(sb.Template)
+	if err != nil {
+		return false
+	}
+	releaseSnap := func() {}
+	if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
+		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
+	}
+	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
+	m.mu.Lock()
+	m.boxes[sb.ID] = e
+	m.mu.Unlock()
+	m.d.Log.Info("adopted sandbox paused without memory after restart", "sandbox", sb.ID)
+	return true
+}

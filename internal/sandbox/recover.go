@@ -60,6 +60,10 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			m.recoverTeardown(ctx, sb, release)
 			continue
 		}
+		if m.adoptFilesOnly(sb) {
+			adopted = append(adopted, sb)
+			continue
+		}
 		if reason := m.alive(ctx, sb); reason != "" {
 			sb.Reason = reason
 			m.markLost(ctx, sb, reason)

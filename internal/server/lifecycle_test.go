@@ -222,3 +222,51 @@ func TestE2BLifecycle(t *testing.T) {
 		t.Fatalf("e2b SDK lifecycle tests failed: %v", err)
 	}
 }
+
+// pausedWithoutMemory makes a sandbox with a file and pauses it without
+// its memory, on the server at api (for the restart test: such a sandbox
+// has nothing but its files, which a restart must keep).
+func pausedWithoutMemory(t *testing.T, c *client.Client, api string) client.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Exec(ctx, sb, "/bin/sh", []string{"-c", "echo files-only > /tmp/files-only"}, nil, nil); err != nil || res.ExitCode != 0 {
+		t.Fatalf("prepare: %v %v", res, err)
+	}
+	if status := post(t, api+"/sandboxes/"+sb.SandboxID+"/pause", `{"memory": false}`); status != http.StatusNoContent {
+		t.Fatalf("pause without memory: %d", status)
+	}
+	return sb
+}
+
+// resumedWithFiles checks that a sandbox paused without memory is still
+// paused and resumes with its file.
+func resumedWithFiles(t *testing.T, c *client.Client, api string, sb client.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	if got, err := c.GetSandbox(ctx, sb.SandboxID); err != nil || got.State != "paused" {
+		t.Fatalf("sandbox paused without memory, after a restart: %+v, %v; want it paused", got, err)
+	}
+	if status := post(t, api+"/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 60}`); status != http.StatusCreated {
+		t.Fatalf("connect after restart: %d, want 201", status)
+	}
+	if res, err := c.Exec(ctx, sb, "/bin/sh", []string{"-c", "cat /tmp/files-only"}, nil, nil); err != nil || string(res.Stdout) != "files-only\n" {
+		t.Errorf("after restart and resume: %q, %v; want its file", res.Stdout, err)
+	}
+}
+
+func post(t *testing.T, url, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("X-API-Key", testKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}

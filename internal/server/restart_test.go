@@ -132,6 +132,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
+	filesOnly := pausedWithoutMemory(t, c, "http://"+p.api)
 	doomed, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
 	if err != nil {
 		t.Fatal(err)
@@ -183,6 +184,8 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	if _, err := os.Stat(strayNS); err == nil {
 		t.Error("a network namespace that no sandbox owns survived the restart")
 	}
+
+	resumedWithFiles(t, c, "http://"+p.api, filesOnly)
 
 	// Snapshots survive the crash and still restore.
 	fromSnap, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: snap.SnapshotID})
