@@ -166,12 +166,17 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	var cl cleanup
 	defer func() {
 		if err != nil {
+			// Not retried behind: a late destroy would hit the next boot
+			// of this ID. The next resume destroys a leftover first.
 			if cerr := cl.run(ctx); cerr != nil {
-				m.d.Log.Error("cleanup after failed resume; retrying behind", "sandbox", next.ID, "err", cerr)
-				m.retryCleanup(ctx, next.ID+"-resume", &cl)
+				m.d.Log.Error("cleanup after failed resume without memory", "sandbox", next.ID, "err", cerr)
 			}
 		}
 	}()
+	// A container left by a failed resume before this one (no-op if none).
+	if err := m.d.Runtime.Destroy(ctx, next.ID); err != nil {
+		return busy("remove what a failed resume left", err)
+	}
 	if next.Slot, err = m.d.Slots.Get(ctx); err != nil {
 		return busy("set up the sandbox's network", err)
 	}
