@@ -436,8 +436,12 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	if e.sb.State != StateRunning && e.sb.State != StatePaused {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
-	if err := m.d.Net.SetEgress(ctx, e.sb.Slot, eg); err != nil {
-		return Sandbox{}, err
+	// A sandbox paused without memory has no slot: its next boot applies
+	// the policy.
+	if !e.sb.FilesOnly {
+		if err := m.d.Net.SetEgress(ctx, e.sb.Slot, eg); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	e.sb.Network = n
 	return e.sb, m.persist(e.sb)
