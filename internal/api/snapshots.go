@@ -67,10 +67,19 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
 	}
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		// A sandbox paused without memory reboots whatever this says;
+		// one paused with it cannot drop it on resume (yet).
+		if sb, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id")); err == nil && sb.State == sandbox.StatePaused && !sb.FilesOnly {
+			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", sb.ID))
+			return
+		}
 	}
 	var d time.Duration
 	if req.Timeout != nil {
