@@ -19,7 +19,27 @@ try {
   assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId), 'the new sandbox is listed')
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('cat /tmp/hello.txt')).stdout, 'hello from the fleet')
+  // Pause: the proxies answer E2B's 502 (isRunning false); connect resumes.
+  assert.equal(await sbx.pause(), true)
+  assert.equal(await sbx.isRunning(), false)
+  await sbx.connect()
+  assert.equal((await sbx.commands.run('cat /tmp/hello.txt')).stdout, 'hello from the fleet')
 } finally {
   await sbx.kill()
+}
+
+// Paused at its timeout, resumed by traffic through both proxies.
+const lazy = await Sandbox.create('busybox', { timeoutMs: 2_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+try {
+  let state
+  for (let i = 0; i < 100 && state !== 'paused'; i++) {
+    await new Promise((r) => setTimeout(r, 100))
+    state = (await lazy.getInfo()).state
+  }
+  assert.equal(state, 'paused', 'paused at its timeout')
+  assert.equal(await lazy.isRunning(), true, 'traffic resumes it')
+  assert.equal((await lazy.getInfo()).state, 'running')
+} finally {
+  await lazy.kill()
 }
 console.log('fleet.mjs: ok', sbx.sandboxId)
