@@ -198,6 +198,11 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	if err := m.restoreFiles(ctx, ex, next); err != nil {
 		return busy("put the sandbox's files back", err)
 	}
+	// A boot runs the template's start command, here over the files the
+	// sandbox had (as a boot from its disk would).
+	if err := m.runStart(ctx, next); err != nil {
+		return err
+	}
 	cl.keep()
 	os.RemoveAll(m.filesDir(next.ID))
 	next.FilesOnly = false
