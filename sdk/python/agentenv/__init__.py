@@ -1,0 +1,34 @@
+"""agentenv: gVisor sandboxes for training and evaluating agents.
+
+The API is E2B's Python SDK's (``from e2b import Sandbox`` becomes
+``from agentenv import Sandbox``), plus ``Sandbox.fork`` and the RL
+environments in ``agentenv.rl``. Standard library only.
+
+    from agentenv import Sandbox
+
+    with Sandbox.create("busybox") as sbx:
+        print(sbx.commands.run("echo hello").stdout)
+"""
+
+from .aio import AsyncCommandHandle, AsyncSandbox, AsyncWatchHandle
+from .commands import CommandHandle, Commands
+from .config import ConnectionConfig
+from .exceptions import (AuthenticationException, ConflictException, InvalidArgumentException,
+                         NotEnoughSpaceException, NotFoundException, RateLimitException, SandboxException,
+                         SandboxNotFoundException, TemplateException, TimeoutException)
+from .filesystem import Filesystem, WatchHandle
+from .models import (CommandExitException, CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType,
+                     FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxQuery, SnapshotInfo, WriteEntry,
+                     WriteInfo)
+from .sandbox import Paginator, Sandbox, SandboxPaginator
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncCommandHandle", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
+    "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileType",
+    "Filesystem", "FilesystemEvent", "FilesystemEventType", "InvalidArgumentException", "ListedSandbox",
+    "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "RateLimitException", "Sandbox",
+    "SandboxException", "SandboxInfo", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
+    "SnapshotInfo", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",
+]

@@ -1,0 +1,92 @@
+"""Where the server is and how to authenticate, from arguments or the environment."""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from typing import Dict, Optional
+
+from . import exceptions as exc
+from ._transport import ENVD_PORT, Transport, read_json
+
+DEFAULT_API_URL = "http://127.0.0.1:3000"
+DEFAULT_REQUEST_TIMEOUT = 60.0
+
+_transport: Optional[Transport] = None
+_transport_lock = threading.Lock()
+
+
+def shared_transport() -> Transport:
+    """The process's one pool of connections (thread-safe)."""
+    global _transport
+    with _transport_lock:
+        if _transport is None:
+            _transport = Transport()
+        return _transport
+
+
+def _env(*names: str) -> Optional[str]:
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return None
+
+
+class ConnectionConfig:
+    """Connection settings. Arguments win over the environment:
+
+    - API URL: ``api_url``, ``E2B_API_URL``, ``AGENTENV_SERVER``, else http://127.0.0.1:3000
+    - sandbox proxy: ``sandbox_url``, ``E2B_SANDBOX_URL``, ``AGENTENV_PROXY``, else the API's
+      host on port 3001
+    - key: ``api_key``, ``E2B_API_KEY``, ``AGENTENV_API_KEY``
+    """
+
+    def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None,
+                 sandbox_url: Optional[str] = None, request_timeout: Optional[float] = None,
+                 domain: Optional[str] = None, debug: Optional[bool] = None):
+        self.api_key = api_key or _env("E2B_API_KEY", "AGENTENV_API_KEY")
+        self.api_url = (api_url or _env("E2B_API_URL", "AGENTENV_SERVER") or DEFAULT_API_URL).rstrip("/")
+        proxy = sandbox_url or _env("E2B_SANDBOX_URL", "AGENTENV_PROXY")
+        if not proxy:
+            u = urllib.parse.urlsplit(self.api_url)
+            proxy = f"{u.scheme}://{u.hostname}:3001"
+        self.sandbox_url = proxy.rstrip("/")
+        self.request_timeout = request_timeout or DEFAULT_REQUEST_TIMEOUT
+        self.domain, self.debug = domain, debug  # accepted for E2B compatibility; unused
+        self.transport = shared_transport()
+
+    def timeout(self, request_timeout: Optional[float]) -> float:
+        return request_timeout or self.request_timeout
+
+    def api(self, method: str, path: str, body: Optional[Dict] = None, request_timeout: Optional[float] = None,
+            what: str = "") -> object:
+        """Calls the REST API and returns the decoded JSON answer (None when empty)."""
+        if not self.api_key:
+            raise exc.AuthenticationException(
+                "no API key: pass api_key=, or set E2B_API_KEY or AGENTENV_API_KEY "
+                "(agentenv serve prints where its key is stored)")
+        import json
+        headers = {"X-API-Key": self.api_key, "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        resp = self.transport.request(method, self.api_url + path, headers, data, timeout=self.timeout(request_timeout))
+        return read_json(resp, what or f"{method} {path}")
+
+
+class EnvdConnection:
+    """How a sandbox's envd is reached: the proxy, routing headers and access token."""
+
+    def __init__(self, config: ConnectionConfig, sandbox_id: str, access_token: Optional[str]):
+        self.config = config
+        self.base = config.sandbox_url
+        self.headers: Dict[str, str] = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
+        if access_token:
+            self.headers["X-Access-Token"] = access_token
+
+    @property
+    def transport(self) -> Transport:
+        return self.config.transport

@@ -1,0 +1,109 @@
+import hashlib
+import io
+import os
+import time
+import unittest
+
+from agentenv import (AuthenticationException, EntryInfo, FilesystemEventType, FileType, InvalidArgumentException,
+                      NotFoundException, WriteEntry, WriteInfo)
+
+from .support import SandboxTest
+
+
+class FileTests(SandboxTest):
+    def setUp(self):
+        self.sbx = self.new_sandbox()
+        self.files = self.sbx.files
+
+    def test_text_and_bytes(self):
+        info = self.files.write("/home/user/dir/hello.txt", "héllo\n")
+        self.assertIsInstance(info, WriteInfo)
+        self.assertEqual(info.path, "/home/user/dir/hello.txt")
+        self.assertEqual(info.name, "hello.txt")
+        self.assertEqual(self.files.read("/home/user/dir/hello.txt"), "héllo\n")
+        self.assertEqual(self.files.read("/home/user/dir/hello.txt", format="bytes"), "héllo\n".encode())
+        # Relative paths are the user's home, as in E2B.
+        self.files.write("rel.txt", b"\x00\x01\xff")
+        self.assertEqual(self.files.read("/home/user/rel.txt", format="bytes"), b"\x00\x01\xff")
+        self.files.write_files([WriteEntry("/tmp/a", "A"), WriteEntry("/tmp/b", b"B")])
+        self.assertEqual(self.sbx.commands.run("cat /tmp/a /tmp/b").stdout, "AB")
+        with self.assertRaises(InvalidArgumentException):
+            self.files.read("/tmp/a", format="xml")
+
+    def test_large_binary_round_trip_streamed(self):
+        size = 20 << 20
+        data = os.urandom(size)
+        want = hashlib.sha256(data).hexdigest()
+        self.files.write("/tmp/big.bin", io.BytesIO(data))  # streamed in chunks
+        self.assertEqual(self.sbx.commands.run("wc -c < /tmp/big.bin").stdout.strip(), str(size))
+        self.assertEqual(self.sbx.commands.run("sha256sum /tmp/big.bin").stdout.split()[0], want)
+        h, n, chunks = hashlib.sha256(), 0, 0
+        for chunk in self.files.read("/tmp/big.bin", format="stream"):
+            h.update(chunk)
+            n += len(chunk)
+            chunks += 1
+        self.assertEqual((n, h.hexdigest()), (size, want))
+        self.assertGreater(chunks, 1)
+        self.assertEqual(hashlib.sha256(self.files.read("/tmp/big.bin", format="bytes")).hexdigest(), want)
+
+    def test_list_exists_info_dirs_rename_remove(self):
+        self.assertTrue(self.files.make_dir("/tmp/d/sub"))
+        self.assertFalse(self.files.make_dir("/tmp/d/sub"))
+        self.files.write("/tmp/d/f.txt", "12345")
+        entries = {e.name: e for e in self.files.list("/tmp/d")}
+        self.assertEqual(set(entries), {"sub", "f.txt"})
+        self.assertIsInstance(entries["f.txt"], EntryInfo)
+        self.assertEqual(entries["f.txt"].type, FileType.FILE)
+        self.assertEqual(entries["sub"].type, FileType.DIR)
+        self.assertEqual(entries["f.txt"].size, 5)
+        self.assertEqual(entries["f.txt"].path, "/tmp/d/f.txt")
+        deep = {e.path for e in self.files.list("/tmp", depth=2)}
+        self.assertIn("/tmp/d/sub", deep)
+
+        self.assertTrue(self.files.exists("/tmp/d/f.txt"))
+        self.assertFalse(self.files.exists("/tmp/d/nope"))
+        info = self.files.get_info("/tmp/d/f.txt")
+        self.assertEqual((info.name, info.size), ("f.txt", 5))
+        self.assertIsNotNone(info.modified_time)
+
+        moved = self.files.rename("/tmp/d/f.txt", "/tmp/d/g.txt")
+        self.assertEqual(moved.path, "/tmp/d/g.txt")
+        self.assertFalse(self.files.exists("/tmp/d/f.txt"))
+        self.files.remove("/tmp/d")
+        self.assertFalse(self.files.exists("/tmp/d"))
+
+    def test_errors(self):
+        with self.assertRaises(NotFoundException) as cm:
+            self.files.read("/tmp/does-not-exist")
+        self.assertIn("/tmp/does-not-exist", str(cm.exception))
+        with self.assertRaises(NotFoundException):
+            self.files.get_info("/tmp/does-not-exist")
+        with self.assertRaises(NotFoundException):
+            self.files.list("/tmp/does-not-exist")
+        # A user's file operation the system refuses: root's home.
+        with self.assertRaises(AuthenticationException):
+            self.files.write("/root/x", "no", user="user")
+
+    def test_watch_dir(self):
+        self.files.make_dir("/tmp/w")
+        w = self.files.watch_dir("/tmp/w")
+        self.files.write("/tmp/w/new.txt", "x")
+        self.sbx.commands.run("rm /tmp/w/new.txt")
+        events = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            events += w.get_new_events()
+            types = {(e.name, e.type) for e in events}
+            if ("new.txt", FilesystemEventType.REMOVE) in types:
+                break
+            time.sleep(0.1)
+        w.stop()
+        names = {e.name for e in events}
+        self.assertIn("new.txt", names)
+        kinds = {e.type for e in events}
+        self.assertIn(FilesystemEventType.REMOVE, kinds)
+        self.assertTrue(kinds & {FilesystemEventType.CREATE, FilesystemEventType.WRITE, FilesystemEventType.RENAME})
+
+
+if __name__ == "__main__":
+    unittest.main()
