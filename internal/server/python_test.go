@@ -62,7 +62,9 @@ func TestPythonSDK(t *testing.T) {
 }
 
 // TestPythonExamples runs the examples at small size; each prints its
-// results, and fails if a rollout or branch found no working fix.
+// results, and fails if no rollout or branch fixed the bug. They run a
+// real unittest suite with the "python" template (busybox plus the host's
+// python3, built by examples/python_template.py on first use).
 func TestPythonExamples(t *testing.T) {
 	e := sharedServer(t)
 	ex, _ := filepath.Abs("../../examples")
@@ -71,8 +73,9 @@ func TestPythonExamples(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"rollouts", []string{"parallel_rollouts.py", "--rollouts", "4", "--parallel", "4"}, "rollouts/s"},
+		{"rollouts", []string{"parallel_rollouts.py", "--rollouts", "8", "--parallel", "8"}, "rollouts/s"},
 		{"tree search", []string{"tree_search.py", "--branches", "4"}, "best branch"},
+		{"e2b names", []string{"e2b_rollouts.py", "--rollouts", "4", "--parallel", "4"}, "rollouts/s"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out := runPython(t, e, ex, nil, c.args...)
