@@ -13,22 +13,22 @@ environments in ``agentenv.rl``. Standard library only.
 from .aio import AsyncCommandHandle, AsyncSandbox, AsyncWatchHandle
 from .commands import CommandHandle, Commands
 from .config import ConnectionConfig
-from .exceptions import (AuthenticationException, ConflictException, InvalidArgumentException,
+from .exceptions import (AuthenticationException, ConflictException, FileNotFoundException, InvalidArgumentException,
                          NotEnoughSpaceException, NotFoundException, RateLimitException, SandboxException,
                          SandboxNotFoundException, TemplateException, TimeoutException)
 from .filesystem import Filesystem, WatchHandle
 from .models import (CommandExitException, CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType,
-                     FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxQuery, SnapshotInfo, WriteEntry,
+                     FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxQuery, SandboxState, SnapshotInfo, WriteEntry,
                      WriteInfo)
-from .sandbox import Paginator, Sandbox, SandboxPaginator
+from .sandbox import Paginator, Sandbox, SandboxPaginator, SnapshotPaginator
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncCommandHandle", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
-    "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileType",
+    "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileNotFoundException", "FileType",
     "Filesystem", "FilesystemEvent", "FilesystemEventType", "InvalidArgumentException", "ListedSandbox",
     "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "RateLimitException", "Sandbox",
     "SandboxException", "SandboxInfo", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
-    "SnapshotInfo", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",
+    "SandboxState", "SnapshotInfo", "SnapshotPaginator", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",
 ]

@@ -206,7 +206,7 @@ _BY_CONNECT_CODE = {
 }
 
 
-def error_from_http(status: int, raw: bytes, what: str) -> exc.SandboxException:
+def error_from_http(status: int, raw: bytes, what: str) -> Exception:
     """Turns an error answer (REST API, envd /files, or a unary RPC) into an exception."""
     message, code, rpc_code = raw.decode("utf-8", "replace").strip(), None, None
     try:
@@ -229,7 +229,7 @@ def error_from_http(status: int, raw: bytes, what: str) -> exc.SandboxException:
     return cls(f"{what}: {message} (HTTP {status})", status_code=status, error_code=code)
 
 
-def error_from_connect(err: Dict[str, Any], what: str) -> exc.SandboxException:
+def error_from_connect(err: Dict[str, Any], what: str) -> Exception:
     code = str(err.get("code", "unknown"))
     cls = _BY_CONNECT_CODE.get(code, exc.SandboxException)
     return cls(f"{what}: {err.get('message', code)} ({code})", error_code=code)

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Type, TypeVar, Union
 
 from .commands import CommandHandle, Commands
 from .filesystem import Filesystem, WatchHandle
@@ -216,6 +216,7 @@ class AsyncSandbox:
 
     @classmethod
     async def connect(cls: Type[A], sandbox_id: str, timeout: Optional[int] = None, **opts: Any) -> A:
+        """Connects to a sandbox by ID, resuming it if it is paused."""
         return cls(await _run(Sandbox.connect, sandbox_id, timeout, **opts))
 
     @staticmethod
@@ -246,8 +247,10 @@ class AsyncSandbox:
     async def delete_snapshot(snapshot_id: str, **opts: Any) -> bool:
         return await _run(Sandbox.delete_snapshot, snapshot_id, **opts)
 
-    async def fork(self, count: int = 1, timeout: Optional[int] = None,
-                   metadata: Optional[Dict[str, str]] = None) -> List["AsyncSandbox"]:
-        return [AsyncSandbox(c) for c in await _run(self._s.fork, count, timeout, metadata)]
+    async def fork(self, timeout: Optional[int] = None, count: Optional[int] = None,
+                   metadata: Optional[Dict[str, str]] = None) -> List[Union["AsyncSandbox", Exception]]:
+        """As ``Sandbox.fork``: one entry per child, an ``AsyncSandbox`` or an exception."""
+        out = await _run(self._s.fork, timeout, count, metadata)
+        return [AsyncSandbox(c) if isinstance(c, Sandbox) else c for c in out]
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 from typing import Optional
 
 
-class SandboxException(Exception):
-    """Base of every error this SDK raises."""
-
+class _ServerError(Exception):
     def __init__(self, message: str = "", status_code: Optional[int] = None, error_code: Optional[str] = None):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.error_code = error_code
+
+
+class SandboxException(_ServerError):
+    """Base of the errors this SDK raises (``AuthenticationException`` aside, as in E2B)."""
 
 
 class TimeoutException(SandboxException):
@@ -36,12 +38,17 @@ class NotFoundException(SandboxException):
     """A sandbox, snapshot, template, file or process does not exist."""
 
 
+class FileNotFoundException(NotFoundException):
+    """A file or directory in the sandbox does not exist."""
+
+
 class SandboxNotFoundException(NotFoundException):
     """The sandbox does not exist (killed, timed out, or never created)."""
 
 
-class AuthenticationException(SandboxException):
-    """The API key (or the sandbox's access token) is missing or wrong."""
+class AuthenticationException(_ServerError):
+    """The API key (or the sandbox's access token, or a user's file
+    permission) is missing or wrong. Not a ``SandboxException``, as in E2B."""
 
 
 class RateLimitException(SandboxException):

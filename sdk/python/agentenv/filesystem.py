@@ -41,8 +41,11 @@ class Filesystem:
 
     def _rpc(self, method: str, msg: Dict[str, Any], user: Optional[str], request_timeout: Optional[float]) -> Dict[str, Any]:
         h = dict(self._envd.headers, **basic_user(user))
-        return connect_unary(self._envd.transport, self._envd.base, h, _SERVICE + method, msg,
-                             self._envd.config.timeout(request_timeout))
+        try:
+            return connect_unary(self._envd.transport, self._envd.base, h, _SERVICE + method, msg,
+                                 self._envd.config.timeout(request_timeout))
+        except exc.NotFoundException as e:
+            raise _file_not_found(e) from e
 
     def _files_url(self, path: str, user: Optional[str]) -> str:
         return self._envd.base + "/files?" + query({"path": path, "username": user})
@@ -67,7 +70,8 @@ class Filesystem:
         resp = self._envd.transport.request("GET", self._files_url(path, user), dict(self._envd.headers),
                                             timeout=self._envd.config.timeout(request_timeout))
         if resp.status != 200:
-            raise error_from_http(resp.status, resp.read(), f"read {path}")
+            err = error_from_http(resp.status, resp.read(), f"read {path}")
+            raise _file_not_found(err) if isinstance(err, exc.NotFoundException) else err
         if format == "stream":
             return resp.iter_chunks()
         data = resp.read()
@@ -141,6 +145,12 @@ class Filesystem:
         """Starts watching a directory; poll the handle's ``get_new_events()``."""
         out = self._rpc("CreateWatcher", {"path": path, "recursive": recursive}, user, request_timeout)
         return WatchHandle(self, out["watcherId"])
+
+
+def _file_not_found(e: exc.NotFoundException) -> exc.NotFoundException:
+    if isinstance(e, exc.FileNotFoundException):
+        return e
+    return exc.FileNotFoundException(e.message, status_code=e.status_code, error_code=e.error_code)
 
 
 def _binary(f: Any) -> Iterator[bytes]:

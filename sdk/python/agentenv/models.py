@@ -23,6 +23,16 @@ def _time(s: Optional[str]) -> Optional[_dt.datetime]:
     return _dt.datetime.fromisoformat(s)
 
 
+class SandboxState(str, Enum):
+    """State of a sandbox; compares equal to its string value."""
+
+    PAUSED = "paused"
+    RUNNING = "running"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
 @dataclass
 class SandboxInfo:
     """A sandbox as the API describes it (``Sandbox.get_info``, ``Sandbox.list``)."""
@@ -33,7 +43,7 @@ class SandboxInfo:
     metadata: Dict[str, str]
     started_at: Optional[_dt.datetime]
     end_at: Optional[_dt.datetime]
-    state: str
+    state: SandboxState
     cpu_count: int
     memory_mb: int
     envd_version: Optional[str]
@@ -42,7 +52,7 @@ class SandboxInfo:
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
         return cls(sandbox_id=d["sandboxID"], template_id=d.get("templateID", ""), name=d.get("alias"),
                    metadata=d.get("metadata") or {}, started_at=_time(d.get("startedAt")),
-                   end_at=_time(d.get("endAt")), state=d.get("state", "running"),
+                   end_at=_time(d.get("endAt")), state=SandboxState(d.get("state", "running")),
                    cpu_count=int(d.get("cpuCount", 0)), memory_mb=int(d.get("memoryMB", 0)),
                    envd_version=d.get("envdVersion"))
 
@@ -56,7 +66,7 @@ class SandboxQuery:
     """Filter of ``Sandbox.list``: metadata to match, and states (``running``, ``paused``)."""
 
     metadata: Optional[Dict[str, str]] = None
-    state: Optional[List[str]] = None
+    state: Optional[List[Any]] = None  # SandboxState values or strings
 
 
 @dataclass

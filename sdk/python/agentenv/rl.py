@@ -163,8 +163,15 @@ class SandboxEnv:
         own sandbox; this one goes on unchanged. For tree search."""
         if self.sandbox is None:
             raise RuntimeError("call reset() before fork()")
+        results = self.sandbox.fork(timeout=self.sandbox_timeout, count=n)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            for r in results:
+                if isinstance(r, Sandbox):
+                    r.kill()
+            raise failed[0]
         children = []
-        for sbx in self.sandbox.fork(n, timeout=self.sandbox_timeout):
+        for sbx in results:
             env = self._like(self.template)
             env.sandbox, env.steps, env.seed, env.trajectory = sbx, self.steps, self.seed, list(self.trajectory)
             children.append(env)

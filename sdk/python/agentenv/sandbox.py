@@ -7,10 +7,12 @@ The names and semantics are those of E2B's Python SDK (``e2b.Sandbox``);
 from __future__ import annotations
 
 import functools
+import json
 import urllib.parse
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Type, TypeVar, Union
 
 from . import exceptions as exc
+from ._transport import error_from_http
 from .commands import Commands
 from .config import ConnectionConfig, EnvdConnection
 from .filesystem import Filesystem
@@ -60,6 +62,7 @@ class Paginator(Generic[T]):
 
 
 SandboxPaginator = Paginator
+SnapshotPaginator = Paginator
 
 
 def _config(opts: Dict[str, Any]) -> ConnectionConfig:
@@ -74,6 +77,15 @@ def _kill(config: ConnectionConfig, sandbox_id: str, request_timeout: Optional[f
     except exc.NotFoundException:
         return False
     return True
+
+
+def _connect(config: ConnectionConfig, sandbox_id: str, timeout: Optional[int]) -> Dict[str, Any]:
+    body = {"timeout": int(timeout)} if timeout else {}
+    try:
+        return config.api("POST", f"/sandboxes/{_q(sandbox_id)}/connect", body,  # type: ignore[return-value]
+                          what=f"connect to {sandbox_id}")
+    except exc.NotFoundException as e:
+        raise _not_found(e, sandbox_id) from e
 
 
 def _q(s: str) -> str:
@@ -159,16 +171,18 @@ class Sandbox:
     def _from_json(cls: Type[S], d: Dict[str, Any], config: ConnectionConfig) -> S:
         return cls(d["sandboxID"], d.get("envdAccessToken"), config)
 
-    @classmethod
-    def connect(cls: Type[S], sandbox_id: str, timeout: Optional[int] = None, **opts: Any) -> S:
-        """Connects to a running sandbox, resuming it if it is paused."""
+    def _connect(self: S, timeout: Optional[int] = None, **opts: Any) -> S:
+        """Connects again (resuming the sandbox if it is paused); returns self."""
+        _connect(self._connection_config, self._sandbox_id, timeout)
+        return self
+
+    def _cls_connect(cls: Type[S], sandbox_id: str, timeout: Optional[int] = None, **opts: Any) -> S:
+        """Connects to a running or paused sandbox, resuming it if it is paused.
+        ``timeout`` only ever extends the sandbox's life."""
         config = _config(opts)
-        body = {"timeout": int(timeout)} if timeout else {}
-        try:
-            d = config.api("POST", f"/sandboxes/{_q(sandbox_id)}/connect", body, what=f"connect to {sandbox_id}")
-        except exc.NotFoundException as e:
-            raise _not_found(e, sandbox_id) from e
-        return cls._from_json(d, config)  # type: ignore[arg-type]
+        return cls._from_json(_connect(config, sandbox_id, timeout), config)
+
+    connect = _either(_connect, _cls_connect)
 
     @staticmethod
     def list(query: Optional[SandboxQuery] = None, limit: Optional[int] = None, next_token: Optional[str] = None,
@@ -180,7 +194,7 @@ class Sandbox:
             params["metadata"] = urllib.parse.urlencode(
                 {urllib.parse.quote(k): urllib.parse.quote(v) for k, v in query.metadata.items()})
         if query and query.state:
-            params["state"] = ",".join(query.state)
+            params["state"] = ",".join(str(getattr(v, "value", v)) for v in query.state)
         path = "/v2/sandboxes" + ("?" + urllib.parse.urlencode(params) if params else "")
 
         def fetch() -> List[SandboxInfo]:
@@ -232,13 +246,17 @@ class Sandbox:
 
     get_info = _either(_get_info, _cls_get_info)
 
-    def _pause(self, request_timeout: Optional[float] = None) -> bool:
+    def _pause(self, keep_memory: bool = True, request_timeout: Optional[float] = None) -> bool:
         """Freezes the sandbox (memory kept); ``Sandbox.connect`` resumes it.
         False if it was already paused."""
-        return Sandbox._cls_pause(type(self), self._sandbox_id, request_timeout, _config_obj=self._connection_config)
+        return Sandbox._cls_pause(type(self), self._sandbox_id, keep_memory, request_timeout,
+                                  _config_obj=self._connection_config)
 
-    def _cls_pause(cls, sandbox_id: str, request_timeout: Optional[float] = None,
+    def _cls_pause(cls, sandbox_id: str, keep_memory: bool = True, request_timeout: Optional[float] = None,
                    _config_obj: Optional[ConnectionConfig] = None, **opts: Any) -> bool:
+        if not keep_memory:
+            raise exc.InvalidArgumentException(
+                "keep_memory=False is not supported: agentenv pauses keep the sandbox's memory")
         config = _config_obj or _config(opts)
         try:
             config.api("POST", f"/sandboxes/{_q(sandbox_id)}/pause", {}, request_timeout=request_timeout,
@@ -264,28 +282,43 @@ class Sandbox:
 
     # -- snapshots and fork ----------------------------------------------
 
-    def create_snapshot(self, name: Optional[str] = None, metadata: Optional[Dict[str, str]] = None,
-                        request_timeout: Optional[float] = None) -> SnapshotInfo:
+    def _create_snapshot(self, name: Optional[str] = None, metadata: Optional[Dict[str, str]] = None,
+                         request_timeout: Optional[float] = None) -> SnapshotInfo:
         """Snapshots the running sandbox (memory, processes, files); it keeps running.
         ``Sandbox.create(snapshot.snapshot_id)`` starts a sandbox from it."""
+        return Sandbox._cls_create_snapshot(type(self), self._sandbox_id, name, metadata, request_timeout,
+                                            _config_obj=self._connection_config)
+
+    def _cls_create_snapshot(cls, sandbox_id: str, name: Optional[str] = None,
+                             metadata: Optional[Dict[str, str]] = None, request_timeout: Optional[float] = None,
+                             _config_obj: Optional[ConnectionConfig] = None, **opts: Any) -> SnapshotInfo:
+        config = _config_obj or _config(opts)
         body: Dict[str, Any] = {}
         if name:
             body["name"] = name
         if metadata:
             body["metadata"] = metadata
         try:
-            d = self._connection_config.api("POST", f"/sandboxes/{_q(self._sandbox_id)}/snapshots", body,
-                                            request_timeout=request_timeout, what=f"snapshot {self._sandbox_id}")
+            d = config.api("POST", f"/sandboxes/{_q(sandbox_id)}/snapshots", body,
+                           request_timeout=request_timeout, what=f"snapshot {sandbox_id}")
         except exc.NotFoundException as e:
-            raise _not_found(e, self._sandbox_id) from e
+            raise _not_found(e, sandbox_id) from e
         return SnapshotInfo.from_json(d)  # type: ignore[arg-type]
 
-    @staticmethod
-    def list_snapshots(sandbox_id: Optional[str] = None, **opts: Any) -> Paginator[SnapshotInfo]:
+    create_snapshot = _either(_create_snapshot, _cls_create_snapshot)
+
+    def _list_snapshots(self, **opts: Any) -> Paginator[SnapshotInfo]:
+        """This sandbox's snapshots."""
+        return Sandbox._cls_list_snapshots(type(self), self._sandbox_id, _config_obj=self._connection_config)
+
+    def _cls_list_snapshots(cls, sandbox_id: Optional[str] = None, _config_obj: Optional[ConnectionConfig] = None,
+                            **opts: Any) -> Paginator[SnapshotInfo]:
         """Lists snapshots, of one sandbox when ``sandbox_id`` is given."""
-        config = _config(opts)
+        config = _config_obj or _config(opts)
         path = "/snapshots" + ("?sandboxID=" + _q(sandbox_id) if sandbox_id else "")
         return Paginator(lambda: [SnapshotInfo.from_json(d) for d in config.api("GET", path) or []])
+
+    list_snapshots = _either(_list_snapshots, _cls_list_snapshots)
 
     @staticmethod
     def delete_snapshot(snapshot_id: str, **opts: Any) -> bool:
@@ -296,33 +329,42 @@ class Sandbox:
             return False
         return True
 
-    def fork(self: S, count: int = 1, timeout: Optional[int] = None, metadata: Optional[Dict[str, str]] = None,
-             request_timeout: Optional[float] = None) -> List[S]:
-        """Forks the running sandbox into ``count`` children (agentenv's extension).
+    def _fork(self: S, timeout: Optional[int] = None, count: Optional[int] = None,
+              metadata: Optional[Dict[str, str]] = None, **opts: Any) -> List[Union[S, Exception]]:
+        """Forks the running sandbox into ``count`` children (default 1), as E2B's ``fork``.
 
         Each child continues from the parent's state (memory, processes,
-        files) and is isolated from it and from the others. If any child
-        fails, the others are killed and the call raises.
+        files) and is isolated from it and from the others; the parent goes
+        on. Returns one entry per child: a ``Sandbox``, or the exception
+        saying why that child failed. Note the order: ``fork(count=8)``,
+        since the first argument is the children's ``timeout`` in seconds.
         """
-        body: Dict[str, Any] = {"count": count}
-        if timeout:
-            body["timeout"] = int(timeout)
+        return Sandbox._cls_fork(type(self), self._sandbox_id, timeout, count, metadata,
+                                 _config_obj=self._connection_config)
+
+    def _cls_fork(cls: Type[S], sandbox_id: str, timeout: Optional[int] = None, count: Optional[int] = None,
+                  metadata: Optional[Dict[str, str]] = None, _config_obj: Optional[ConnectionConfig] = None,
+                  **opts: Any) -> List[Union[S, Exception]]:
+        config = _config_obj or _config(opts)
+        count = 1 if count is None else count
+        if count < 1:
+            raise exc.InvalidArgumentException("count must be at least 1")
+        body: Dict[str, Any] = {"count": count, "timeout": int(timeout or DEFAULT_SANDBOX_TIMEOUT)}
         if metadata:
             body["metadata"] = metadata
-        cfg = self._connection_config
         try:
-            out = cfg.api("POST", f"/sandboxes/{_q(self._sandbox_id)}/fork", body,
-                          request_timeout=request_timeout or max(cfg.request_timeout, 120.0),
-                          what=f"fork {self._sandbox_id}")
+            out = config.api("POST", f"/sandboxes/{_q(sandbox_id)}/fork", body,
+                             request_timeout=max(config.request_timeout, 120.0), what=f"fork {sandbox_id}")
         except exc.NotFoundException as e:
-            raise _not_found(e, self._sandbox_id) from e
-        children = [type(self)._from_json(o["sandbox"], cfg) for o in out or [] if o.get("sandbox")]  # type: ignore[union-attr]
-        errors = [o["error"] for o in out or [] if o.get("error")]  # type: ignore[union-attr]
-        if errors:
-            for c in children:
-                c.kill()
-            first = errors[0]
-            raise exc.SandboxException(f"fork {self._sandbox_id}: {len(errors)} of {count} children failed: "
-                                       f"{first.get('message')}", status_code=first.get("code"),
-                                       error_code=first.get("error_code"))
-        return children
+            raise _not_found(e, sandbox_id) from e
+        results: List[Union[S, Exception]] = []
+        for o in out or []:  # type: ignore[union-attr]
+            if o.get("sandbox"):
+                results.append(cls._from_json(o["sandbox"], config))
+                continue
+            err = o.get("error") or {}
+            status = int(err.get("code") or 500)
+            results.append(error_from_http(status, json.dumps(err).encode(), f"fork child of {sandbox_id}"))
+        return results
+
+    fork = _either(_fork, _cls_fork)

@@ -35,7 +35,7 @@ class AsyncTests(unittest.IsolatedAsyncioTestCase):
             w = await sbx.files.watch_dir("/tmp/aw", on_event=events.append)
             await sbx.files.write("/tmp/aw/f", "1")
             for _ in range(50):
-                if events:
+                if "f" in [e.name for e in events]:
                     break
                 await asyncio.sleep(0.1)
             await w.stop()
@@ -51,7 +51,7 @@ class AsyncTests(unittest.IsolatedAsyncioTestCase):
             again = await AsyncSandbox.connect(sbx.sandbox_id)
             self.assertEqual(await again.files.read("/tmp/x.txt"), "async data")
 
-            kids = await sbx.fork(2)
+            kids = await sbx.fork(count=2)
             try:
                 outs = await asyncio.gather(*(k.files.read("/tmp/x.txt") for k in kids))
                 self.assertEqual(outs, ["async data"] * 2)

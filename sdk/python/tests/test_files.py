@@ -4,7 +4,7 @@ import os
 import time
 import unittest
 
-from agentenv import (AuthenticationException, EntryInfo, FilesystemEventType, FileType, InvalidArgumentException,
+from agentenv import (AuthenticationException, EntryInfo, FileNotFoundException, FilesystemEventType, FileType, InvalidArgumentException,
                       NotFoundException, WriteEntry, WriteInfo)
 
 from .support import SandboxTest
@@ -73,10 +73,11 @@ class FileTests(SandboxTest):
         self.assertFalse(self.files.exists("/tmp/d"))
 
     def test_errors(self):
-        with self.assertRaises(NotFoundException) as cm:
+        with self.assertRaises(FileNotFoundException) as cm:
             self.files.read("/tmp/does-not-exist")
+        self.assertIsInstance(cm.exception, NotFoundException)
         self.assertIn("/tmp/does-not-exist", str(cm.exception))
-        with self.assertRaises(NotFoundException):
+        with self.assertRaises(FileNotFoundException):
             self.files.get_info("/tmp/does-not-exist")
         with self.assertRaises(NotFoundException):
             self.files.list("/tmp/does-not-exist")

@@ -1,6 +1,6 @@
 import unittest
 
-from agentenv import Sandbox
+from agentenv import InvalidArgumentException, Sandbox, SandboxNotFoundException
 
 from .support import TEMPLATE, SandboxTest
 
@@ -24,8 +24,9 @@ class ForkTests(SandboxTest):
     def test_fork_continues_memory_and_isolates(self):
         parent = self.new_sandbox()
         self.start_holder(parent, "s3cret-fork")
-        children = parent.fork(3)
+        children = parent.fork(count=3)
         for c in children:
+            self.assertIsInstance(c, Sandbox)  # not an exception: every child started
             self.addCleanup(c.kill)
         self.assertEqual(len({c.sandbox_id for c in children} | {parent.sandbox_id}), 4)
         for i, c in enumerate(children):
@@ -38,12 +39,26 @@ class ForkTests(SandboxTest):
         self.assertFalse(parent.files.exists("/tmp/go"))
         self.assertEqual(self.release(parent), "s3cret-fork")
 
+    def test_fork_class_variant_and_errors(self):
+        parent = self.new_sandbox()
+        parent.files.write("/tmp/f", "from parent")
+        (child,) = Sandbox.fork(parent.sandbox_id, timeout=60)
+        self.addCleanup(child.kill)
+        self.assertEqual(child.files.read("/tmp/f"), "from parent")
+        info = child.get_info()
+        self.assertLess((info.end_at - info.started_at).total_seconds(), 90)
+        with self.assertRaises(InvalidArgumentException):
+            parent.fork(count=0)
+        with self.assertRaises(SandboxNotFoundException):
+            Sandbox.fork("no-such-sandbox", count=2)
+
     def test_snapshot_restore_delete(self):
         sbx = self.new_sandbox()
         self.start_holder(sbx, "s3cret-snap")
         snap = sbx.create_snapshot(name="py-test", metadata={"by": "test"})
         self.assertTrue(snap.snapshot_id)
         self.assertIn(snap.snapshot_id, [s.snapshot_id for s in Sandbox.list_snapshots(sbx.sandbox_id)])
+        self.assertIn(snap.snapshot_id, [s.snapshot_id for s in sbx.list_snapshots().next_items()])
         restored = Sandbox.create(snap.snapshot_id)
         try:
             self.assertEqual(self.release(restored), "s3cret-snap")

@@ -2,8 +2,8 @@ import time
 import unittest
 import uuid
 
-from agentenv import (AuthenticationException, NotFoundException, Sandbox, SandboxInfo, SandboxNotFoundException,
-                      SandboxQuery)
+from agentenv import (AuthenticationException, NotFoundException, Sandbox, SandboxException, SandboxInfo,
+                      SandboxNotFoundException, SandboxQuery, SandboxState)
 
 from .support import TEMPLATE, SandboxTest
 
@@ -19,7 +19,7 @@ class SandboxTests(SandboxTest):
         self.assertEqual(info.sandbox_id, sbx.sandbox_id)
         self.assertEqual(info.template_id, TEMPLATE)
         self.assertEqual(info.metadata, {"test": tag})
-        self.assertEqual(info.state, "running")
+        self.assertEqual(info.state, SandboxState.RUNNING)
         left = (info.end_at - info.started_at).total_seconds()
         self.assertAlmostEqual(left, 120, delta=5)
         # Also the class variant, as E2B's Sandbox.get_info(sandbox_id).
@@ -60,9 +60,15 @@ class SandboxTests(SandboxTest):
         sbx.commands.run("echo before > /tmp/state")
         self.assertTrue(sbx.pause())
         self.assertEqual(sbx.get_info().state, "paused")
+        self.assertFalse(sbx.pause())  # already paused
+        paused = list(Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])))
+        self.assertIn(sbx.sandbox_id, [s.sandbox_id for s in paused])
         resumed = Sandbox.connect(sbx.sandbox_id)
         self.assertEqual(resumed.get_info().state, "running")
         self.assertEqual(resumed.commands.run("cat /tmp/state").stdout, "before\n")
+        sbx.pause()
+        self.assertIs(sbx.connect(), sbx)  # the instance variant resumes too
+        self.assertEqual(sbx.commands.run("cat /tmp/state").stdout, "before\n")
 
     def test_unknown_sandbox(self):
         with self.assertRaises(SandboxNotFoundException) as cm:
@@ -78,6 +84,7 @@ class SandboxTests(SandboxTest):
         with self.assertRaises(AuthenticationException) as cm:
             Sandbox.create(TEMPLATE, api_key="wrong-key")
         self.assertEqual(cm.exception.status_code, 401)
+        self.assertNotIsInstance(cm.exception, SandboxException)  # as in E2B
         self.assertIn("API key", str(cm.exception))
         with self.assertRaises(AuthenticationException):
             list(Sandbox.list(api_key="wrong-key"))
