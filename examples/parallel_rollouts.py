@@ -49,11 +49,12 @@ def policy(i):
 def rollout(i, template):
     t0 = time.monotonic()
     with SandboxEnv(template, setup=copy_repo, reward_fn=reward, max_steps=4, workdir=REPO_DIR) as env:
-        env.reset(seed=i)
+        _, info0 = env.reset(seed=i)
         name, body = policy(i)
-        env.step(EditFile("stats.py", BUGGY, body))
-        obs, r, terminated, truncated, info = env.step(Command(TEST_COMMAND, timeout=60))
-    return i, name, r, time.monotonic() - t0
+        *_, info1 = env.step(EditFile("stats.py", BUGGY, body))
+        obs, r, terminated, truncated, info2 = env.step(Command(TEST_COMMAND, timeout=60))
+    phases = (info0["seconds"], info1["seconds"], info2["seconds"])
+    return i, name, r, time.monotonic() - t0, phases
 
 
 def main() -> int:
@@ -71,16 +72,19 @@ def main() -> int:
     wall = time.monotonic() - t0
 
     by_patch = {}
-    for _, name, r, _ in results:
+    for _, name, r, _, _ in results:
         by_patch.setdefault(name, []).append(r)
     for name, rs in by_patch.items():
         print(f"  {name:34s} rollouts {len(rs):4d}  mean reward {statistics.mean(rs):.2f}")
-    lat = sorted(s for *_, s in results)
+    lat = sorted(r[3] for r in results)
     p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))]
-    solved = sum(1 for _, _, r, _ in results if r == 1.0)
+    solved = sum(1 for r in results if r[2] == 1.0)
     print(f"{a.rollouts} rollouts, {a.parallel} in flight: {wall:.1f} s, {a.rollouts / wall:.1f} rollouts/s, "
           f"rollout p50 {statistics.median(lat):.2f} s p95 {p95:.2f} s, solved {solved}, "
-          f"mean reward {statistics.mean(r for _, _, r, _ in results):.2f}")
+          f"mean reward {statistics.mean(r[2] for r in results):.2f}")
+    p50 = [statistics.median(r[4][k] for r in results) for k in range(3)]
+    print(f"  phase p50: reset (create + copy repo) {p50[0]:.2f} s, edit {p50[1]:.2f} s, "
+          f"unittest run {p50[2]:.2f} s; close (kill) is the rest")
     return 0 if solved else 1
 
 
