@@ -1,0 +1,79 @@
+"""Parts of the SDK that need no server: error mapping, configuration and
+the in-tree build backend."""
+
+import os
+import sys
+import tempfile
+import unittest
+import zipfile
+from unittest import mock
+
+from agentenv import (AuthenticationException, ConflictException, ConnectionConfig, InvalidArgumentException,
+                      NotFoundException, RateLimitException, SandboxException, TimeoutException)
+from agentenv._transport import error_from_connect, error_from_http
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ErrorMappingTests(unittest.TestCase):
+    def test_rest_errors(self):
+        cases = [
+            (404, NotFoundException), (401, AuthenticationException), (400, InvalidArgumentException),
+            (409, ConflictException), (429, RateLimitException), (502, TimeoutException), (500, SandboxException),
+        ]
+        for status, cls in cases:
+            e = error_from_http(status, b'{"code": %d, "error_code": "x", "message": "what went wrong"}' % status, "op")
+            self.assertIs(type(e), cls, status)
+            self.assertIn("what went wrong", str(e))
+            self.assertEqual(e.status_code, status)
+
+    def test_connect_errors(self):
+        e = error_from_http(404, b'{"code": "not_found", "message": "path /x does not exist"}', "Stat")
+        self.assertIsInstance(e, NotFoundException)
+        self.assertEqual(e.error_code, "not_found")
+        self.assertIsInstance(error_from_connect({"code": "deadline_exceeded", "message": "m"}, "Start"),
+                              TimeoutException)
+        self.assertIsInstance(error_from_connect({"code": "unauthenticated"}, "Start"), AuthenticationException)
+
+    def test_not_json(self):
+        e = error_from_http(503, b"upstream down", "op")
+        self.assertIs(type(e), SandboxException)
+        self.assertIn("upstream down", str(e))
+
+
+class ConfigTests(unittest.TestCase):
+    def test_precedence(self):
+        env = {"E2B_API_URL": "http://e2b:1", "AGENTENV_SERVER": "http://ae:2", "AGENTENV_API_KEY": "k2"}
+        with mock.patch.dict(os.environ, env, clear=True):
+            c = ConnectionConfig()
+            self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://e2b:1", "http://e2b:3001", "k2"))
+            c = ConnectionConfig(api_url="http://arg:9/", sandbox_url="http://p:8", api_key="k")
+            self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://arg:9", "http://p:8", "k"))
+        with mock.patch.dict(os.environ, {"AGENTENV_SERVER": "http://ae:2", "AGENTENV_PROXY": "http://ae:5"},
+                             clear=True):
+            c = ConnectionConfig()
+            self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://ae:2", "http://ae:5", None))
+            with self.assertRaises(AuthenticationException):
+                c.api("GET", "/sandboxes")
+
+
+class BuildBackendTests(unittest.TestCase):
+    def test_wheel(self):
+        sys.path.insert(0, HERE)
+        try:
+            import _build_backend
+        finally:
+            sys.path.remove(HERE)
+        with tempfile.TemporaryDirectory() as d:
+            name = _build_backend.build_wheel(d)
+            with zipfile.ZipFile(os.path.join(d, name)) as z:
+                names = set(z.namelist())
+                self.assertIn("agentenv/__init__.py", names)
+                self.assertIn("agentenv/py.typed", names)
+                record = z.read("agentenv-0.1.0.dist-info/RECORD").decode()
+            self.assertEqual(len(record.strip().splitlines()), len(names))
+            self.assertTrue(_build_backend.build_sdist(d).endswith(".tar.gz"))
+
+
+if __name__ == "__main__":
+    unittest.main()
