@@ -17,7 +17,8 @@ DEFAULT_COMMAND_TIMEOUT = 60.0
 
 
 class CommandHandle:
-    """A started command. ``wait()`` gives its result; ``kill()`` ends it.
+    """A started command. ``wait()`` gives its result; ``kill()`` ends it;
+    iterating yields ``(stdout, stderr, pty)`` chunks from the start, as they come.
 
     Background commands are read by a thread of their own, so callbacks see
     output as it comes and the process never blocks on a full pipe.
@@ -29,11 +30,11 @@ class CommandHandle:
         self._pid = pid
         self._stream, self._events, self._kill = stream, events, kill
         self._on_stdout, self._on_stderr = on_stdout, on_stderr
-        self._stdout: List[str] = []
-        self._stderr: List[str] = []
+        # Output in arrival order: (stdout, stderr), one of them None.
+        self._chunks: List[Tuple[Optional[str], Optional[str]]] = []
         self._result: Optional[CommandResult] = None
         self._error: Optional[BaseException] = None
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         if background:
@@ -46,13 +47,13 @@ class CommandHandle:
 
     @property
     def stdout(self) -> str:
-        with self._lock:
-            return "".join(self._stdout)
+        with self._cond:
+            return "".join(o for o, _ in self._chunks if o)
 
     @property
     def stderr(self) -> str:
-        with self._lock:
-            return "".join(self._stderr)
+        with self._cond:
+            return "".join(e for _, e in self._chunks if e)
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -77,16 +78,22 @@ class CommandHandle:
         except BaseException as e:  # handed to wait()
             self._error = e
         finally:
-            self._done.set()
+            with self._cond:
+                self._done.set()
+                self._cond.notify_all()
 
     def _data(self, data: Dict[str, str]) -> None:
-        for key, buf, cb in (("stdout", self._stdout, self._on_stdout), ("stderr", self._stderr, self._on_stderr)):
-            if key in data:
-                text = b64decode(data[key]).decode("utf-8", "replace")
-                with self._lock:
-                    buf.append(text)
-                if cb is not None:
-                    cb(text)
+        out = b64decode(data["stdout"]).decode("utf-8", "replace") if "stdout" in data else None
+        err = b64decode(data["stderr"]).decode("utf-8", "replace") if "stderr" in data else None
+        if out is None and err is None:
+            return
+        with self._cond:
+            self._chunks.append((out, err))
+            self._cond.notify_all()
+        if out is not None and self._on_stdout is not None:
+            self._on_stdout(out)
+        if err is not None and self._on_stderr is not None:
+            self._on_stderr(err)
 
     def wait(self, on_pty: Any = None, on_stdout: Optional[OutputHandler] = None,
              on_stderr: Optional[OutputHandler] = None) -> CommandResult:
@@ -116,24 +123,20 @@ class CommandHandle:
         self._stream.close()
 
     def __iter__(self) -> Iterator[Tuple[Optional[str], Optional[str], None]]:
-        """Yields (stdout, stderr, pty) chunks as they come (foreground handles)."""
-        for ev in self._events:
-            event = ev.get("event") or {}
-            if "data" in event:
-                d = event["data"]
-                out = b64decode(d["stdout"]).decode("utf-8", "replace") if "stdout" in d else None
-                err = b64decode(d["stderr"]).decode("utf-8", "replace") if "stderr" in d else None
-                with self._lock:
-                    if out:
-                        self._stdout.append(out)
-                    if err:
-                        self._stderr.append(err)
-                yield out, err, None
-            elif "end" in event:
-                end = event["end"]
-                self._result = CommandResult(stdout=self.stdout, stderr=self.stderr,
-                                             exit_code=int(end.get("exitCode", 0)), error=end.get("error"))
-        self._done.set()
+        """Yields (stdout, stderr, pty) chunks: those so far, then new ones until the end."""
+        if self._thread is None and not self._done.is_set():
+            self._thread = threading.Thread(target=self._consume, name=f"agentenv-cmd-{self._pid}", daemon=True)
+            self._thread.start()
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._chunks) and not self._done.is_set():
+                    self._cond.wait()
+                if i >= len(self._chunks):
+                    return
+                out, err = self._chunks[i]
+            i += 1
+            yield out, err, None
 
 
 class Commands:

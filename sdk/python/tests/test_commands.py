@@ -77,6 +77,14 @@ class CommandTests(SandboxTest):
         self.assertNotIn(h.pid, [p.pid for p in self.sbx.commands.list()])
         self.assertFalse(self.sbx.commands.kill(h.pid))
 
+    def test_iterate_background_handle(self):
+        h = self.sbx.commands.run("echo a; sleep 0.2; echo b >&2; sleep 0.2; echo c", background=True)
+        chunks = list(h)
+        self.assertEqual("".join(o for o, _, _ in chunks if o), "a\nc\n")
+        self.assertEqual("".join(e for _, e, _ in chunks if e), "b\n")
+        self.assertEqual(h.wait().exit_code, 0)
+        self.assertEqual(list(h), chunks)  # again, from the start
+
     def test_commands_kill_and_connect(self):
         h = self.sbx.commands.run("i=0; while true; do i=$((i+1)); echo tick$i; sleep 0.2; done", background=True)
         got = []
