@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Type, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 from .commands import CommandHandle, Commands
 from .filesystem import Filesystem, WatchHandle
@@ -69,6 +69,19 @@ class AsyncCommandHandle:
 
     async def disconnect(self) -> None:
         self._h.disconnect()
+
+    def __aiter__(self) -> AsyncIterator[Tuple[Optional[str], Optional[str], None]]:
+        """``async for stdout, stderr, pty in handle``: chunks from the start, as they come."""
+        it = iter(self._h)
+
+        async def chunks() -> AsyncIterator[Tuple[Optional[str], Optional[str], None]]:
+            while True:
+                item = await _run(next, it, None)
+                if item is None:
+                    return
+                yield item
+
+        return chunks()
 
 
 class AsyncCommands:

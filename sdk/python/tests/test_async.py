@@ -41,6 +41,9 @@ class AsyncTests(unittest.IsolatedAsyncioTestCase):
             await w.stop()
             self.assertIn("f", [e.name for e in events])
 
+            h = await sbx.commands.run("echo one; sleep 0.1; echo two", background=True)
+            self.assertEqual("".join([o async for o, _, _ in h if o]), "one\ntwo\n")
+
             h = await sbx.commands.run("sleep 30", background=True)
             self.assertIn(h.pid, [p.pid for p in await sbx.commands.list()])
             self.assertTrue(await h.kill())
