@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -101,6 +102,11 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// Read what the tar reader left (tar's end padding: Python's tarfile
+	// pads to 10 KiB) before returning: drained later by the server, the
+	// body's EOF starts a background read that the next request's read
+	// on the same connection panics on.
+	defer io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	req, err := uploadRequest(r)
 	if err != nil {
 		writeError(w, err)
