@@ -25,7 +25,9 @@ type templateJSON struct {
 	Source     string    `json:"source"`
 	Packages   []string  `json:"packages,omitempty"`
 	ImageSize  int64     `json:"imageSizeBytes"`
-	InUse      int       `json:"sandboxesInUse"`
+	// DiskSizeMB is the template's own write-layer size (0: the server's).
+	DiskSizeMB int `json:"diskSizeMB,omitempty"`
+	InUse      int `json:"sandboxesInUse"`
 	// Ready: creates restore a snapshot of the booted template.
 	Ready bool `json:"ready"`
 	// The template's process settings (an OCI image's env, workdir and
@@ -39,7 +41,7 @@ func toTemplateJSON(ti TemplateInfo) templateJSON {
 	return templateJSON{Ready: ti.Ready,
 		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
-		ImageSize: t.ImageSize, InUse: t.InUse, Defaults: t.Defaults, Start: t.Start,
+		ImageSize: t.ImageSize, InUse: t.InUse, Defaults: t.Defaults, Start: t.Start, DiskSizeMB: t.DiskMB,
 	}
 }
 
@@ -139,6 +141,13 @@ func uploadRequest(r *http.Request) (template.BuildRequest, error) {
 			return req, errdefs.Invalid("readyTimeout %q: give whole seconds", t)
 		}
 		req.ReadyTimeout = n
+	}
+	if v := q.Get("diskMB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return req, errdefs.Invalid("diskMB %q is not a whole number of MiB", v)
+		}
+		req.DiskMB = n
 	}
 	return req, nil
 }

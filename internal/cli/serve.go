@@ -72,6 +72,7 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.BoolVar(&cfg.NoCgroups, "no-cgroups", false, "run sandboxes without cgroup limits")
 	f.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", cfg.Limits.MaxSandboxes, "most sandboxes at once")
 	f.IntVar(&cfg.Limits.DefaultMemMB, "default-memory-mb", cfg.Limits.DefaultMemMB, "memory limit of a sandbox that asks for none")
+	f.IntVar(&cfg.Limits.DefaultDiskMB, "disk-mb", cfg.Limits.DefaultDiskMB, "size in MiB of a sandbox's write layer on disk (a sparse file; writing past it gives ENOSPC) when its template sets none; 0 keeps writes in memory")
 	f.IntVar(&cfg.Limits.DefaultCPUs, "default-cpus", cfg.Limits.DefaultCPUs, "CPU limit of a sandbox that asks for none")
 	f.DurationVar(&h.maxTimeout, "max-timeout", cfg.Limits.MaxTimeout, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&cfg.SnapshotPolicy.MaxAge, "snapshot-max-age", 7*24*time.Hour, "delete snapshots nothing uses after this long (0: never)")

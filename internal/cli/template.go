@@ -106,6 +106,7 @@ func templateBuild(g *globals) *cobra.Command {
 	f.StringVar(&upload, "rootfs", "", "root filesystem directory or tarball (.tar, .tar.gz) on this machine, uploaded to the server")
 	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
 	img.register(cmd)
+	f.IntVar(&req.DiskMB, "disk-mb", 0, "size in MiB of each sandbox's write layer (0: the server's --disk-mb)")
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -212,6 +213,9 @@ type BuildRequest struct {
 	// (UploadTemplateWith only).
 	Image string `json:"image,omitempty"`
 	TemplateSettings
+	// DiskMB is the write-layer size of the template's sandboxes (0: the
+	// server's default).
+	DiskMB int `json:"diskMB,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.
@@ -244,6 +248,9 @@ func (c *Client) UploadTemplateWith(ctx context.Context, b BuildRequest, tarball
 		if v != "" {
 			q.Set(k, v)
 		}
+	}
+	if b.DiskMB != 0 {
+		q.Set("diskMB", strconv.Itoa(b.DiskMB))
 	}
 	if b.ReadyTimeout != 0 {
 		q.Set("readyTimeout", fmt.Sprint(b.ReadyTimeout))

@@ -17,8 +17,13 @@ type Spec struct {
 	// its bundle, logs and sockets. The caller removes it after Destroy.
 	Dir string
 	// Image is the read-only root filesystem image (EROFS) shared by every
-	// sandbox of a template. Writes go to a per-sandbox memory layer.
+	// sandbox of a template. Writes go to a per-sandbox write layer.
 	Image string
+	// DiskMB is the size of the write layer, kept in a sparse file on the
+	// host's disk under Dir (see ocispec.FilestorePath); writing past it
+	// fails with ENOSPC inside the sandbox. Zero keeps the writes in
+	// memory (sandboxes and snapshots made before the disk layer).
+	DiskMB int64
 	// Args, Env and Cwd describe the init process (envd).
 	Args []string
 	Env  []string

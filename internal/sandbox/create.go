@@ -42,7 +42,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 			// gVisor restores only what its own build checkpointed.
 			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
 		}
-		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, 1)
+		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
 		return m.create(ctx, req, &source{snap: sn, hold: true})
 	}
 	if !req.pooled {
@@ -123,10 +123,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		sb.TrafficToken = newToken()
 	}
 	sb.Nproc = m.d.Limits.nproc(sb.MemoryMB)
+	sb.DiskMB = m.diskMB(req.Template)
 	if src != nil {
-		// A restore must run with the snapshot's process limit: gVisor
-		// refuses a spec whose rlimits differ from the checkpoint's.
+		// A restore must run with the snapshot's process limit and disk
+		// size: gVisor refuses a spec whose rlimits or annotations differ
+		// from the checkpoint's.
 		sb.Nproc = src.snap.Nproc
+		sb.DiskMB = src.snap.DiskMB
 	}
 	var restoreDir string
 	if src != nil {
@@ -152,7 +155,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	}
 	var warm *warmEntry
 	if src != nil {
-		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB, m.d.Limits.pids(sb.Nproc)); warm != nil {
+		if warm = m.takeWarm(req.Template, req.CPUs, req.MemoryMB, m.d.Limits.pids(sb.Nproc), sb.DiskMB); warm != nil {
 			sb.ID = warm.id
 			warm.release() // the sandbox holds the template itself
 		}

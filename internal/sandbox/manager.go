@@ -197,6 +197,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		NetNS:    sb.Slot.Path(),
 		CPUs:     float64(sb.CPUs),
 		MemoryMB: int64(sb.MemoryMB),
+		DiskMB:   int64(sb.DiskMB),
 		Pids:     m.d.Limits.pids(sb.Nproc),
 		Hostname: "e2b",
 	}

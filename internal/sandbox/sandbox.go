@@ -61,7 +61,10 @@ type Sandbox struct {
 	// Nproc is the process cap the sandbox started with (part of its
 	// spec, so a restore of its snapshots must use the same; 0 in records
 	// older than the field: Limits.Nproc).
-	Nproc       int64     `json:"nproc,omitempty"`
+	Nproc int64 `json:"nproc,omitempty"`
+	// DiskMB is the size of the sandbox's write layer on disk (0: in
+	// memory, a sandbox older than the disk layer).
+	DiskMB      int       `json:"diskMB,omitempty"`
 	StartedAt   time.Time `json:"startedAt"`
 	EndAt       time.Time `json:"endAt"`
 	AccessToken string    `json:"envdAccessToken"`
@@ -136,7 +139,10 @@ type Limits struct {
 	MaxCPUs        int
 	DefaultMemMB   int
 	MaxMemMB       int
-	MaxSandboxes   int
+	// DefaultDiskMB is the write-layer size of sandboxes whose template
+	// sets none.
+	DefaultDiskMB int
+	MaxSandboxes  int
 	// Nproc caps processes per user inside a sandbox (contains fork bombs).
 	Nproc int
 	// HotPool is how many booted, idle sandboxes per template wait to be
@@ -145,6 +151,10 @@ type Limits struct {
 	// MaxFork caps the children of one fork (restored all at once).
 	MaxFork int
 }
+
+// DefaultDiskMB is the default write-layer size of a sandbox (10 GiB). The
+// layer is a sparse file: only what a sandbox writes takes host disk.
+const DefaultDiskMB = 10 << 10
 
 // DefaultLimits are E2B's defaults where E2B has one.
 func DefaultLimits() Limits {
@@ -155,6 +165,7 @@ func DefaultLimits() Limits {
 		MaxCPUs:        8,
 		DefaultMemMB:   512,
 		MaxMemMB:       8192,
+		DefaultDiskMB:  DefaultDiskMB,
 		MaxSandboxes:   2000,
 		Nproc:          1024,
 		MaxFork:        16,

@@ -44,6 +44,7 @@ type warmEntry struct {
 	cpus    int
 	memMB   int
 	pids    int64
+	diskMB  int
 	release func()
 }
 
@@ -63,10 +64,10 @@ type warmDemand struct {
 // takeWarm returns a warm container of the template with those limits, if
 // there is one. It is a sandbox's from then on: its directory loses the
 // marker (Recover would remove it as a warm container of the last run).
-func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64) *warmEntry {
+func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
 	defer m.kickWarm()
 	for {
-		w := m.popWarm(template, cpus, memMB, pids)
+		w := m.popWarm(template, cpus, memMB, pids, diskMB)
 		if w == nil {
 			return nil
 		}
@@ -79,12 +80,14 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64) *warmEn
 	}
 }
 
-func (m *Manager) popWarm(template string, cpus, memMB int, pids int64) *warmEntry {
+func (m *Manager) popWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	list := m.warm[template]
 	for i, w := range list {
-		if w.cpus == cpus && w.memMB == memMB && w.pids == pids {
+		// The disk size is in the spec's annotations, which a restore
+		// must match.
+		if w.cpus == cpus && w.memMB == memMB && w.pids == pids && w.diskMB == diskMB {
 			m.warmS.lastTake = time.Now()
 			m.warm[template] = append(list[:i:i], list[i+1:]...)
 			return &w
@@ -97,9 +100,9 @@ func (m *Manager) popWarm(template string, cpus, memMB int, pids int64) *warmEnt
 // limits happen at once (a fork of n, or 1 for a create from a snapshot):
 // if warm containers fit them (the default limits), the template's are kept
 // at that number for warmLinger.
-func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, n int) {
+func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB, n int) {
 	l := m.d.Limits
-	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) {
+	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) || diskMB != m.diskMB(template) {
 		return
 	}
 	m.mu.Lock()
@@ -242,7 +245,7 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 		return err
 	}
 	l := m.d.Limits
-	sb := Sandbox{ID: id, Template: template, Slot: slot, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB)}
+	sb := Sandbox{ID: id, Template: template, Slot: slot, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB), DiskMB: m.diskMB(template)}
 	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, id) })
 	if err := prep.Prepare(ctx, m.spec(sb, image)); err != nil {
 		return err
@@ -263,7 +266,7 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 		return err
 	}
 	m.mu.Lock()
-	m.warm[template] = append(m.warm[template], warmEntry{id: id, slot: slot, cpus: sb.CPUs, memMB: sb.MemoryMB, pids: l.pids(sb.Nproc), release: release})
+	m.warm[template] = append(m.warm[template], warmEntry{id: id, slot: slot, cpus: sb.CPUs, memMB: sb.MemoryMB, pids: l.pids(sb.Nproc), diskMB: sb.DiskMB, release: release})
 	m.mu.Unlock()
 	return nil
 }

@@ -40,7 +40,10 @@ type Snapshot struct {
 	CPUs     int `json:"cpuCount"`
 	MemoryMB int `json:"memoryMB"`
 	// Nproc is the snapshotted sandbox's process cap (0: older snapshot).
-	Nproc       int64             `json:"nproc,omitempty"`
+	Nproc int64 `json:"nproc,omitempty"`
+	// DiskMB is the snapshotted sandbox's write-layer size (0: an older
+	// snapshot, whose layer was in memory). A restore must use the same.
+	DiskMB      int               `json:"diskMB,omitempty"`
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"envdAccessToken,omitempty"`
 	// Files maps each checkpoint file name to its blob (sha256).

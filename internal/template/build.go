@@ -25,6 +25,9 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err := ValidName(req.Name); err != nil {
 		return Template{}, err
 	}
+	if err := checkDiskMB(req.DiskMB); err != nil {
+		return Template{}, err
+	}
 	source, err := s.checkSource(req)
 	if err != nil {
 		return Template{}, err
@@ -62,7 +65,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		return Template{}, err
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
-		Defaults: req.Defaults, Start: req.Start}
+		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
@@ -466,6 +469,9 @@ var (
 // Validate checks a build request without building anything.
 func (s *Store) Validate(req BuildRequest) error {
 	if err := ValidName(req.Name); err != nil {
+		return err
+	}
+	if err := checkDiskMB(req.DiskMB); err != nil {
 		return err
 	}
 	_, err := s.checkSource(req)

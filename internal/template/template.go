@@ -35,6 +35,9 @@ type Template struct {
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
+	// DiskMB is the write-layer size of the template's sandboxes (0: the
+	// server's default).
+	DiskMB int `json:"diskMB,omitempty"`
 	// InUse is the number of sandboxes using the template (not persisted).
 	InUse int `json:"inUse"`
 }
@@ -71,6 +74,20 @@ type BuildRequest struct {
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
+	// DiskMB is the write-layer size of the template's sandboxes in MiB
+	// (0: the server's default).
+	DiskMB int `json:"diskMB,omitempty"`
+}
+
+// MaxDiskMB bounds a template's write layer (1 TiB): the layer is a sparse
+// file, so the bound is about the host's disk, not its memory.
+const MaxDiskMB = 1 << 20
+
+func checkDiskMB(mb int) error {
+	if mb < 0 || (mb > 0 && mb < 64) || mb > MaxDiskMB {
+		return errdefs.Invalid("diskMB %d out of range: give 64..%d MiB, or 0 for the server's default", mb, MaxDiskMB)
+	}
+	return nil
 }
 
 // Options are the operator's choices for template builds.

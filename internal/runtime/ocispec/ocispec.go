@@ -1,5 +1,6 @@
 // Package ocispec builds the OCI runtime spec (and bundle) of a sandbox
-// for gVisor: EROFS root image with a memory overlay, limits, namespaces.
+// for gVisor: EROFS root image with a write layer (a sized file on disk, or
+// memory for sandboxes made before the disk layer), limits, namespaces.
 // Both gVisor drivers use it, so a sandbox made by one can be listed,
 // checkpointed and deleted by the other and by the runsc CLI. It must not
 // start anything.
@@ -70,6 +71,9 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 			CgroupsPath: cgroupsPath,
 		},
 	}
+	if spec.DiskMB > 0 {
+		diskLayer(s, spec.DiskMB, filepath.Join(filepath.Dir(rootfs), anchorDir))
+	}
 	return s
 }
 
@@ -81,6 +85,11 @@ func WriteBundle(spec runtime.Spec, cgroupsPath string) (string, error) {
 	rootfs := filepath.Join(bundle, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return "", err
+	}
+	if spec.DiskMB > 0 {
+		if err := os.MkdirAll(filepath.Join(bundle, anchorDir), 0o555); err != nil {
+			return "", err
+		}
 	}
 	b, err := json.MarshalIndent(Build(spec, rootfs, cgroupsPath), "", "  ")
 	if err != nil {

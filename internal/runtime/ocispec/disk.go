@@ -1,0 +1,47 @@
+package ocispec
+
+import (
+	"path/filepath"
+	"strconv"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// The write layer on disk (docs/design.md, "Write layer"): gVisor's rootfs
+// overlay with a "self" filestore, i.e. the upper tmpfs keeps its pages in
+// a sparse host file, <bundle>/rootfs/.gvisor.filestore.<id>, which gVisor
+// creates at create (and restore) and deletes at destroy. The tmpfs size
+// option bounds it: df shows it, writing past it gives ENOSPC.
+//
+// Two gVisor behaviours shape the spec:
+//   - Without a gofer process (an EROFS-only sandbox) the pinned runsc never
+//     creates the filestore and the sandbox panics ("fdDispenser out of
+//     fds"). A bind mount, served by a gofer, makes runsc start one.
+//   - gVisor mounts a memory tmpfs over /tmp when /tmp is empty, which
+//     would keep /tmp writes in RAM (and a large one kills the sandbox). A
+//     mount point inside /tmp makes it non-empty.
+//
+// So the one bind mount is an empty, read-only directory at AnchorPath.
+
+// AnchorPath is where the sandbox sees the read-only empty directory that
+// keeps /tmp on the disk layer and gives the sandbox its gofer.
+const AnchorPath = "/tmp/.agentenv"
+
+// anchorDir is the anchor's source, inside the bundle.
+const anchorDir = "anchor"
+
+// FilestorePath is the host file that holds the write layer of the sandbox
+// id whose runtime directory is dir (runtime.Spec.Dir). It is sparse: its
+// size is the disk size, its blocks what the sandbox wrote.
+func FilestorePath(dir, id string) string {
+	return filepath.Join(dir, "bundle", "rootfs", ".gvisor.filestore."+id)
+}
+
+func diskLayer(s *specs.Spec, diskMB int64, anchor string) {
+	s.Annotations["dev.gvisor.spec.rootfs.overlay"] = "self"
+	s.Annotations["dev.gvisor.spec.rootfs.options"] = "size=" + strconv.FormatInt(diskMB, 10) + "m"
+	s.Mounts = append(s.Mounts, specs.Mount{
+		Destination: AnchorPath, Type: "bind", Source: anchor,
+		Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+	})
+}
