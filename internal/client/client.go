@@ -55,6 +55,7 @@ type Sandbox struct {
 	EndAt           time.Time         `json:"endAt"`
 	CPUCount        int               `json:"cpuCount"`
 	MemoryMB        int               `json:"memoryMB"`
+	DiskSizeMB      int               `json:"diskSizeMB,omitempty"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
 	State           string            `json:"state"`
 }
@@ -81,6 +82,7 @@ type Template struct {
 	ImageSize  int64     `json:"imageSizeBytes"`
 	InUse      int       `json:"sandboxesInUse"`
 	Ready      bool      `json:"ready"`
+	DiskSizeMB int       `json:"diskSizeMB,omitempty"`
 	TemplateSettings
 }
 
