@@ -66,6 +66,9 @@ func New(cfg Config) (*Gvisor, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, err
 	}
+	if err := runscbin.MkSharedRoot(); err != nil {
+		return nil, err
+	}
 	g := &Gvisor{runsc: path, root: cfg.Root, cgroups: cfg.Cgroups, parent: cfg.CgroupParent}
 	if g.version, err = runscbin.Version(path); err != nil {
 		return nil, err
@@ -87,7 +90,7 @@ func (g *Gvisor) cgroupsPathFor(id string) string {
 }
 
 func (g *Gvisor) globalArgs(network string) []string {
-	args := []string{"--root", g.root, "--platform", "systrap", "--network", network}
+	args := []string{"--root", g.root, "--shared-root", runscbin.SharedRoot, "--platform", "systrap", "--network", network}
 	if !g.cgroups {
 		args = append(args, "--ignore-cgroups")
 	}
@@ -207,7 +210,7 @@ func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byt
 
 // run runs one runsc subcommand that does not start a sandbox.
 func (g *Gvisor) run(ctx context.Context, sub string, args ...string) ([]byte, error) {
-	full := append([]string{"--root", g.root}, sub)
+	full := append([]string{"--root", g.root, "--shared-root", runscbin.SharedRoot}, sub)
 	if !g.cgroups {
 		full = append([]string{"--ignore-cgroups"}, full...)
 	}

@@ -147,6 +147,9 @@ func New(cfg Config) (*Gvisor, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, err
 	}
+	if err := runscbin.MkSharedRoot(); err != nil {
+		return nil, err
+	}
 	if err := checkBuild(path); err != nil {
 		return nil, err
 	}
@@ -222,7 +225,7 @@ func (g *Gvisor) Version() string { return g.version }
 func (s settings) conf(network string) (*config.Config, error) {
 	fs := flag.NewFlagSet("runsc", flag.ContinueOnError)
 	config.RegisterFlags(fs)
-	set := map[string]string{"root": s.Root, "platform": "systrap", "network": network}
+	set := map[string]string{"root": s.Root, "shared-root": runscbin.SharedRoot, "platform": "systrap", "network": network}
 	if !s.Cgroups {
 		set["ignore-cgroups"] = "true"
 	}

@@ -35,3 +35,13 @@ func Version(path string) (string, error) {
 	}
 	return line + " (sha256 " + hex.EncodeToString(h.Sum(nil))[:16] + ")", nil
 }
+
+// SharedRoot is runsc's --shared-root for every sandbox on the host. runsc
+// keeps one thing there: an empty network namespace bind-mounted at
+// null-netns, which every gofer process joins (pinned by the first). Under
+// --root it would stay mounted in the data directory after the server
+// stops; in /run it is one mount per host, gone at reboot.
+const SharedRoot = "/run/agentenv/runsc-shared"
+
+// MkSharedRoot creates SharedRoot.
+func MkSharedRoot() error { return os.MkdirAll(SharedRoot, 0o700) }
