@@ -191,6 +191,7 @@ func Run(t *testing.T, env Env, newRuntime NewFunc) {
 			exec(t, r, c.ID, "rm /tmp/alive; for i in $(seq 1 100); do [ -f /tmp/alive ] && exit 0; sleep 0.02; done; exit 1")
 		}
 	})
+	t.Run("DiskLayer", func(t *testing.T) { diskLayer(t, env, newRuntime(t)) })
 	t.Run("Watcher", func(t *testing.T) {
 		r := newRuntime(t)
 		w, ok := r.(runtime.Watcher)
