@@ -268,6 +268,7 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupMemory, r.memory},
 		{GroupChurn, r.churn},
 		{GroupNetwork, r.network},
+		{GroupDisk, r.diskWrite},
 		{GroupDensity, r.density},
 	}
 	for _, p := range phases {

@@ -29,6 +29,7 @@ const (
 	OpProxyGet    Operation = "proxy_get_small"
 	OpProxyDown   Operation = "proxy_download_mibps"
 	OpProxyUp     Operation = "proxy_upload_mibps"
+	OpDiskWrite   Operation = "disk_write_mibps"
 )
 
 // Kind says what a row's values are.
@@ -69,6 +70,7 @@ var ops = map[Operation]opInfo{
 	OpProxyGet:    {"request through the proxy (small GET)", KindTime, GroupNetwork},
 	OpProxyDown:   {"throughput sandbox → proxy (MiB/s)", KindBandwidth, GroupNetwork},
 	OpProxyUp:     {"throughput proxy → sandbox upload (MiB/s)", KindBandwidth, GroupNetwork},
+	OpDiskWrite:   {"disk write inside a sandbox, 256 MiB (MiB/s)", KindBandwidth, GroupDisk},
 }
 
 // Label is how the table names the row.
@@ -90,6 +92,7 @@ var Operations = []Operation{
 	OpRestore, OpFork4, OpFork16,
 	OpChurn, OpMemIdle, OpMemFork,
 	OpProxyGet, OpProxyDown, OpProxyUp,
+	OpDiskWrite,
 }
 
 // Groups of rows that can be chosen with Config.Only.
@@ -103,6 +106,7 @@ const (
 	GroupMemory   = "memory"   // PSS per idle sandbox and per fork child
 	GroupChurn    = "churn"    // create+exec+kill throughput
 	GroupNetwork  = "network"  // HTTP through the proxy to a server in a sandbox
+	GroupDisk     = "disk"     // write throughput into the write layer
 	// GroupDensity starts a thousand idle sandboxes per target and probes
 	// the host limits they approach; it takes minutes, so it runs only when
 	// asked for.
@@ -110,10 +114,10 @@ const (
 )
 
 // Groups lists every group in the order they run.
-var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork, GroupDensity}
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork, GroupDisk, GroupDensity}
 
 // DefaultGroups are the groups a run without --only runs: all but density.
-var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork}
+var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork, GroupDisk}
 
 // ParseGroups turns a comma-separated list of groups into a set; empty
 // means DefaultGroups.

@@ -31,6 +31,8 @@ raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip):
             (--churn-levels), with the host's CPU busy share at each
   network   agentenv only: small GET to httpd in a sandbox through the proxy,
             64 MiB down from it and up to envd (MiB/s, median of 3)
+  disk      256 MiB written (dd) into a sandbox's write layer, and into a raw
+            runsc container with the same layer (MiB/s, median of 3)
   density   not in the default run (minutes): 1,000 idle sandboxes per target
             (--density-sandboxes), started 4 at a time: time to start them,
             host memory (MemAvailable drop), whether each still runs a

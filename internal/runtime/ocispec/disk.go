@@ -37,7 +37,10 @@ func FilestorePath(dir, id string) string {
 	return filepath.Join(dir, "bundle", "rootfs", ".gvisor.filestore."+id)
 }
 
-func diskLayer(s *specs.Spec, diskMB int64, anchor string) {
+// DiskLayer gives spec s a write layer of diskMB on disk; anchor is an empty
+// host directory (see AnchorPath). Build calls it; the bench uses it to give
+// raw runsc the same layer.
+func DiskLayer(s *specs.Spec, diskMB int64, anchor string) {
 	s.Annotations["dev.gvisor.spec.rootfs.overlay"] = "self"
 	s.Annotations["dev.gvisor.spec.rootfs.options"] = "size=" + strconv.FormatInt(diskMB, 10) + "m"
 	s.Mounts = append(s.Mounts, specs.Mount{

@@ -72,7 +72,7 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 		},
 	}
 	if spec.DiskMB > 0 {
-		diskLayer(s, spec.DiskMB, filepath.Join(filepath.Dir(rootfs), anchorDir))
+		DiskLayer(s, spec.DiskMB, filepath.Join(filepath.Dir(rootfs), anchorDir))
 	}
 	return s
 }
