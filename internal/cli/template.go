@@ -130,10 +130,14 @@ func templateList(g *globals) *cobra.Command {
 			}
 			rows := [][]string{}
 			for _, t := range ts {
-				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)),
+				disk := "default"
+				if t.DiskSizeMB > 0 {
+					disk = fmt.Sprintf("%d MiB", t.DiskSizeMB)
+				}
+				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)), disk,
 					fmt.Sprint(t.InUse), fmt.Sprint(t.Ready), t.CreatedAt.Local().Format("2006-01-02 15:04")})
 			}
-			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tIN USE\tREADY\tCREATED", rows)
+			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tDISK\tIN USE\tREADY\tCREATED", rows)
 			return nil
 		},
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -252,4 +253,25 @@ func cgroupStat(t *testing.T, id string) map[string]int64 {
 		out["total_rss"], out["total_shmem"] = out["anon"], out["shmem"]
 	}
 	return out
+}
+
+// TestDiskSizeBadInput: a template's disk size out of range, or not a
+// number, is refused with 400 and says what to give.
+func TestDiskSizeBadInput(t *testing.T) {
+	e := sharedServer(t)
+	for _, tc := range []struct{ name, path, body string }{
+		{"too small", "/agentenv/templates", `{"name":"disk-bad","busybox":true,"diskMB":10}`},
+		{"negative", "/agentenv/templates", `{"name":"disk-bad","busybox":true,"diskMB":-1}`},
+		{"too big", "/agentenv/templates", `{"name":"disk-bad","busybox":true,"diskMB":2000000}`},
+		{"upload not a number", "/agentenv/templates/disk-bad/rootfs?diskMB=ten", ``},
+		{"upload too small", "/agentenv/templates/disk-bad/rootfs?diskMB=1", ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := e.rawRequest(t, http.MethodPost, tc.path, testKey, strings.NewReader(tc.body))
+			msg, _ := body["message"].(string)
+			if status != http.StatusBadRequest || !strings.Contains(msg, "diskMB") {
+				t.Errorf("POST %s %s: %d %q, want 400 naming diskMB", tc.path, tc.body, status, msg)
+			}
+		})
+	}
 }
