@@ -36,6 +36,9 @@ func (h *hostFlags) config(g *globals) (server.Config, error) {
 	if cfg.Limits.MaxFork < 1 || cfg.Limits.MaxFork > 100 {
 		return cfg, fmt.Errorf("--max-fork %d: give 1..100", cfg.Limits.MaxFork)
 	}
+	if d := cfg.Limits.DefaultDiskMB; d != 0 && (d < 64 || d > template.MaxDiskMB) {
+		return cfg, fmt.Errorf("--disk-mb %d: give 64..%d MiB, or 0 to keep sandboxes' writes in memory", d, template.MaxDiskMB)
+	}
 	return cfg, nil
 }
 
