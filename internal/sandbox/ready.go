@@ -20,13 +20,17 @@ import (
 const readyPrefix = "ready:"
 
 // readySnapshot returns the ready snapshot of a template, if ready
-// templates are on and it was made by this runtime build.
+// templates are on and it was made by this runtime build with the disk size
+// the template's sandboxes get now (the size is part of a restore's spec: a
+// snapshot from before the disk layer, or from another --disk-mb, is made
+// again).
 func (m *Manager) readySnapshot(template string) (snapshot.Snapshot, bool) {
 	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
 		return snapshot.Snapshot{}, false
 	}
+	disk := m.diskMB(template)
 	for _, sn := range m.d.Snapshots.ListAll() {
-		if sn.Internal && sn.Name == readyPrefix+template && sn.Runtime == m.d.Runtime.Version() {
+		if sn.Internal && sn.Name == readyPrefix+template && sn.Runtime == m.d.Runtime.Version() && sn.DiskMB == disk {
 			return sn, true
 		}
 	}
