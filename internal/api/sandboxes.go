@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -91,40 +93,29 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
 }
 
+// listSandboxes answers GET /v2/sandboxes (paged, see list.go) and the
+// v1 GET /sandboxes (the same filters, in one piece, as E2B's v1).
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f := sandbox.Filter{}
-	if m := q.Get("metadata"); m != "" {
-		md, err := parseMetadata(m)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		f.Metadata = md
-	}
-	if st := q.Get("state"); st != "" {
-		for _, v := range strings.Split(st, ",") {
-			switch v {
-			case "running":
-				f.States = append(f.States, sandbox.StateRunning)
-			case "paused":
-				f.States = append(f.States, sandbox.StatePaused)
-			default:
-				writeError(w, errdefs.Invalid("state %q: use running or paused", v))
-				return
-			}
-		}
-	} else {
-		f.States = []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}
-	}
-	list, err := s.cfg.Backend.List(r.Context(), f)
+	lq, err := parseListQuery(r.URL.Query(), strings.HasPrefix(r.URL.Path, "/v2/"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	out := []sandboxJSON{}
-	for _, sb := range list {
+	list, err := s.cfg.Backend.List(r.Context(), lq.filter)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	p := lq.page(list)
+	out := make([]sandboxJSON, 0, len(p.items))
+	for _, sb := range p.items {
 		out = append(out, s.toJSON(sb, false))
+	}
+	if p.next != "" {
+		w.Header().Set("X-Next-Token", p.next)
+	}
+	if slices.Contains(lq.filter.States, sandbox.StateRunning) {
+		w.Header().Set("X-Total-Running", strconv.Itoa(p.totalRunning))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

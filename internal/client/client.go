@@ -158,19 +158,49 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 	return sb, err
 }
 
-// ListSandboxes lists running sandboxes, optionally filtered by metadata.
+// ListSandboxes lists running and paused sandboxes, optionally filtered
+// by metadata, newest first. It follows the server's pages to the end.
 func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string) ([]Sandbox, error) {
-	path := "/v2/sandboxes"
+	q := url.Values{}
 	if len(metadata) > 0 {
-		q := url.Values{}
+		m := url.Values{}
 		for k, v := range metadata {
-			q.Set(url.QueryEscape(k), url.QueryEscape(v))
+			m.Set(url.QueryEscape(k), url.QueryEscape(v))
 		}
-		path += "?metadata=" + url.QueryEscape(q.Encode())
+		q.Set("metadata", m.Encode())
 	}
 	var out []Sandbox
-	err := c.do(ctx, http.MethodGet, path, nil, &out)
-	return out, err
+	for {
+		page, next, err := c.ListSandboxesPage(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if next == "" {
+			return out, nil
+		}
+		q.Set("nextToken", next)
+	}
+}
+
+// ListSandboxesPage answers one GET /v2/sandboxes with the query q (E2B's
+// parameters: metadata, state, template, startedAfter, order, limit,
+// nextToken) and returns the token of the next page ("" after the last).
+func (c *Client) ListSandboxesPage(ctx context.Context, q url.Values) ([]Sandbox, string, error) {
+	path := "/v2/sandboxes"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	resp, err := c.send(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	var out []Sandbox
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, "", fmt.Errorf("reading the sandbox list: %w", err)
+	}
+	return out, resp.Header.Get("X-Next-Token"), nil
 }
 
 // GetSandbox returns one sandbox.

@@ -103,7 +103,7 @@ func TestScale(t *testing.T) {
 	fmt.Fprintf(tw, "create, POST /sandboxes\t%d\t%v\t%v\t%v\t%.0f creates/s at %d in flight\n", creates, scalePct(run.lat, 50), scalePct(run.lat, 99), scalePct(run.lat, 100), float64(creates)/run.took.Seconds(), inflight)
 	fmt.Fprintf(tw, "  spread\t\t\t\t\t%d nodes used, most on one node: %d, most at once on one node: %d (1 if placement reserved its pick)\n", used, most, f.maxConcurrent())
 	fmt.Fprintf(tw, "watch caught up after the last create\t\t\t\t\t%v\n", watchLag.Round(time.Microsecond))
-	fmt.Fprintf(tw, "list, GET /v2/sandboxes\t%d\t%v\t\t%v\t%d records, %.1f MB\n", lists, scalePct(listLat, 50), scalePct(listLat, 100), want, float64(listBytes)/1e6)
+	fmt.Fprintf(tw, "list all, GET /v2/sandboxes in pages of 100\t%d\t%v\t\t%v\t%d records, %.1f MB\n", lists, scalePct(listLat, 50), scalePct(listLat, 100), want, float64(listBytes)/1e6)
 	tw.Flush()
 	t.Log(b.String())
 }
@@ -270,34 +270,44 @@ func (f *scaleFleet) create() (string, error) {
 	return sb.SandboxID, nil
 }
 
-// list lists every sandbox through the API; it returns how many and the
-// size of the answer.
+// list lists every sandbox through the API, page by page; it returns how
+// many and the size of the answers.
 func (f *scaleFleet) list(tb testing.TB) (int, int) {
 	tb.Helper()
-	req, err := http.NewRequest(http.MethodGet, f.api.URL+"/v2/sandboxes", nil)
-	if err != nil {
-		tb.Fatal(err)
+	n, size, tok := 0, 0, ""
+	for {
+		u := f.api.URL + "/v2/sandboxes?limit=100"
+		if tok != "" {
+			u += "&nextToken=" + url.QueryEscape(tok)
+		}
+		req, err := http.NewRequest(http.MethodGet, u, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", scaleAPIKey)
+		resp, err := f.client.Do(req)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			tb.Fatalf("GET /v2/sandboxes: got HTTP %d (%s), want 200", resp.StatusCode, bytes.TrimSpace(body))
+		}
+		var out []struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		if err := json.Unmarshal(body, &out); err != nil {
+			tb.Fatalf("GET /v2/sandboxes: %v", err)
+		}
+		n, size = n+len(out), size+len(body)
+		if tok = resp.Header.Get("X-Next-Token"); tok == "" {
+			return n, size
+		}
 	}
-	req.Header.Set("X-API-Key", scaleAPIKey)
-	resp, err := f.client.Do(req)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		tb.Fatalf("GET /v2/sandboxes: got HTTP %d (%s), want 200", resp.StatusCode, bytes.TrimSpace(body))
-	}
-	var out []struct {
-		SandboxID string `json:"sandboxID"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		tb.Fatalf("GET /v2/sandboxes: %v", err)
-	}
-	return len(out), len(body)
 }
 
 // spread returns how many nodes took creates, and the most one took.
