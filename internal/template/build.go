@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -367,10 +368,8 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	if _, err := os.Stat(s.opts.DebianKeyring); err != nil {
 		return fmt.Errorf("debian keyring %s: %w (install debian-archive-keyring, or set serve --debian-keyring)", s.opts.DebianKeyring, errdefs.ErrUnavailable)
 	}
-	args := []string{"--variant=minbase", "--force-check-gpg", "--keyring=" + s.opts.DebianKeyring}
-	if len(req.Packages) > 0 {
-		args = append(args, "--include="+strings.Join(req.Packages, ","))
-	}
+	args := []string{"--variant=minbase", "--force-check-gpg", "--keyring=" + s.opts.DebianKeyring,
+		"--include=" + strings.Join(debianPackages(req.Packages), ",")}
 	args = append(args, req.Debian, rootfs, s.opts.DebianMirror)
 	cmd := exec.CommandContext(ctx, "debootstrap", args...)
 	pr, pw := io.Pipe()
@@ -417,7 +416,43 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	// Leave apt caches out of the image.
 	os.RemoveAll(filepath.Join(rootfs, "var/cache/apt/archives"))
 	os.MkdirAll(filepath.Join(rootfs, "var/cache/apt/archives/partial"), 0o755)
-	return nil
+	return allowSudo(rootfs)
+}
+
+// debianPackages is what a Debian template installs: the requested
+// packages and sudo, which E2B's templates have (agent code runs `sudo
+// apt-get install …` as user).
+func debianPackages(requested []string) []string {
+	if slices.Contains(requested, "sudo") {
+		return requested
+	}
+	return append(slices.Clone(requested), "sudo")
+}
+
+// sudoersFile lets user run anything as root without a password, as in
+// E2B's templates. sudo ignores files in sudoers.d that are writable by
+// anyone but root, hence 0440.
+const (
+	sudoersFile = "etc/sudoers.d/user"
+	sudoersRule = "user ALL=(ALL:ALL) NOPASSWD: ALL\n"
+)
+
+func allowSudo(rootfs string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.MkdirAll(filepath.Dir(sudoersFile), 0o750); err != nil {
+		return err
+	}
+	if err := root.WriteFile(sudoersFile, []byte(sudoersRule), 0o440); err != nil {
+		return err
+	}
+	if err := root.Chmod(sudoersFile, 0o440); err != nil {
+		return err
+	}
+	return root.Chown(sudoersFile, 0, 0)
 }
 
 func ramp(from, to float64, n, total int) float64 {
