@@ -54,4 +54,4 @@ for c in $CHILDREN; do
 done
 echo "demo: parent: counter=$($AE sandbox exec "$ID" "$ASK") (each child continued from the same state, independently)"
 $AE sandbox list
-echo "demo: done (the server keeps running; stop it with: pkill -f 'agentenv serve')"
+echo "demo: done (the server keeps running; stop it with: $AE serve --stop --data-dir $DATA_DIR)"

@@ -44,19 +44,33 @@ func (h *hostFlags) config(g *globals) (server.Config, error) {
 
 func serveCmd(g *globals) *cobra.Command {
 	h := &hostFlags{cfg: server.Config{Limits: sandbox.DefaultLimits()}}
+	var stop bool
+	var stopWait time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API server, the sandbox proxy and the sandboxes on this machine",
+		Long: "Run the API server, the sandbox proxy and the sandboxes on this machine.\n\n" +
+			"The server records its PID in <data-dir>/" + pidFileName + "; `agentenv serve --stop` stops that server and waits for it to exit.",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if stop {
+				return stopServer(cmd.OutOrStdout(), g.dataDir, stopWait)
+			}
 			cfg, err := h.config(g)
 			if err != nil {
 				return err
 			}
 			cfg.APIKey = os.Getenv("AGENTENV_API_KEY")
+			release, err := claimPidFile(g.dataDir)
+			if err != nil {
+				return err
+			}
+			defer release()
 			return server.Run(cmd.Context(), cfg, nil)
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&stop, "stop", false, "stop the agentenv serve running with this --data-dir (the one its pid file names) and wait until it has exited")
+	f.DurationVar(&stopWait, "stop-timeout", 2*time.Minute, "with --stop: how long to wait for the server to exit")
 	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	f.StringVar(&h.cfg.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
