@@ -70,6 +70,7 @@ func (s *Server) Handler() http.Handler {
 	auth("PUT /sandboxes/{id}/network", s.updateNetwork)
 	auth("POST /sandboxes/{id}/refreshes", s.refreshSandbox)
 	auth("GET /sandboxes/{id}/metrics", s.sandboxMetrics)
+	auth("GET /sandboxes/metrics", s.sandboxesMetrics)
 	auth("POST /sandboxes/{id}/pause", s.pauseSandbox)
 	auth("POST /sandboxes/{id}/resume", s.resumeSandbox)
 	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)

@@ -29,6 +29,8 @@ type Backend interface {
 	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
 	// Kill stops a sandbox; it is gone when Kill returns.
 	Kill(ctx context.Context, id string) error
+	// Metrics samples a sandbox's resource use now.
+	Metrics(ctx context.Context, id string) (sandbox.Metric, error)
 	// SetTimeout makes the sandbox end d from now.
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	// Extend makes the sandbox live at least d more (never shortens).
@@ -103,6 +105,10 @@ func (l *Local) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 }
 
 func (l *Local) Kill(ctx context.Context, id string) error { return l.Manager.Kill(ctx, id) }
+
+func (l *Local) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
+	return l.Manager.Metrics(ctx, id)
+}
 
 func (l *Local) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return l.Manager.SetTimeout(id, d)

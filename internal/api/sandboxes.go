@@ -321,14 +321,3 @@ func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
-
-// sandboxMetrics answers E2B's metrics route. agentenv does not sample
-// metrics yet: the list is empty (not a 404, which the SDK would read as
-// "no such sandbox").
-func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id")); err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, []any{})
-}

@@ -239,6 +239,10 @@ func (r *Remote) changed(ctx context.Context, id string, call func(*nodeClient) 
 	return sb, err
 }
 
+func (r *Remote) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Metric, error) { return c.Metrics(ctx, id) })
+}
+
 func (r *Remote) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
 }

@@ -118,6 +118,8 @@ func serveRPC(b api.Backend, w http.ResponseWriter, r *http.Request, method stri
 		out, err = b.Get(ctx, a.ID)
 	case "Kill":
 		err = b.Kill(ctx, a.ID)
+	case "Metrics":
+		out, err = b.Metrics(ctx, a.ID)
 	case "SetTimeout":
 		out, err = b.SetTimeout(ctx, a.ID, a.D)
 	case "Extend":
@@ -363,6 +365,12 @@ func (c *nodeClient) Get(ctx context.Context, id string) (sandbox.Sandbox, error
 
 func (c *nodeClient) Kill(ctx context.Context, id string) error {
 	return c.call(ctx, "Kill", rpcArgs{ID: id}, nil)
+}
+
+func (c *nodeClient) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
+	var m sandbox.Metric
+	err := c.call(ctx, "Metrics", rpcArgs{ID: id}, &m)
+	return m, err
 }
 
 func (c *nodeClient) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {

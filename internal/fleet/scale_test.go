@@ -481,6 +481,10 @@ func (n *scaleNode) DeleteSnapshot(ctx context.Context, id string) error {
 	return errdefs.NotFound("fake node %s has no snapshot %q", n.name, id)
 }
 
+func (n *scaleNode) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
+	return sandbox.Metric{}, errdefs.Unavailable("fake node %s samples no metrics", n.name)
+}
+
 func (n *scaleNode) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
 	return nil, nil
 }

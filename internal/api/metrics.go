@@ -1,0 +1,144 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+)
+
+// metricJSON is E2B's SandboxMetric.
+type metricJSON struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+func toMetricJSON(m sandbox.Metric) metricJSON {
+	return metricJSON{
+		Timestamp: m.Timestamp, TimestampUnix: m.Timestamp.Unix(), CPUCount: m.CPUCount,
+		CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache,
+		DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
+	}
+}
+
+// sandboxMetrics answers GET /sandboxes/{id}/metrics: agentenv keeps no
+// history, so the list holds one sample taken now, or none when the
+// asked interval (start, end: Unix seconds) does not include now.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	inside, err := intervalHoldsNow(r.URL.Query(), time.Now())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	m, err := s.cfg.Backend.Metrics(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []metricJSON{}
+	if inside {
+		out = append(out, toMetricJSON(m))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// intervalHoldsNow reads the optional start and end (Unix seconds).
+func intervalHoldsNow(q url.Values, now time.Time) (bool, error) {
+	bound := func(name string) (int64, bool, error) {
+		v := q.Get(name)
+		if v == "" {
+			return 0, false, nil
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, false, errdefs.Invalid("%s %q: give a Unix time in seconds", name, v)
+		}
+		return n, true, nil
+	}
+	start, hasStart, err := bound("start")
+	if err != nil {
+		return false, err
+	}
+	end, hasEnd, err := bound("end")
+	if err != nil {
+		return false, err
+	}
+	sec := now.Unix()
+	return (!hasStart || start <= sec) && (!hasEnd || sec <= end), nil
+}
+
+// maxMetricsIDs is E2B's cap on sandbox_ids.
+const maxMetricsIDs = 100
+
+// sandboxesMetrics answers GET /sandboxes/metrics?sandbox_ids=a,b: the
+// latest sample of each sandbox that exists (others are left out).
+func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
+	ids, err := metricsIDs(r.URL.Query()["sandbox_ids"])
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var (
+		mu   sync.Mutex
+		out  = map[string]metricJSON{}
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, 8) // a fleet sends each to its node
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			m, err := s.cfg.Backend.Metrics(r.Context(), id)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				out[id] = toMetricJSON(m)
+			case !errors.Is(err, errdefs.ErrNotFound):
+				errs = append(errs, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		writeError(w, errs[0])
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+// metricsIDs reads sandbox_ids: comma-separated (E2B's form) or repeated.
+func metricsIDs(vals []string) ([]string, error) {
+	seen := map[string]bool{}
+	var ids []string
+	for _, v := range vals {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" && !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil, errdefs.Invalid("sandbox_ids is required: give the sandbox IDs, comma-separated")
+	}
+	if len(ids) > maxMetricsIDs {
+		return nil, errdefs.Invalid("sandbox_ids has %d IDs: give at most %d per request", len(ids), maxMetricsIDs)
+	}
+	return ids, nil
+}

@@ -1,0 +1,20 @@
+package gvisor
+
+import (
+	"context"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/cgroupstat"
+)
+
+var _ runtime.Statser = (*Gvisor)(nil)
+
+// Stats implements runtime.Statser from the sandbox's cgroups (see the
+// gvisorgo runtime's, which this mirrors).
+func (g *Gvisor) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if !g.cgroups {
+		return runtime.Stats{}, errdefs.Unavailable("sandbox metrics come from cgroups, and this server runs sandboxes without them (--no-cgroups)")
+	}
+	return cgroupstat.Read(cgroupstat.Root, g.cgroupPath(id))
+}

@@ -1,0 +1,24 @@
+package gvisorgo
+
+import (
+	"context"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/cgroupstat"
+)
+
+var _ runtime.Statser = (*Gvisor)(nil)
+
+// Stats implements runtime.Statser from the sandbox's cgroups. The write
+// layer is in the sandbox's memory (overlay "memory"), so it is part of
+// MemUsed and the write-layer fields stay 0.
+func (g *Gvisor) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if err := validID(id); err != nil {
+		return runtime.Stats{}, err
+	}
+	if !g.Cgroups {
+		return runtime.Stats{}, errdefs.Unavailable("sandbox metrics come from cgroups, and this server runs sandboxes without them (--no-cgroups)")
+	}
+	return cgroupstat.Read(cgroupstat.Root, g.cgroupPath(id))
+}

@@ -1,0 +1,120 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"agentenv/internal/errdefs"
+	"agentenv/internal/runtime"
+)
+
+// Metric is one sample of a sandbox's resource use (E2B's SandboxMetric).
+type Metric struct {
+	Timestamp time.Time `json:"timestamp"`
+	CPUCount  int       `json:"cpuCount"`
+	// CPUUsedPct is the share of the sandbox's CPUs it used, 0–100, since
+	// the previous sample (or since it started, for the first).
+	CPUUsedPct float64 `json:"cpuUsedPct"`
+	MemUsed    int64   `json:"memUsed"`
+	MemTotal   int64   `json:"memTotal"`
+	MemCache   int64   `json:"memCache"`
+	// DiskUsed and DiskTotal describe the sandbox's root filesystem: the
+	// template image plus the write layer. While the write layer is in
+	// memory, what the sandbox wrote is counted in MemUsed, not here, and
+	// DiskTotal is the image plus the memory writes can take.
+	DiskUsed  int64 `json:"diskUsed"`
+	DiskTotal int64 `json:"diskTotal"`
+}
+
+// cpuSample is the CPU time a sandbox had used at a moment.
+type cpuSample struct {
+	at  time.Time
+	cpu time.Duration
+	pct float64 // what the previous interval gave
+}
+
+// minCPUInterval is the shortest interval a CPU share is computed over;
+// samples closer together repeat the previous share.
+const minCPUInterval = 200 * time.Millisecond
+
+// cpuSamples holds the last sample of each sandbox, per manager, so that
+// a sample's CPU share covers the time since the one before. Kept beside
+// Manager rather than in it (this file is the whole feature); pruned of
+// gone sandboxes on every call.
+var cpuSamples = struct {
+	sync.Mutex
+	m map[*Manager]map[string]cpuSample
+}{m: map[*Manager]map[string]cpuSample{}}
+
+// Metrics samples sandbox id's resource use now.
+func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return Metric{}, err
+	}
+	st, ok := m.d.Runtime.(runtime.Statser)
+	if !ok {
+		return Metric{}, errdefs.Unavailable("the %s runtime does not report resource use", m.d.Runtime.Version())
+	}
+	s, err := st.Stats(ctx, id)
+	if err != nil {
+		return Metric{}, fmt.Errorf("metrics of sandbox %s: %w", id, err)
+	}
+	now := time.Now()
+	out := Metric{Timestamp: now.UTC(), CPUCount: max(sb.CPUs, 1), MemUsed: s.MemUsed, MemCache: s.MemCache}
+	out.MemTotal = int64(sb.MemoryMB) << 20
+	if out.MemTotal == 0 || (s.MemLimit > 0 && s.MemLimit < out.MemTotal) {
+		out.MemTotal = s.MemLimit
+	}
+	out.CPUUsedPct = m.cpuShare(sb, s.CPU, now)
+	out.DiskUsed, out.DiskTotal = m.diskUse(sb, s, out.MemTotal)
+	return out, nil
+}
+
+// cpuShare is the share of its CPUs sb used since its previous sample.
+func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64 {
+	cpuSamples.Lock()
+	defer cpuSamples.Unlock()
+	mine := cpuSamples.m[m]
+	if mine == nil {
+		mine = map[string]cpuSample{}
+		cpuSamples.m[m] = mine
+	}
+	prev, ok := mine[sb.ID]
+	if !ok {
+		prev = cpuSample{at: sb.StartedAt}
+	}
+	if ok && now.Sub(prev.at) < minCPUInterval {
+		return prev.pct
+	}
+	pct := 0.0
+	if wall := now.Sub(prev.at); wall > 0 && cpu >= prev.cpu {
+		pct = 100 * float64(cpu-prev.cpu) / float64(wall) / float64(max(sb.CPUs, 1))
+	}
+	pct = min(max(pct, 0), 100)
+	mine[sb.ID] = cpuSample{at: now, cpu: cpu, pct: pct}
+	m.mu.Lock()
+	for id := range mine {
+		if _, live := m.boxes[id]; !live {
+			delete(mine, id)
+		}
+	}
+	m.mu.Unlock()
+	return pct
+}
+
+// diskUse is the sandbox's root filesystem: its template's image, plus
+// its write layer when the runtime keeps that on disk. A write layer in
+// memory has as much room as the sandbox has memory.
+func (m *Manager) diskUse(sb Sandbox, s runtime.Stats, memTotal int64) (used, total int64) {
+	var image int64
+	if t, err := m.d.Templates.Get(sb.Template); err == nil {
+		image = t.ImageSize
+	}
+	if s.WriteLayerSize > 0 {
+		return image + s.WriteLayerUsed, image + s.WriteLayerSize
+	}
+	return image, image + memTotal
+}
