@@ -203,6 +203,35 @@ func (c *Client) ListSandboxesPage(ctx context.Context, q url.Values) ([]Sandbox
 	return out, resp.Header.Get("X-Next-Token"), nil
 }
 
+// Metric is one sample of a sandbox's resource use (E2B's SandboxMetric).
+type Metric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// SandboxMetrics samples one sandbox's resource use (a list of one).
+func (c *Client) SandboxMetrics(ctx context.Context, id string) ([]Metric, error) {
+	var out []Metric
+	err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id)+"/metrics", nil, &out)
+	return out, err
+}
+
+// SandboxesMetrics samples several sandboxes; unknown ones are left out.
+func (c *Client) SandboxesMetrics(ctx context.Context, ids []string) (map[string]Metric, error) {
+	var out struct {
+		Sandboxes map[string]Metric `json:"sandboxes"`
+	}
+	err := c.do(ctx, http.MethodGet, "/sandboxes/metrics?sandbox_ids="+url.QueryEscape(strings.Join(ids, ",")), nil, &out)
+	return out.Sandboxes, err
+}
+
 // GetSandbox returns one sandbox.
 func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 	var sb Sandbox
