@@ -443,6 +443,24 @@ func allowSudo(rootfs string) error {
 		return err
 	}
 	defer root.Close()
+	if err := root.MkdirAll("etc", 0o755); err != nil {
+		return err
+	}
+	// sudo's PAM account check fails ("is your account locked?") for a
+	// user without a shadow entry; "*" means no password login. It also
+	// resolves the host name (e2b in every sandbox) and complains when it
+	// cannot.
+	for _, l := range []struct{ file, prefix, line string }{
+		{"etc/shadow", "user:", "user:*:20000:0:99999:7:::"},
+		{"etc/hosts", "127.0.1.1", "127.0.1.1\te2b"},
+	} {
+		if err := ensureLine(root, l.file, l.prefix, l.line); err != nil {
+			return err
+		}
+	}
+	if err := root.Chmod("etc/shadow", 0o640); err != nil {
+		return err
+	}
 	if err := root.MkdirAll(filepath.Dir(sudoersFile), 0o750); err != nil {
 		return err
 	}

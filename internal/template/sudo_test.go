@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -45,6 +46,28 @@ func TestDebianTemplatesGetPasswordlessSudo(t *testing.T) {
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && (sys.Uid != 0 || sys.Gid != 0) {
 		t.Errorf("got owner %d:%d, want 0:0", sys.Uid, sys.Gid)
+	}
+	// PAM's account check needs a shadow entry; it must stay unreadable
+	// to others. sudo resolves the sandbox's host name.
+	shadow := filepath.Join(rootfs, "etc/shadow")
+	if b, _ := os.ReadFile(shadow); !strings.Contains(string(b), "\nuser:*:") && !strings.HasPrefix(string(b), "user:*:") {
+		t.Errorf("got /etc/shadow %q, want a user entry without a password", b)
+	}
+	if st, err := os.Stat(shadow); err != nil || st.Mode().Perm()&0o004 != 0 {
+		t.Errorf("/etc/shadow: %v, mode %v: want it unreadable to others", err, st.Mode())
+	}
+	if b, _ := os.ReadFile(filepath.Join(rootfs, "etc/hosts")); !strings.Contains(string(b), "127.0.1.1\te2b") {
+		t.Errorf("got /etc/hosts %q, want the sandbox host name e2b", b)
+	}
+	// An existing shadow entry for user is kept.
+	again := t.TempDir()
+	os.MkdirAll(filepath.Join(again, "etc"), 0o755)
+	os.WriteFile(filepath.Join(again, "etc/shadow"), []byte("root:*:1::::::\nuser:!:2::::::\n"), 0o640)
+	if err := allowSudo(again); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(again, "etc/shadow")); string(b) != "root:*:1::::::\nuser:!:2::::::\n" {
+		t.Errorf("existing /etc/shadow rewritten: %q", b)
 	}
 	// A rootfs whose sudoers.d leads out of the tree is refused, not followed.
 	evil := t.TempDir()

@@ -90,7 +90,9 @@ func (g *Gvisor) cgroupsPathFor(id string) string {
 }
 
 func (g *Gvisor) globalArgs(network string) []string {
-	args := []string{"--root", g.root, "--shared-root", runscbin.SharedRoot, "--platform", "systrap", "--network", network}
+	// --allow-suid: setuid binaries work inside (E2B's templates give user
+	// passwordless sudo); the sandbox's root is still gVisor's.
+	args := []string{"--root", g.root, "--shared-root", runscbin.SharedRoot, "--platform", "systrap", "--network", network, "--allow-suid"}
 	if !g.cgroups {
 		args = append(args, "--ignore-cgroups")
 	}

@@ -225,7 +225,9 @@ func (g *Gvisor) Version() string { return g.version }
 func (s settings) conf(network string) (*config.Config, error) {
 	fs := flag.NewFlagSet("runsc", flag.ContinueOnError)
 	config.RegisterFlags(fs)
-	set := map[string]string{"root": s.Root, "shared-root": runscbin.SharedRoot, "platform": "systrap", "network": network}
+	// allow-suid: setuid binaries work inside (E2B's templates give user
+	// passwordless sudo); the sandbox's root is still gVisor's.
+	set := map[string]string{"root": s.Root, "shared-root": runscbin.SharedRoot, "platform": "systrap", "network": network, "allow-suid": "true"}
 	if !s.Cgroups {
 		set["ignore-cgroups"] = "true"
 	}
