@@ -49,7 +49,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []metricJSON{}
-	if inside {
+	if inside && !m.Timestamp.IsZero() {
 		out = append(out, toMetricJSON(m))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -107,8 +107,9 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case err == nil:
+			case err == nil && !m.Timestamp.IsZero():
 				out[id] = toMetricJSON(m)
+			case err == nil: // nothing runs in it (paused without memory)
 			case !errors.Is(err, errdefs.ErrNotFound):
 				errs = append(errs, err)
 			}

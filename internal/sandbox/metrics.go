@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -48,7 +49,8 @@ var cpuSamples = struct {
 	m map[*Manager]map[string]cpuSample
 }{m: map[*Manager]map[string]cpuSample{}}
 
-// Metrics samples sandbox id's resource use now.
+// Metrics samples sandbox id's resource use now. A sandbox with no
+// processes (paused without memory) gives a zero Metric (no Timestamp).
 func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 	sb, err := m.Get(id)
 	if err != nil {
@@ -59,6 +61,11 @@ func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 		return Metric{}, errdefs.Unavailable("the %s runtime does not report resource use", m.d.Runtime.Version())
 	}
 	s, err := st.Stats(ctx, id)
+	if err != nil && sb.State != StateRunning && errors.Is(err, errdefs.ErrNotFound) {
+		// Paused without its memory (or between lifecycle steps): nothing
+		// runs, so there is nothing to sample.
+		return Metric{}, nil
+	}
 	if err != nil {
 		return Metric{}, fmt.Errorf("metrics of sandbox %s: %w", id, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"agentenv/internal/childproc"
@@ -110,6 +111,16 @@ func TestMetricsREST(t *testing.T) {
 	}
 	if resp := e.rawGet(t, "/sandboxes/metrics"); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("GET /sandboxes/metrics without sandbox_ids: got HTTP %d, want 400", resp.StatusCode)
+	}
+	// Paused without its memory, nothing runs: no sample, not an error.
+	req, _ := http.NewRequest(http.MethodPost, e.api+"/sandboxes/"+other.SandboxID+"/pause", strings.NewReader(`{"memory":false}`))
+	req.Header.Set("X-API-Key", e.key)
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("pause without memory: %v %v", resp, err)
+	}
+	if ms, err := e.client.SandboxMetrics(ctx, other.SandboxID); err != nil || len(ms) != 0 {
+		t.Errorf("metrics of a sandbox paused without memory: got %v, %v; want no samples", ms, err)
 	}
 	if err := e.client.KillSandbox(ctx, other.SandboxID); err != nil {
 		t.Fatal(err)
