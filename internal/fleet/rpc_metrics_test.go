@@ -1,0 +1,56 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"agentenv/internal/api"
+	"agentenv/internal/errdefs"
+	"agentenv/internal/sandbox"
+)
+
+// metricsBackend answers Metrics only (the rest of api.Backend is nil).
+type metricsBackend struct {
+	api.Backend
+	m map[string]sandbox.Metric
+}
+
+func (b metricsBackend) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
+	m, ok := b.m[id]
+	if !ok {
+		return m, errdefs.NotFound("sandbox %q does not exist", id)
+	}
+	return m, nil
+}
+
+// TestRPCMetrics: a sample crosses the node RPC whole, and "not found"
+// stays not found (the API answers 404, the SDK's SandboxNotFoundError).
+func TestRPCMetrics(t *testing.T) {
+	want := sandbox.Metric{Timestamp: time.Date(2026, 12, 1, 4, 0, 0, 123, time.UTC), CPUCount: 2, CPUUsedPct: 12.5,
+		MemUsed: 1 << 20, MemTotal: 512 << 20, MemCache: 4096, DiskUsed: 15 << 20, DiskTotal: 527 << 20}
+	b := metricsBackend{m: map[string]sandbox.Metric{"sb1": want}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		serveRPC(b, w, r, strings.TrimPrefix(r.URL.Path, rpcPath))
+	}))
+	defer srv.Close()
+	c := &nodeClient{name: "n1", addr: strings.TrimPrefix(srv.URL, "http://"), http: srv.Client()}
+	got, err := c.Metrics(context.Background(), "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Timestamp.Equal(want.Timestamp) {
+		t.Errorf("got timestamp %v, want %v", got.Timestamp, want.Timestamp)
+	}
+	got.Timestamp = want.Timestamp
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if _, err := c.Metrics(context.Background(), "gone"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("unknown sandbox: got %v, want ErrNotFound", err)
+	}
+}
