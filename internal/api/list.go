@@ -1,6 +1,7 @@
 package api
 
 import (
+	"container/heap"
 	"encoding/base64"
 	"net/url"
 	"slices"
@@ -153,10 +154,15 @@ type listPage struct {
 	totalRunning int
 }
 
-// page filters, orders and cuts all (Backend.List's answer) per lq.
+// page filters, orders and cuts all (Backend.List's answer) per lq. A
+// page of a long list keeps only the limit first items as it scans
+// (a bounded heap), so it costs O(n log limit), not a sort of all n.
 func (lq listQuery) page(all []sandbox.Sandbox) listPage {
 	var p listPage
-	matched := make([]sandbox.Sandbox, 0, len(all))
+	// before reports whether a comes before b in list order.
+	before := func(a, b pageKey) bool { return a != b && a.less(b) != lq.desc }
+	top := &pageHeap{before: before}
+	more := false
 	for _, sb := range all {
 		if lq.template != "" && sb.Template != lq.template {
 			continue
@@ -167,34 +173,56 @@ func (lq listQuery) page(all []sandbox.Sandbox) listPage {
 		if sb.State == sandbox.StateRunning {
 			p.totalRunning++
 		}
-		matched = append(matched, sb)
-	}
-	slices.SortFunc(matched, func(a, b sandbox.Sandbox) int {
-		ka, kb := keyOf(a), keyOf(b)
-		switch {
-		case ka == kb:
-			return 0
-		case ka.less(kb) != lq.desc:
-			return -1
-		default:
-			return 1
+		k := keyOf(sb)
+		if lq.after != nil && !before(*lq.after, k) {
+			continue // on an earlier page
 		}
+		switch {
+		case lq.limit == 0 || top.Len() < lq.limit:
+			heap.Push(top, pageItem{k, sb})
+		case before(k, top.items[0].key):
+			top.items[0] = pageItem{k, sb}
+			heap.Fix(top, 0)
+			more = true
+		default:
+			more = true
+		}
+	}
+	items := top.items
+	slices.SortFunc(items, func(a, b pageItem) int {
+		if before(a.key, b.key) {
+			return -1
+		}
+		return 1
 	})
-	if lq.after != nil {
-		after := *lq.after
-		i, _ := slices.BinarySearchFunc(matched, after, func(sb sandbox.Sandbox, k pageKey) int {
-			// Position of the first item strictly after the key in list order.
-			if keyOf(sb) == k || keyOf(sb).less(k) != lq.desc {
-				return -1
-			}
-			return 1
-		})
-		matched = matched[i:]
+	p.items = make([]sandbox.Sandbox, len(items))
+	for i, it := range items {
+		p.items[i] = it.sb
 	}
-	if lq.limit > 0 && len(matched) > lq.limit {
-		p.next = keyOf(matched[lq.limit-1]).encode()
-		matched = matched[:lq.limit]
+	if more {
+		p.next = items[len(items)-1].key.encode()
 	}
-	p.items = matched
 	return p
+}
+
+type pageItem struct {
+	key pageKey
+	sb  sandbox.Sandbox
+}
+
+// pageHeap holds the first items of a page, the last of them (in list
+// order) on top.
+type pageHeap struct {
+	items  []pageItem
+	before func(a, b pageKey) bool
+}
+
+func (h *pageHeap) Len() int           { return len(h.items) }
+func (h *pageHeap) Less(i, j int) bool { return h.before(h.items[j].key, h.items[i].key) }
+func (h *pageHeap) Swap(i, j int)      { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *pageHeap) Push(x any)         { h.items = append(h.items, x.(pageItem)) }
+func (h *pageHeap) Pop() any {
+	x := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return x
 }

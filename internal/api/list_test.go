@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"slices"
 	"testing"
@@ -180,4 +181,24 @@ func TestListRejectsBadParameters(t *testing.T) {
 	if lq, err := parseListQuery(q, false); err != nil || lq.limit != 0 {
 		t.Errorf("v1 limit=1000: got limit %d, err %v; want no paging", lq.limit, err)
 	}
+}
+
+// BenchmarkListPage is one page of 100 out of 22,000 sandboxes (the fleet
+// scale test's size), first and later pages.
+func BenchmarkListPage(b *testing.B) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	all := listed(22000, t0)
+	rand.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	lq := listQuery{desc: true, limit: 100}
+	mid := listQuery{desc: true, limit: 100, after: &pageKey{t0.Add(5000 * time.Second).UnixNano(), "sb10000"}}
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			lq.page(all)
+		}
+	})
+	b.Run("middle", func(b *testing.B) {
+		for b.Loop() {
+			mid.page(all)
+		}
+	})
 }
