@@ -16,11 +16,6 @@ type Stats struct {
 	MemLimit int64
 	// MemCache is file page cache charged to the sandbox.
 	MemCache int64
-	// WriteLayerUsed and WriteLayerSize describe the sandbox's private
-	// writable filesystem layer when it is on disk: bytes stored, and its
-	// size. Both are 0 when the runtime keeps that layer in memory (it is
-	// then part of MemUsed).
-	WriteLayerUsed, WriteLayerSize int64
 }
 
 // Statser is implemented by runtimes that can report a sandbox's resource

@@ -22,9 +22,7 @@ type Metric struct {
 	MemTotal   int64   `json:"memTotal"`
 	MemCache   int64   `json:"memCache"`
 	// DiskUsed and DiskTotal describe the sandbox's root filesystem: the
-	// template image plus the write layer. While the write layer is in
-	// memory, what the sandbox wrote is counted in MemUsed, not here, and
-	// DiskTotal is the image plus the memory writes can take.
+	// template image plus the write layer (see diskUse).
 	DiskUsed  int64 `json:"diskUsed"`
 	DiskTotal int64 `json:"diskTotal"`
 }
@@ -76,7 +74,7 @@ func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 		out.MemTotal = s.MemLimit
 	}
 	out.CPUUsedPct = m.cpuShare(sb, s.CPU, now)
-	out.DiskUsed, out.DiskTotal = m.diskUse(sb, s, out.MemTotal)
+	out.DiskUsed, out.DiskTotal = m.diskUse(sb, out.MemTotal)
 	return out, nil
 }
 
@@ -112,16 +110,16 @@ func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64
 	return pct
 }
 
-// diskUse is the sandbox's root filesystem: its template's image, plus
-// its write layer when the runtime keeps that on disk. A write layer in
-// memory has as much room as the sandbox has memory.
-func (m *Manager) diskUse(sb Sandbox, s runtime.Stats, memTotal int64) (used, total int64) {
+// diskUse is the sandbox's root filesystem: its template's image plus
+// its write layer, on disk (a sparse file of DiskMB: what it holds now) or
+// else in memory (its bytes count in memUsed; room: the memory limit).
+func (m *Manager) diskUse(sb Sandbox, memTotal int64) (used, total int64) {
 	var image int64
 	if t, err := m.d.Templates.Get(sb.Template); err == nil {
 		image = t.ImageSize
 	}
-	if s.WriteLayerSize > 0 {
-		return image + s.WriteLayerUsed, image + s.WriteLayerSize
+	if sb.DiskMB > 0 {
+		return image + m.LayerBytes(sb.ID), image + int64(sb.DiskMB)<<20
 	}
 	return image, image + memTotal
 }

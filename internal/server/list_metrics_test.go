@@ -77,8 +77,9 @@ func TestListPagesREST(t *testing.T) {
 }
 
 // TestMetricsREST checks a sample against what the sandbox does: CPU
-// burnt shows in cpuUsedPct, a file written to the (in-memory) write layer
-// in memUsed; several sandboxes at once; a killed one is 404.
+// burnt shows in cpuUsedPct, memory it holds in memUsed, a file written to
+// its write layer (on disk) in diskUsed; several sandboxes at once; a
+// sandbox paused without memory has none; a killed one is 404.
 func TestMetricsREST(t *testing.T) {
 	e := sharedServer(t)
 	ctx := context.Background()
@@ -88,18 +89,28 @@ func TestMetricsREST(t *testing.T) {
 	if first.MemTotal != 512<<20 || first.CPUCount < 1 || first.MemUsed <= 0 || first.DiskUsed <= 0 || first.DiskTotal < first.DiskUsed {
 		t.Errorf("got %+v, want memTotal 512 MiB, cpuCount ≥ 1, memUsed > 0, 0 < diskUsed ≤ diskTotal", first)
 	}
-	e.sh(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>/dev/null; i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+	// 64 MiB into the write layer, 64 MiB into /dev/shm (memory), and a
+	// busy loop.
+	res := e.sh(t, sb, "dd if=/dev/urandom of=/home/user/fill bs=1M count=64 && sync && "+
+		"dd if=/dev/urandom of=/dev/shm/fill bs=1M count=64 && "+
+		"i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+	if res.ExitCode != 0 {
+		t.Fatalf("writes: exit %d: %s", res.ExitCode, res.Stderr)
+	}
 	m := e.sampleMetric(t, sb.SandboxID)
 	t.Logf("before: %+v", first)
-	t.Logf("after writing 64 MiB and a busy loop: %+v", m)
+	t.Logf("after 64 MiB to disk, 64 MiB to /dev/shm, a busy loop: %+v", m)
 	if m.CPUUsedPct < 1 {
 		t.Errorf("got cpuUsedPct %.2f after a busy loop, want ≥ 1", m.CPUUsedPct)
 	}
 	if grew := m.MemUsed - first.MemUsed; grew < 48<<20 {
-		t.Errorf("memUsed grew %d MiB after writing 64 MiB to /tmp, want ≥ 48 MiB (the write layer is in memory)", grew>>20)
+		t.Errorf("memUsed grew %d MiB after writing 64 MiB to /dev/shm, want ≥ 48 MiB", grew>>20)
 	}
-	if m.MemUsed > m.MemTotal {
-		t.Errorf("got memUsed %d > memTotal %d", m.MemUsed, m.MemTotal)
+	if grew := m.DiskUsed - first.DiskUsed; grew < 48<<20 {
+		t.Errorf("diskUsed grew %d MiB after writing 64 MiB to /home/user, want ≥ 48 MiB", grew>>20)
+	}
+	if m.MemUsed > m.MemTotal || m.DiskUsed > m.DiskTotal {
+		t.Errorf("got more used than total: %+v", m)
 	}
 
 	all, err := e.client.SandboxesMetrics(ctx, []string{sb.SandboxID, other.SandboxID, "nosuchsandbox"})

@@ -112,9 +112,9 @@ describe('Sandbox.list', { concurrency: false }, () => {
 describe('getMetrics', () => {
   test('a sample in E2B shape from the sandbox cgroups', T, async () => {
     const sbx = await create(9)
-    // Write 32 MiB: the write layer is in memory, so memUsed must see it.
+    // 32 MiB into the write layer (on disk) and 32 MiB into /dev/shm (memory).
     const before = (await sbx.getMetrics())[0]
-    await sbx.commands.run('dd if=/dev/urandom of=/tmp/fill bs=1M count=32 2>/dev/null')
+    await sbx.commands.run('dd if=/dev/urandom of=/home/user/fill bs=1M count=32 2>/dev/null; sync; dd if=/dev/urandom of=/dev/shm/fill bs=1M count=32 2>/dev/null')
     const metrics = await sbx.getMetrics()
     assert.equal(metrics.length, 1)
     const m = metrics[0]
@@ -122,7 +122,8 @@ describe('getMetrics', () => {
     assert.ok(m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
     assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
     assert.ok(m.memTotal > 0 && m.memUsed > 0 && m.memUsed <= m.memTotal, `mem ${m.memUsed}/${m.memTotal}`)
-    assert.ok(m.memUsed - before.memUsed >= 24 << 20, `memUsed grew ${m.memUsed - before.memUsed} bytes after writing 32 MiB, want ≥ 24 MiB`)
+    assert.ok(m.memUsed - before.memUsed >= 24 << 20, `memUsed grew ${m.memUsed - before.memUsed} bytes after writing 32 MiB to /dev/shm, want ≥ 24 MiB`)
+    assert.ok(m.diskUsed - before.diskUsed >= 24 << 20, `diskUsed grew ${m.diskUsed - before.diskUsed} bytes after writing 32 MiB, want ≥ 24 MiB`)
     assert.ok(m.diskUsed > 0 && m.diskTotal >= m.diskUsed, `disk ${m.diskUsed}/${m.diskTotal}`)
 
     const stat = await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(Date.now() - 60_000) })

@@ -10,9 +10,7 @@ import (
 
 var _ runtime.Statser = (*Gvisor)(nil)
 
-// Stats implements runtime.Statser from the sandbox's cgroups. The write
-// layer is in the sandbox's memory (overlay "memory"), so it is part of
-// MemUsed and the write-layer fields stay 0.
+// Stats implements runtime.Statser from the sandbox's cgroups.
 func (g *Gvisor) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err := validID(id); err != nil {
 		return runtime.Stats{}, err
