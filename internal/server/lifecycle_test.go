@@ -1,23 +1,17 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"agentenv/internal/childproc"
 	"agentenv/internal/client"
-	"agentenv/internal/testenv"
 )
 
 // E2B's lifecycle: autoPause at the timeout (with or without memory),
@@ -202,26 +196,7 @@ func TestTimeoutPauseWithoutMemory(t *testing.T) {
 
 // TestE2BLifecycle runs tests/e2b/lifecycle.test.mjs: the official SDK's
 // lifecycle options, isRunning, connect and pause({keepMemory: false}).
-func TestE2BLifecycle(t *testing.T) {
-	e := sharedServer(t)
-	node := testenv.NeedCommand(t, "node", "the e2b SDK test needs Node.js")
-	dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		if testenv.Required() {
-			t.Fatalf("tests/e2b/node_modules/e2b missing: make setup installs it (npm ci)")
-		}
-		t.Skip("skipping: run `make setup` to install the e2b SDK (npm ci in tests/e2b)")
-	}
-	cmd := exec.Command(node, "--test", "--test-reporter=spec", "lifecycle.test.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
-		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
-	out, err := childproc.CombinedOutput(cmd)
-	t.Logf("node --test output:\n%s", bytes.TrimSpace(out))
-	if err != nil {
-		t.Fatalf("e2b SDK lifecycle tests failed: %v", err)
-	}
-}
+func TestE2BLifecycle(t *testing.T) { runSDKTest(t, sharedServer(t), "lifecycle.test.mjs") }
 
 // pausedWithoutMemory makes a sandbox with a file and pauses it without
 // its memory, on the server at api (for the restart test: such a sandbox

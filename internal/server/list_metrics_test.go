@@ -9,16 +9,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"agentenv/internal/childproc"
 	"agentenv/internal/client"
-	"agentenv/internal/testenv"
 )
 
 // TestListPagesREST pages through GET /v2/sandboxes as E2B's SDKs do:
@@ -144,25 +140,7 @@ func TestMetricsREST(t *testing.T) {
 
 // TestE2BSDKListAndMetrics runs tests/e2b/list.test.mjs: Sandbox.list
 // paging and filters and getMetrics through the official JS SDK.
-func TestE2BSDKListAndMetrics(t *testing.T) {
-	e := sharedServer(t)
-	node := testenv.NeedCommand(t, "node", "the e2b SDK test needs Node.js")
-	dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		if testenv.Required() {
-			t.Fatalf("tests/e2b/node_modules/e2b missing: make setup installs it (npm ci)")
-		}
-		t.Skip("skipping: run `make setup` to install the e2b SDK (npm ci in tests/e2b)")
-	}
-	cmd := exec.Command(node, "--test", "--test-reporter=spec", "list.test.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
-	out, err := childproc.CombinedOutput(cmd)
-	t.Logf("node --test list.test.mjs:\n%s", out)
-	if err != nil {
-		t.Fatalf("e2b SDK list/metrics tests failed: %v", err)
-	}
-}
+func TestE2BSDKListAndMetrics(t *testing.T) { runSDKTest(t, sharedServer(t), "list.test.mjs") }
 
 func (e *env) sampleMetric(t *testing.T, id string) client.Metric {
 	t.Helper()
