@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -187,4 +188,20 @@ func hasStatus(err error, status int) bool {
 func (e *env) warmContainers() int {
 	m, _ := filepath.Glob(filepath.Join(e.dataDir, "sandboxes", "*", "warm"))
 	return len(m)
+}
+
+// pooledSandboxes counts the hot pool's sandboxes (HotPool per template:
+// other tests' templates have theirs too), each holding a network slot.
+func (e *env) pooledSandboxes() int {
+	m, _ := filepath.Glob(filepath.Join(e.dataDir, "sandboxes", "*", "sandbox.json"))
+	n := 0
+	for _, p := range m {
+		var sb struct {
+			State string `json:"state"`
+		}
+		if b, err := os.ReadFile(p); err == nil && json.Unmarshal(b, &sb) == nil && sb.State == "pooled" {
+			n++
+		}
+	}
+	return n
 }

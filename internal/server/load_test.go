@@ -109,7 +109,7 @@ func TestLoad(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if !after.ok(e, t) {
-		t.Errorf("network after the load: %s (before: %s); want at most %d slots beyond live sandboxes, one veth each", after, netBefore, testSlotPool+4)
+		t.Errorf("network after the load: %s (before: %s); want at most %d slots beyond live, pooled and warm sandboxes, one veth each", after, netBefore, testSlotPool)
 	}
 }
 
@@ -367,5 +367,5 @@ func (n netCount) ok(e *env, t *testing.T) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n.namespaces <= testSlotPool+2+e.warmContainers()+len(live) && n.veths == n.namespaces
+	return n.namespaces <= testSlotPool+e.pooledSandboxes()+e.warmContainers()+len(live) && n.veths == n.namespaces
 }

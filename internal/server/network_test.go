@@ -480,9 +480,10 @@ func TestManySandboxesLeaveNoNetworkBehind(t *testing.T) {
 	// Slots are recycled into the pool, not deleted: what remains is at
 	// most the pool's ready slots, with no policy rules (a refill may be
 	// settling: give it a moment).
-	// Hot-pool sandboxes (2) and warm containers (2 for the ready busybox
-	// template, more for a while after a larger fork) hold a slot each.
-	limit := func() int { return testSlotPool + 2 + e.warmContainers() + len(e.liveSandboxes(t)) }
+	// Hot-pool sandboxes (2 per template) and warm containers (2 for the
+	// ready busybox template, more for a while after a larger fork) hold a
+	// slot each.
+	limit := func() int { return testSlotPool + e.pooledSandboxes() + e.warmContainers() + len(e.liveSandboxes(t)) }
 	for i := 0; i < 50 && len(namespaces("tst")) > limit(); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
