@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,8 +21,9 @@ import (
 // Data moves between nodes on demand: a create on a node that lacks its
 // template or snapshot first copies it from a node that has it. Templates
 // travel as a tar of their root filesystem (the receiver builds it like an
-// upload); snapshots file by file, each checked against its SHA-256 and
-// resumed with a Range request when a transfer breaks.
+// upload); snapshots as their description plus the
+// chunks the receiver lacks, each checked against its content-addressed
+// name and resumed with a Range request when a transfer breaks.
 
 // fetchAttempts bounds the resumptions of one file transfer.
 const fetchAttempts = 4
@@ -163,29 +163,20 @@ func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) err
 	if err := n.ensure(ctx, sn.Template); err != nil {
 		return err
 	}
-	dir, err := n.host.Snapshots.TempDir()
+	// Only the chunks this node lacks travel; the store checks each
+	// against its name (content addressed) before using it.
+	_, err = n.host.Snapshots.Import(sn, func(chunk, dst string) error {
+		return n.copyChunk(ctx, peer, id, chunk, dst)
+	})
 	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	for name, hash := range sn.Files {
-		if !filepath.IsLocal(name) || strings.ContainsRune(name, '/') || !filepath.IsLocal(hash) || strings.ContainsRune(hash, '/') {
-			return errdefs.Invalid("snapshot %s from node %s names a file %q (%q) outside its directory: refused", id, peer.Name, name, hash)
-		}
-		if err := n.copyFile(ctx, peer, id, name, hash, filepath.Join(dir, name)); err != nil {
-			return err
-		}
-	}
-	if _, err := n.host.Snapshots.Add(dir, sn); err != nil {
 		return fmt.Errorf("storing snapshot %s copied from node %s: %w", id, peer.Name, err)
 	}
 	return n.publishNow(ctx)
 }
 
-// copyFile downloads one checkpoint file, resuming where a broken
-// transfer stopped, and checks its SHA-256 when its name is one (content
-// addressed; internal snapshots' files are named at random).
-func (n *Node) copyFile(ctx context.Context, peer NodeRecord, id, name, hash, dst string) error {
+// copyChunk downloads one chunk of a snapshot, resuming where a broken
+// transfer stopped.
+func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst string) error {
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -197,7 +188,7 @@ func (n *Node) copyFile(ctx context.Context, peer NodeRecord, id, name, hash, ds
 		if err != nil {
 			return err
 		}
-		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+name, off)
+		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+chunk, off)
 		if err != nil {
 			last = err
 			continue
@@ -210,33 +201,11 @@ func (n *Node) copyFile(ctx context.Context, peer NodeRecord, id, name, hash, ds
 		_, err = io.Copy(f, resp.Body)
 		resp.Body.Close()
 		if err == nil {
-			last = nil
-			break
+			return f.Close()
 		}
 		last = err
 	}
-	if last != nil {
-		return errdefs.Unavailable("copying snapshot %s file %s from node %s: %v", id, name, peer.Name, last)
-	}
-	if len(hash) != 64 {
-		return nil
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	r, err := os.Open(dst)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, r); err != nil {
-		return err
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-		return errdefs.Unavailable("snapshot %s file %s from node %s is corrupt (sha256 %s, want %s)", id, name, peer.Name, got, hash)
-	}
-	return nil
+	return errdefs.Unavailable("copying snapshot %s chunk %s from node %s: %v", id, chunk, peer.Name, last)
 }
 
 func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
@@ -279,9 +248,9 @@ func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(sn)
 }
 
-// exportSnapshotFile serves one checkpoint file.
+// exportSnapshotFile serves one chunk of a snapshot (the route's {file}).
 func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
-	p, err := n.host.Snapshots.FilePath(r.PathValue("id"), r.PathValue("file"))
+	p, err := n.host.Snapshots.ChunkPath(r.PathValue("id"), r.PathValue("file"))
 	if err != nil {
 		writeWireError(w, err)
 		return

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"agentenv/internal/errdefs"
+	"agentenv/internal/snapshot"
 )
 
 // flakyPeer serves one file like a node's export route, but the first
@@ -56,7 +56,7 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 		data[i] = byte(i * 7)
 	}
 	sum := sha256.Sum256(data)
-	hash := hex.EncodeToString(sum[:])
+	hash := "w-" + hex.EncodeToString(sum[:]) // a chunk named by its SHA-256
 	for _, tc := range []struct {
 		name    string
 		corrupt bool
@@ -70,15 +70,20 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
-			err := n.copyFile(context.Background(), peer, "snap-1", "f", hash, dst)
+			err := n.copyChunk(context.Background(), peer, "snap-1", hash, dst)
+			if err != nil {
+				t.Fatalf("copyChunk: %v", err)
+			}
+			// The store checks each chunk it imports like this.
+			verr := snapshot.VerifyChunk(hash, dst)
 			if tc.wantErr {
-				if !errors.Is(err, errdefs.ErrUnavailable) {
-					t.Fatalf("copy of corrupt bytes: got %v, want an unavailable error naming the checksum", err)
+				if verr == nil {
+					t.Fatal("copy of corrupt bytes passed the check against its name")
 				}
 				return
 			}
-			if err != nil {
-				t.Fatalf("copyFile: %v", err)
+			if verr != nil {
+				t.Fatal(verr)
 			}
 			got, _ := os.ReadFile(dst)
 			if len(got) != len(data) || sha256.Sum256(got) != sum {

@@ -104,6 +104,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	if err := cp.Checkpoint(ctx, id, dir); err != nil {
 		return snapshot.Snapshot{}, err
 	}
+	checkpointed := time.Since(start)
+	// The store keeps only the pages this sandbox's previous snapshot
+	// lacks (see internal/snapshot).
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal,
@@ -112,7 +115,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	if err != nil {
 		return snapshot.Snapshot{}, err
 	}
-	m.d.Log.Info("snapshot taken", "sandbox", id, "snapshot", sn.ID, "bytes", sn.Size, "took", time.Since(start).Round(time.Millisecond))
+	m.d.Log.Info("snapshot taken", "sandbox", id, "snapshot", sn.ID, "bytes", sn.Size, "stored", sn.Stored,
+		"took", time.Since(start).Round(time.Millisecond), "checkpoint", checkpointed.Round(time.Millisecond),
+		"hash", sn.Timing.Hash.Round(time.Millisecond), "write", sn.Timing.Write.Round(time.Millisecond))
 	return sn, nil
 }
 

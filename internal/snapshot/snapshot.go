@@ -1,13 +1,14 @@
 // Package snapshot stores sandbox snapshots: the files a runtime checkpoint
-// writes, kept as content-addressed blobs (identical files are stored once),
-// plus metadata (template, parent snapshot, runtime build, size, time). It
-// counts who uses a snapshot and refuses to delete one that a sandbox or a
-// child snapshot needs. It must not drive runtimes itself.
+// writes, kept as content-addressed chunks of pages shared by every snapshot
+// on the node (a snapshot of a sandbox stores only the pages that changed
+// since its previous snapshot), plus metadata (template, parent snapshot,
+// runtime build, size, time). It counts who uses a snapshot and refuses to
+// delete one that a sandbox or a child snapshot needs; a chunk goes when no
+// snapshot references it. It must not drive runtimes itself.
 package snapshot
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,31 +47,77 @@ type Snapshot struct {
 	DiskMB      int               `json:"diskMB,omitempty"`
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"envdAccessToken,omitempty"`
-	// Files maps each checkpoint file name to its blob (sha256).
-	Files map[string]string `json:"files"`
+	// Files maps each checkpoint file name to where its bytes are.
+	Files map[string]File `json:"files"`
+	// Stored is the bytes of the chunks this snapshot added to the store
+	// when it was taken (what it cost beyond the snapshots before it).
+	Stored int64 `json:"storedBytes"`
 	// InUse counts sandboxes restored from it that still run (not persisted).
 	InUse int `json:"inUse"`
+	// Timing says where Add spent its time (not persisted).
+	Timing Timing `json:"-"`
 }
 
-// Store keeps snapshots under one directory: blobs/<sha256>, meta/<id>.json.
+// File is one checkpoint file: its size and its bytes, in order, as slices
+// of chunks.
+type File struct {
+	Size    int64    `json:"size"`
+	Extents []Extent `json:"extents"`
+}
+
+// Extent is Len bytes of a chunk from offset Off.
+type Extent struct {
+	Chunk string `json:"chunk"`
+	Off   int64  `json:"off"`
+	Len   int64  `json:"len"`
+}
+
+// Timing is where Add spent its time.
+type Timing struct {
+	Hash  time.Duration // reading and hashing pages, finding shared ones
+	Write time.Duration // writing new chunks, the page index and metadata
+}
+
+// chunks returns the distinct chunks a snapshot references.
+func (sn *Snapshot) chunks() map[string]bool {
+	out := map[string]bool{}
+	for _, f := range sn.Files {
+		for _, e := range f.Extents {
+			out[e.Chunk] = true
+		}
+	}
+	return out
+}
+
+// Store keeps snapshots under one directory: chunks/<name>, meta/<id>.json
+// and index/<id>/<file> (the page hashes of a file, so that the next
+// snapshot of the same sandbox can find the pages it shares).
 type Store struct {
 	dir string
 
 	mu    sync.Mutex
 	snaps map[string]*Snapshot
-	refs  map[string]int
+	refs  map[string]int // sandboxes using a snapshot
+	// chunkRefs counts the snapshots referencing a chunk; pins count the
+	// snapshots being added that will reference it. A chunk file goes
+	// when both are zero.
+	chunkRefs map[string]int
+	pins      map[string]int
+	chunkSize map[string]int64
 }
 
-// Open loads the snapshots under dir and removes half-written ones.
+// Open loads the snapshots under dir, drops those whose chunks are missing
+// (a crash mid-snapshot) and removes chunks no snapshot references.
 func Open(dir string) (*Store, error) {
-	for _, d := range []string{"blobs", "meta", "tmp"} {
+	for _, d := range []string{"chunks", "meta", "index", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
 		}
 	}
 	os.RemoveAll(filepath.Join(dir, "tmp"))
 	os.MkdirAll(filepath.Join(dir, "tmp"), 0o700)
-	s := &Store{dir: dir, snaps: map[string]*Snapshot{}, refs: map[string]int{}}
+	s := &Store{dir: dir, snaps: map[string]*Snapshot{}, refs: map[string]int{},
+		chunkRefs: map[string]int{}, pins: map[string]int{}, chunkSize: map[string]int64{}}
 	entries, err := os.ReadDir(filepath.Join(dir, "meta"))
 	if err != nil {
 		return nil, err
@@ -79,37 +126,87 @@ func Open(dir string) (*Store, error) {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, "meta", e.Name()))
+		sn, err := s.load(filepath.Join(dir, "meta", e.Name()))
 		if err != nil {
 			return nil, err
 		}
-		var sn Snapshot
-		if err := json.Unmarshal(b, &sn); err != nil {
-			return nil, fmt.Errorf("snapshot metadata %s: %w", e.Name(), err)
-		}
-		if s.complete(&sn) {
-			s.snaps[sn.ID] = &sn
+		if sn != nil && s.complete(sn) {
+			s.snaps[sn.ID] = sn
+			for c := range sn.chunks() {
+				s.chunkRefs[c]++
+			}
 		} else {
 			os.Remove(filepath.Join(dir, "meta", e.Name()))
 		}
 	}
-	s.removeUnusedBlobs()
+	s.removeUnused()
 	return s, nil
 }
 
+// load reads one metadata file, converting the format before chunks (one
+// blob per file under blobs/, named by its SHA-256).
+func (s *Store) load(p string) (*Snapshot, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	var sn Snapshot
+	if err := json.Unmarshal(b, &sn); err == nil {
+		return &sn, nil
+	}
+	var legacy struct {
+		Files map[string]string `json:"files"`
+	}
+	if err := json.Unmarshal(b, &legacy); err != nil {
+		return nil, fmt.Errorf("snapshot metadata %s: %w", filepath.Base(p), err)
+	}
+	files := legacy.Files
+	legacy.Files = nil
+	sn = Snapshot{}
+	var rest map[string]json.RawMessage
+	json.Unmarshal(b, &rest)
+	delete(rest, "files")
+	b, _ = json.Marshal(rest)
+	if err := json.Unmarshal(b, &sn); err != nil {
+		return nil, fmt.Errorf("snapshot metadata %s: %w", filepath.Base(p), err)
+	}
+	sn.Files = map[string]File{}
+	for name, h := range files {
+		chunk := h
+		if !strings.HasPrefix(h, "u-") {
+			chunk = "w-" + h
+		}
+		dst := s.chunk(chunk)
+		if err := os.Rename(filepath.Join(s.dir, "blobs", h), dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		st, err := os.Stat(dst)
+		if err != nil {
+			return nil, nil // incomplete: dropped
+		}
+		sn.Files[name] = File{Size: st.Size(), Extents: []Extent{{Chunk: chunk, Len: st.Size()}}}
+	}
+	if err := s.writeMeta(sn); err != nil {
+		return nil, err
+	}
+	return &sn, nil
+}
+
 func (s *Store) complete(sn *Snapshot) bool {
-	for _, h := range sn.Files {
-		if _, err := os.Stat(s.blob(h)); err != nil {
+	for c := range sn.chunks() {
+		st, err := os.Stat(s.chunk(c))
+		if err != nil {
 			return false
 		}
+		s.chunkSize[c] = st.Size()
 	}
 	return len(sn.Files) > 0
 }
 
-func (s *Store) blob(hash string) string { return filepath.Join(s.dir, "blobs", hash) }
+func (s *Store) chunk(name string) string { return filepath.Join(s.dir, "chunks", name) }
 
 // TempDir returns a new directory for a runtime to checkpoint into, on the
-// same filesystem as the blobs (so adding it is a rename, not a copy).
+// same filesystem as the chunks (so adding a file whole is a rename).
 func (s *Store) TempDir() (string, error) {
 	return os.MkdirTemp(filepath.Join(s.dir, "tmp"), "ckpt-")
 }
@@ -119,62 +216,6 @@ func NewID() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return "snap-" + hex.EncodeToString(b)
-}
-
-// Add moves the files of checkpoint directory dir into the store as
-// snapshot sn (its ID, if empty, is generated) and removes dir.
-func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
-	defer os.RemoveAll(dir)
-	if sn.ID == "" {
-		sn.ID = NewID()
-	}
-	if sn.CreatedAt.IsZero() {
-		sn.CreatedAt = time.Now().UTC()
-	}
-	sn.Files = map[string]string{}
-	sn.Size = 0
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		var h string
-		var n int64
-		if sn.Internal {
-			// Internal snapshots (a fork's, a ready template's) are not
-			// shared by content; hashing hundreds of MiB would only slow
-			// the fork down.
-			st, err := os.Stat(p)
-			if err != nil {
-				return Snapshot{}, err
-			}
-			h, n = "u-"+NewID()[len("snap-"):]+"-"+e.Name(), st.Size()
-		} else if h, n, err = hashFile(p); err != nil {
-			return Snapshot{}, err
-		}
-		if _, err := os.Stat(s.blob(h)); err == nil {
-			os.Remove(p) // already stored: content-addressed dedup
-		} else if err := os.Rename(p, s.blob(h)); err != nil {
-			return Snapshot{}, err
-		}
-		sn.Files[e.Name()] = h
-		sn.Size += n
-	}
-	if len(sn.Files) == 0 {
-		return Snapshot{}, errors.New("checkpoint wrote no files")
-	}
-	if err := s.writeMeta(sn); err != nil {
-		return Snapshot{}, err
-	}
-	s.mu.Lock()
-	c := sn
-	s.snaps[sn.ID] = &c
-	s.mu.Unlock()
-	return sn, nil
 }
 
 func (s *Store) writeMeta(sn Snapshot) error {
@@ -188,20 +229,6 @@ func (s *Store) writeMeta(sn Snapshot) error {
 		return err
 	}
 	return os.Rename(p+".tmp", p)
-}
-
-func hashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // Get returns a snapshot.
@@ -257,8 +284,9 @@ func (s *Store) ListAll() []Snapshot {
 }
 
 // Acquire marks the snapshot as used by one more sandbox and returns a
-// directory laid out as the runtime wrote it (hard links to the blobs),
-// a function that removes that directory once the restore is done, and a
+// directory laid out as the runtime wrote it (a file stored whole is a hard
+// link to its chunk, others are put together from their extents), a
+// function that removes that directory once the restore is done, and a
 // function that releases the use (call it when the sandbox ends).
 func (s *Store) Acquire(id string) (dir string, done func(), release func(), err error) {
 	s.mu.Lock()
@@ -283,14 +311,51 @@ func (s *Store) Acquire(id string) (dir string, done func(), release func(), err
 		release()
 		return "", nil, nil, err
 	}
-	for name, h := range files {
-		if err := os.Link(s.blob(h), filepath.Join(dir, name)); err != nil {
+	for name, f := range files {
+		if err := s.assemble(filepath.Join(dir, name), f); err != nil {
 			os.RemoveAll(dir)
 			release()
-			return "", nil, nil, err
+			return "", nil, nil, fmt.Errorf("restore snapshot %s file %s: %w", id, name, err)
 		}
 	}
 	return dir, func() { os.RemoveAll(dir) }, release, nil
+}
+
+// assemble writes file f at dst: a hard link when one whole chunk is the
+// file, else a copy of its extents (copy_file_range: no user-space copy).
+func (s *Store) assemble(dst string, f File) error {
+	if len(f.Extents) == 1 && f.Extents[0].Off == 0 {
+		if st, err := os.Stat(s.chunk(f.Extents[0].Chunk)); err == nil && st.Size() == f.Size {
+			return os.Link(s.chunk(f.Extents[0].Chunk), dst)
+		}
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	open := map[string]*os.File{}
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for _, e := range f.Extents {
+		c, ok := open[e.Chunk]
+		if !ok {
+			if c, err = os.Open(s.chunk(e.Chunk)); err != nil {
+				return err
+			}
+			open[e.Chunk] = c
+		}
+		if _, err := c.Seek(e.Off, io.SeekStart); err != nil {
+			return err
+		}
+		if n, err := out.ReadFrom(io.LimitReader(c, e.Len)); err != nil || n != e.Len {
+			return fmt.Errorf("chunk %s: copied %d of %d bytes at %d: %v", e.Chunk, n, e.Len, e.Off, err)
+		}
+	}
+	return out.Close()
 }
 
 // Hold marks a snapshot as used by a sandbox adopted after a restart.
@@ -333,34 +398,59 @@ func (s *Store) deleteLocked(id string) error {
 	if err := os.Remove(filepath.Join(s.dir, "meta", id+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	shared := map[string]bool{}
-	for _, other := range s.snaps {
-		for _, h := range other.Files {
-			shared[h] = true
-		}
-	}
-	for _, h := range sn.Files {
-		if !shared[h] {
-			os.Remove(s.blob(h))
-		}
+	os.RemoveAll(filepath.Join(s.dir, "index", id))
+	for c := range sn.chunks() {
+		s.chunkRefs[c]--
+		s.dropIfUnusedLocked(c)
 	}
 	return nil
 }
 
-// removeUnusedBlobs deletes blobs no snapshot references (after a crash).
-func (s *Store) removeUnusedBlobs() {
-	used := map[string]bool{}
-	for _, sn := range s.snaps {
-		for _, h := range sn.Files {
-			used[h] = true
-		}
+// dropIfUnusedLocked removes a chunk no snapshot references or is about to.
+func (s *Store) dropIfUnusedLocked(c string) {
+	if s.chunkRefs[c] > 0 || s.pins[c] > 0 {
+		return
 	}
-	entries, _ := os.ReadDir(filepath.Join(s.dir, "blobs"))
+	delete(s.chunkRefs, c)
+	delete(s.pins, c)
+	delete(s.chunkSize, c)
+	os.Remove(s.chunk(c))
+}
+
+// removeUnused deletes chunks and page indexes no snapshot references (left
+// by a crash mid-snapshot or mid-delete).
+func (s *Store) removeUnused() {
+	entries, _ := os.ReadDir(filepath.Join(s.dir, "chunks"))
 	for _, e := range entries {
-		if !used[e.Name()] {
-			os.Remove(filepath.Join(s.dir, "blobs", e.Name()))
+		if s.chunkRefs[e.Name()] == 0 {
+			os.Remove(filepath.Join(s.dir, "chunks", e.Name()))
 		}
 	}
+	entries, _ = os.ReadDir(filepath.Join(s.dir, "index"))
+	for _, e := range entries {
+		if _, ok := s.snaps[e.Name()]; !ok {
+			os.RemoveAll(filepath.Join(s.dir, "index", e.Name()))
+		}
+	}
+	os.RemoveAll(filepath.Join(s.dir, "blobs")) // the format before chunks, converted by load
+}
+
+// StoredBytes is the disk the snapshots' chunks take, each chunk counted
+// once however many snapshots share it.
+func (s *Store) StoredBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.storedLocked()
+}
+
+func (s *Store) storedLocked() int64 {
+	var n int64
+	for c, refs := range s.chunkRefs {
+		if refs > 0 {
+			n += s.chunkSize[c]
+		}
+	}
+	return n
 }
 
 // Policy bounds the disk use of snapshots nothing needs.
@@ -379,10 +469,9 @@ func (s *Store) GC(p Policy) []string {
 	var deleted []string
 	for {
 		var all []*Snapshot
-		var total int64
+		total := s.storedLocked() // shared chunks count once
 		for _, sn := range s.snaps {
 			all = append(all, sn)
-			total += sn.Size
 		}
 		sort.Slice(all, func(i, j int) bool { return all[i].CreatedAt.Before(all[j].CreatedAt) })
 		var victim *Snapshot
@@ -417,18 +506,17 @@ func (s *Store) hasChild(id string) bool {
 	return false
 }
 
-// FilePath returns the path of one checkpoint file of a snapshot (to copy
-// it to another node). The file may go away once the snapshot is deleted.
-func (s *Store) FilePath(id, name string) (string, error) {
+// ChunkPath returns the path of a chunk of a snapshot (to copy it to
+// another node). The file may go away once the snapshot is deleted.
+func (s *Store) ChunkPath(id, chunk string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sn, ok := s.snaps[id]
 	if !ok {
 		return "", errdefs.NotFound("snapshot %q does not exist on this node", id)
 	}
-	h, ok := sn.Files[name]
-	if !ok {
-		return "", errdefs.NotFound("snapshot %q has no file %q", id, name)
+	if !sn.chunks()[chunk] {
+		return "", errdefs.NotFound("snapshot %q has no chunk %q", id, chunk)
 	}
-	return s.blob(h), nil
+	return s.chunk(chunk), nil
 }

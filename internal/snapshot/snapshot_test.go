@@ -25,9 +25,9 @@ func checkpoint(t *testing.T, s *Store, files map[string]string) string {
 	return dir
 }
 
-func blobs(t *testing.T, s *Store) int {
+func chunkFiles(t *testing.T, s *Store) int {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(s.dir, "blobs"))
+	entries, err := os.ReadDir(filepath.Join(s.dir, "chunks"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +47,8 @@ func TestContentAddressedAndRestorable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := blobs(t, s), 3; got != want {
-		t.Errorf("blobs = %d, want %d (identical pages stored once)", got, want)
+	if got, want := chunkFiles(t, s), 3; got != want {
+		t.Errorf("chunks = %d, want %d (identical pages stored once)", got, want)
 	}
 	if a.Size != int64(len("state-a")+len("same pages")) {
 		t.Errorf("size = %d", a.Size)
@@ -89,8 +89,8 @@ func TestContentAddressedAndRestorable(t *testing.T) {
 	if err := s2.Delete(a.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := blobs(t, s2); got != 0 {
-		t.Errorf("blobs after deleting everything = %d, want 0", got)
+	if got := chunkFiles(t, s2); got != 0 {
+		t.Errorf("chunks after deleting everything = %d, want 0", got)
 	}
 	if err := s2.Delete(a.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("delete twice: %v, want not found", err)

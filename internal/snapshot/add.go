@@ -1,0 +1,369 @@
+package snapshot
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"agentenv/internal/errdefs"
+)
+
+// newChunk is a chunk file an Add wrote and has not yet put in place.
+type newChunk struct{ name, tmp string }
+
+// Add moves the files of checkpoint directory dir into the store as
+// snapshot sn (its ID, if empty, is generated) and removes dir. A file's
+// pages that the sandbox's previous snapshot (or the snapshot it was
+// restored from) already holds are referenced, not stored again; the
+// others go into one new chunk per file. Internal snapshots are stored
+// whole without hashing: a fork waits for them and deletes them at once.
+func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
+	defer os.RemoveAll(dir)
+	if sn.ID == "" {
+		sn.ID = NewID()
+	}
+	if sn.CreatedAt.IsZero() {
+		sn.CreatedAt = time.Now().UTC()
+	}
+	sn.Files, sn.Size, sn.Stored = map[string]File{}, 0, 0
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	bases := s.pinBases(sn)
+	defer s.unpin(bases.chunks)
+	var fresh []newChunk
+	indexes := map[string][][32]byte{}
+	start := time.Now()
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		f, c, pages, err := s.storeFile(p, e.Name(), sn.Internal, bases)
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("store checkpoint file %s: %w", e.Name(), err)
+		}
+		sn.Files[e.Name()] = f
+		sn.Size += f.Size
+		if c.name != "" {
+			fresh = append(fresh, c)
+		}
+		if pages != nil {
+			indexes[e.Name()] = pages
+		}
+	}
+	if len(sn.Files) == 0 {
+		return Snapshot{}, errors.New("checkpoint wrote no files")
+	}
+	hashed := time.Now()
+	if err := s.writeIndex(sn.ID, indexes); err != nil {
+		return Snapshot{}, err
+	}
+	if err := s.commit(&sn, fresh); err != nil {
+		os.RemoveAll(filepath.Join(s.dir, "index", sn.ID))
+		return Snapshot{}, err
+	}
+	sn.Timing = Timing{Hash: bases.took + hashed.Sub(start) - bases.writeTook, Write: time.Since(hashed) + bases.writeTook}
+	return sn, nil
+}
+
+// storeFile plans how file p is stored and writes the chunk it adds, if
+// any. It returns the page hashes (nil for internal snapshots) for the
+// index.
+func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChunk, [][32]byte, error) {
+	st, err := os.Stat(p)
+	if err != nil {
+		return File{}, newChunk{}, nil, err
+	}
+	size := st.Size()
+	whole := func(chunk string) File {
+		return File{Size: size, Extents: []Extent{{Chunk: chunk, Len: size}}}
+	}
+	if internal {
+		c := "u-" + NewID()[len("snap-"):] + "-" + name
+		return whole(c), newChunk{name: c, tmp: p}, nil, nil
+	}
+	if size == 0 {
+		return File{Extents: []Extent{}}, newChunk{}, [][32]byte{}, nil
+	}
+	fd, err := os.Open(p)
+	if err != nil {
+		return File{}, newChunk{}, nil, err
+	}
+	defer fd.Close()
+	data, err := unix.Mmap(int(fd.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return File{}, newChunk{}, nil, fmt.Errorf("mmap: %w", err)
+	}
+	defer unix.Munmap(data)
+	pages := pageHashes(data)
+	pl := planFile(size, pages, b.pages)
+	newPages := make([][32]byte, len(pl.newPages))
+	for i, pi := range pl.newPages {
+		newPages[i] = pages[pi]
+	}
+	// Mostly new: keep the file whole (a rename, no copy); it then costs
+	// at most twice what changed.
+	if 2*len(pl.newPages) >= len(pages) {
+		c := chunkName(pages)
+		return whole(c), newChunk{name: c, tmp: p}, pages, nil
+	}
+	if len(pl.newPages) == 0 {
+		return File{Size: size, Extents: pl.extents}, newChunk{}, pages, nil
+	}
+	c := chunkName(newPages)
+	for i := range pl.extents {
+		if pl.extents[i].Chunk == "" {
+			pl.extents[i].Chunk = c
+		}
+	}
+	w := time.Now()
+	tmp := p + ".chunk"
+	if err := writePages(tmp, data, pl.newPages); err != nil {
+		return File{}, newChunk{}, nil, err
+	}
+	b.writeTook += time.Since(w)
+	return File{Size: size, Extents: pl.extents}, newChunk{name: c, tmp: tmp}, pages, nil
+}
+
+// writePages writes the given pages of data, in order, to a new file,
+// one write per run of consecutive pages.
+func writePages(p string, data []byte, idx []int) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for i := 0; i < len(idx); {
+		j := i + 1
+		for j < len(idx) && idx[j] == idx[j-1]+1 {
+			j++
+		}
+		from, to := idx[i]*PageSize, min(idx[j-1]*PageSize+PageSize, len(data))
+		if _, err := f.Write(data[from:to]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return f.Close()
+}
+
+// bases are the pages an Add may reference, with their chunks pinned so
+// that a concurrent delete cannot remove them before the new snapshot
+// holds them.
+type bases struct {
+	pages     map[[32]byte]loc
+	chunks    map[string]bool
+	took      time.Duration
+	writeTook time.Duration
+}
+
+// pinBases picks what a new snapshot of sn.Sandbox dedupes against: the
+// sandbox's latest snapshot and the one it was restored from.
+func (s *Store) pinBases(sn Snapshot) *bases {
+	start := time.Now()
+	b := &bases{pages: map[[32]byte]loc{}, chunks: map[string]bool{}}
+	if sn.Internal {
+		return b
+	}
+	s.mu.Lock()
+	var picked []*Snapshot
+	var latest *Snapshot
+	for _, o := range s.snaps {
+		if o.Internal || sn.Sandbox == "" || o.Sandbox != sn.Sandbox {
+			continue
+		}
+		if latest == nil || o.CreatedAt.After(latest.CreatedAt) {
+			latest = o
+		}
+	}
+	if latest != nil {
+		picked = append(picked, latest)
+	}
+	if p, ok := s.snaps[sn.Parent]; ok && !p.Internal && p != latest {
+		picked = append(picked, p)
+	}
+	copies := make([]Snapshot, len(picked))
+	for i, p := range picked {
+		copies[i] = *p
+		for c := range p.chunks() {
+			b.chunks[c] = true
+			s.pins[c]++
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range copies {
+		for name, f := range p.Files {
+			pages, err := s.readIndex(p.ID, name)
+			if err != nil {
+				continue // no index (copied from a peer, older format): nothing to share
+			}
+			locations(b.pages, f, pages)
+		}
+	}
+	b.took = time.Since(start)
+	return b
+}
+
+func (s *Store) unpin(chunks map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range chunks {
+		s.pins[c]--
+		s.dropIfUnusedLocked(c)
+	}
+}
+
+// commit puts the new chunks in place and records sn, under the lock so
+// that no delete runs between a chunk being found present and referenced.
+func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() {
+		if err != nil { // what this snapshot put in place and nothing uses
+			for _, c := range fresh {
+				s.dropIfUnusedLocked(c.name)
+			}
+		}
+	}()
+	for _, c := range fresh {
+		if s.chunkRefs[c.name] > 0 || s.pins[c.name] > 0 {
+			os.Remove(c.tmp) // already stored: shared
+			continue
+		}
+		if err := os.Rename(c.tmp, s.chunk(c.name)); err != nil {
+			return err
+		}
+	}
+	for c := range sn.chunks() {
+		st, err := os.Stat(s.chunk(c))
+		if err != nil {
+			return fmt.Errorf("chunk %s of snapshot %s: %w", c, sn.ID, err)
+		}
+		if s.chunkRefs[c] == 0 && s.pins[c] == 0 {
+			sn.Stored += st.Size()
+		}
+		s.chunkSize[c] = st.Size()
+	}
+	if err := s.writeMeta(*sn); err != nil {
+		return err
+	}
+	for c := range sn.chunks() {
+		s.chunkRefs[c]++
+	}
+	c := *sn
+	s.snaps[sn.ID] = &c
+	return nil
+}
+
+// writeIndex saves the page hashes of a snapshot's files.
+func (s *Store) writeIndex(id string, files map[string][][32]byte) error {
+	if len(files) == 0 {
+		return nil
+	}
+	dir := filepath.Join(s.dir, "index", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, pages := range files {
+		var raw []byte
+		if len(pages) > 0 {
+			raw = unsafe.Slice((*byte)(unsafe.Pointer(&pages[0])), len(pages)*32)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), raw, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) readIndex(id, name string) ([][32]byte, error) {
+	raw, err := os.ReadFile(filepath.Join(s.dir, "index", id, name))
+	if err != nil {
+		return nil, err
+	}
+	pages := make([][32]byte, len(raw)/32)
+	for i := range pages {
+		copy(pages[i][:], raw[i*32:])
+	}
+	return pages, nil
+}
+
+// Import adds snapshot sn, described by another node, fetching into this
+// store only the chunks it lacks: fetch writes chunk name to path dst; the
+// store checks the content against the name before using it.
+func (s *Store) Import(sn Snapshot, fetch func(chunk, dst string) error) (Snapshot, error) {
+	if err := checkManifest(sn); err != nil {
+		return Snapshot{}, err
+	}
+	dir, err := s.TempDir()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	defer os.RemoveAll(dir)
+	want := sn.chunks()
+	have := map[string]bool{}
+	s.mu.Lock()
+	for c := range want {
+		if s.chunkRefs[c] > 0 || s.pins[c] > 0 {
+			have[c] = true
+			s.pins[c]++
+		}
+	}
+	s.mu.Unlock()
+	defer s.unpin(have)
+	names := make([]string, 0, len(want))
+	for c := range want {
+		if !have[c] {
+			names = append(names, c)
+		}
+	}
+	sort.Strings(names)
+	var fresh []newChunk
+	for _, c := range names {
+		dst := filepath.Join(dir, c)
+		if err := fetch(c, dst); err != nil {
+			return Snapshot{}, err
+		}
+		if err := VerifyChunk(c, dst); err != nil {
+			return Snapshot{}, errdefs.Unavailable("snapshot %s: %v", sn.ID, err)
+		}
+		fresh = append(fresh, newChunk{name: c, tmp: dst})
+	}
+	sn.InUse, sn.Stored = 0, 0
+	if err := s.commit(&sn, fresh); err != nil {
+		return Snapshot{}, err
+	}
+	return sn, nil
+}
+
+// checkManifest refuses a snapshot description whose chunk names could
+// leave the store's directory or whose extents do not add up.
+func checkManifest(sn Snapshot) error {
+	if len(sn.Files) == 0 {
+		return errdefs.Invalid("snapshot %s has no files", sn.ID)
+	}
+	for name, f := range sn.Files {
+		if !filepath.IsLocal(name) || filepath.Base(name) != name {
+			return errdefs.Invalid("snapshot %s names a file %q outside its directory: refused", sn.ID, name)
+		}
+		var total int64
+		for _, e := range f.Extents {
+			if !ValidChunkName(e.Chunk) || e.Off < 0 || e.Len <= 0 {
+				return errdefs.Invalid("snapshot %s file %s has a bad extent %+v: refused", sn.ID, name, e)
+			}
+			total += e.Len
+		}
+		if total != f.Size {
+			return errdefs.Invalid("snapshot %s file %s: extents hold %d bytes, size is %d: refused", sn.ID, name, total, f.Size)
+		}
+	}
+	return nil
+}
