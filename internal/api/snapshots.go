@@ -21,8 +21,11 @@ type snapshotJSON struct {
 	SandboxID  string            `json:"sandboxID"`
 	Runtime    string            `json:"runtimeVersion"`
 	SizeBytes  int64             `json:"sizeBytes"`
-	CreatedAt  time.Time         `json:"createdAt"`
-	InUse      int               `json:"sandboxesInUse"`
+	// StoredBytes is what the snapshot added to the node's store when it
+	// was taken (pages its sandbox's previous snapshot lacked).
+	StoredBytes int64     `json:"storedBytes"`
+	CreatedAt   time.Time `json:"createdAt"`
+	InUse       int       `json:"sandboxesInUse"`
 }
 
 func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
@@ -31,7 +34,7 @@ func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
 		names = append(names, sn.Name)
 	}
 	return snapshotJSON{SnapshotID: sn.ID, Names: names, Name: sn.Name, Metadata: sn.Metadata, TemplateID: sn.Template,
-		Parent: sn.Parent, SandboxID: sn.Sandbox, Runtime: sn.Runtime, SizeBytes: sn.Size, CreatedAt: sn.CreatedAt, InUse: sn.InUse}
+		Parent: sn.Parent, SandboxID: sn.Sandbox, Runtime: sn.Runtime, SizeBytes: sn.Size, StoredBytes: sn.Stored, CreatedAt: sn.CreatedAt, InUse: sn.InUse}
 }
 
 // pauseSandbox is E2B's pause: with memory (the default) the sandbox

@@ -492,8 +492,10 @@ type Snapshot struct {
 	Parent     string            `json:"parentSnapshotID,omitempty"`
 	SandboxID  string            `json:"sandboxID"`
 	SizeBytes  int64             `json:"sizeBytes"`
-	CreatedAt  time.Time         `json:"createdAt"`
-	InUse      int               `json:"sandboxesInUse"`
+	// StoredBytes is what the snapshot added to the server's store.
+	StoredBytes int64     `json:"storedBytes"`
+	CreatedAt   time.Time `json:"createdAt"`
+	InUse       int       `json:"sandboxesInUse"`
 }
 
 // PauseSandbox freezes a sandbox.

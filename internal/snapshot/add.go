@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 	"unsafe"
@@ -165,8 +166,12 @@ type bases struct {
 	writeTook time.Duration
 }
 
+// maxBases bounds how many of a sandbox's snapshots a new one dedupes
+// against (each costs reading its page index).
+const maxBases = 3
+
 // pinBases picks what a new snapshot of sn.Sandbox dedupes against: the
-// sandbox's latest snapshot and the one it was restored from.
+// sandbox's latest snapshots and the one it was restored from.
 func (s *Store) pinBases(sn Snapshot) *bases {
 	start := time.Now()
 	b := &bases{pages: map[[32]byte]loc{}, chunks: map[string]bool{}}
@@ -175,27 +180,27 @@ func (s *Store) pinBases(sn Snapshot) *bases {
 	}
 	s.mu.Lock()
 	var picked []*Snapshot
-	var latest *Snapshot
 	for _, o := range s.snaps {
 		if o.Internal || sn.Sandbox == "" || o.Sandbox != sn.Sandbox {
 			continue
 		}
-		if latest == nil || o.CreatedAt.After(latest.CreatedAt) {
-			latest = o
-		}
+		picked = append(picked, o)
 	}
-	if latest != nil {
-		picked = append(picked, latest)
-	}
-	if p, ok := s.snaps[sn.Parent]; ok && !p.Internal && p != latest {
+	// The newest few: pages that changed and changed back (a buffer freed
+	// and reused) are found in an older one.
+	sort.Slice(picked, func(i, j int) bool { return picked[i].CreatedAt.After(picked[j].CreatedAt) })
+	picked = picked[:min(len(picked), maxBases)]
+	if p, ok := s.snaps[sn.Parent]; ok && !p.Internal && !slices.Contains(picked, p) {
 		picked = append(picked, p)
 	}
 	copies := make([]Snapshot, len(picked))
 	for i, p := range picked {
 		copies[i] = *p
 		for c := range p.chunks() {
-			b.chunks[c] = true
-			s.pins[c]++
+			if !b.chunks[c] { // snapshots share chunks: pin each once
+				b.chunks[c] = true
+				s.pins[c]++
+			}
 		}
 	}
 	s.mu.Unlock()

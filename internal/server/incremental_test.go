@@ -1,0 +1,117 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"agentenv/internal/client"
+	"agentenv/internal/snapshot"
+)
+
+// TestIncrementalSnapshotChain takes a snapshot of a sandbox and then 10
+// more along a trajectory, 1 MiB of its memory changed before each, and
+// checks that
+// the store holds only what changed (the chunks on disk, each counted
+// once), and that the last snapshot restores with its memory whole, also
+// after the earlier ones are deleted.
+func TestIncrementalSnapshotChain(t *testing.T) {
+	e := sharedServer(t)
+	ctx := context.Background()
+	sb := e.create(t, client.CreateRequest{})
+	e.sh(t, sb, "dd if=/dev/urandom of=/dev/shm/state bs=1M count=16 2>/dev/null")
+	var snaps []client.Snapshot
+	t.Cleanup(func() {
+		for _, sn := range snaps {
+			e.client.DeleteSnapshot(ctx, sn.SnapshotID)
+		}
+	})
+	for i := range 11 {
+		if i > 0 {
+			e.sh(t, sb, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/state bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i))
+		}
+		sn, err := e.client.SnapshotSandbox(ctx, sb.SandboxID, "", nil)
+		if err != nil {
+			t.Fatalf("snapshot %d: %v", i, err)
+		}
+		t.Logf("snapshot %d: %d bytes, %d stored", i, sn.SizeBytes, sn.StoredBytes)
+		snaps = append(snaps, sn)
+	}
+	want := md5sum(t, e, sb)
+	if b, err := os.ReadFile(filepath.Join(e.dataDir, "server.log")); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, sb.SandboxID) && strings.Contains(l, "snapshot taken") {
+				t.Log(l)
+			}
+		}
+	}
+
+	first := e.chunkBytes(t, snaps[:1])
+	beyond := e.chunkBytes(t, snaps) - first
+	t.Logf("first snapshot: %.1f MiB of chunks; the 10 after it: %.1f MiB more", mib(first), mib(beyond))
+	if beyond > 20<<20 {
+		t.Errorf("10 snapshots with 1 MiB changed each stored %.1f MiB beyond the first, want at most 20 MiB", mib(beyond))
+	}
+
+	last := snaps[len(snaps)-1].SnapshotID
+	if got := md5sum(t, e, e.create(t, client.CreateRequest{TemplateID: last})); got != want {
+		t.Fatalf("restored /dev/shm/state md5 %s, want %s", got, want)
+	}
+	for _, sn := range snaps[:len(snaps)-1] {
+		if err := e.client.DeleteSnapshot(ctx, sn.SnapshotID); err != nil {
+			t.Fatalf("delete %s: %v", sn.SnapshotID, err)
+		}
+	}
+	snaps = snaps[len(snaps)-1:]
+	if got := md5sum(t, e, e.create(t, client.CreateRequest{TemplateID: last})); got != want {
+		t.Fatalf("after deleting the earlier snapshots: restored md5 %s, want %s", got, want)
+	}
+}
+
+func md5sum(t *testing.T, e *env, sb client.Sandbox) string {
+	t.Helper()
+	res := e.sh(t, sb, "md5sum /dev/shm/state")
+	if res.ExitCode != 0 {
+		t.Fatalf("md5sum: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	return strings.Fields(string(res.Stdout) + " ")[0]
+}
+
+// chunkBytes reads the snapshots' metadata in the server's store and adds
+// up the size of the distinct chunks they reference, as they are on disk.
+func (e *env) chunkBytes(t *testing.T, snaps []client.Snapshot) int64 {
+	t.Helper()
+	dir := filepath.Join(e.dataDir, "snapshots")
+	seen := map[string]bool{}
+	var n int64
+	for _, sn := range snaps {
+		b, err := os.ReadFile(filepath.Join(dir, "meta", sn.SnapshotID+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta snapshot.Snapshot
+		if err := json.Unmarshal(b, &meta); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range meta.Files {
+			for _, ext := range f.Extents {
+				if seen[ext.Chunk] {
+					continue
+				}
+				seen[ext.Chunk] = true
+				st, err := os.Stat(filepath.Join(dir, "chunks", ext.Chunk))
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += st.Size()
+			}
+		}
+	}
+	return n
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
