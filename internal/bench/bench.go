@@ -127,6 +127,9 @@ type Report struct {
 	// Bandwidth holds, per target and throughput row, MiB/s over a few
 	// transfers.
 	Bandwidth map[string]map[Operation]Bandwidth `json:"bandwidth,omitempty"`
+	// Storage holds, per target and storage row, what a snapshot added to
+	// disk.
+	Storage map[string]map[Operation]Storage `json:"storage,omitempty"`
 	// Notes explain targets that were skipped and how each was set up.
 	Notes []string `json:"notes,omitempty"`
 }

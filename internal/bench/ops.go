@@ -32,6 +32,13 @@ const (
 	OpDiskWrite   Operation = "disk_write_mibps"
 )
 
+// A snapshot of a sandbox whose previous snapshot exists, 16 MiB changed
+// since: its time, and the MiB it adds to disk.
+const (
+	OpSnapIncr   Operation = "snapshot_incremental_16mib"
+	OpSnapStored Operation = "snapshot_incremental_stored_mib"
+)
+
 // Kind says what a row's values are.
 type Kind int
 
@@ -41,6 +48,7 @@ const (
 	KindRate                  // a throughput in cycles per second
 	KindMemory                // PSS in MiB per sandbox
 	KindBandwidth             // MiB/s, median of a few transfers
+	KindStorage               // MiB a snapshot adds to disk (median)
 )
 
 type opInfo struct {
@@ -61,6 +69,8 @@ var ops = map[Operation]opInfo{
 	OpSnapshot:    {"snapshot, idle", KindTime, GroupSnapshot},
 	OpSnapshot64:  {"snapshot, 64 MiB dirty", KindTime, GroupDirty},
 	OpSnapshot256: {"snapshot, 256 MiB dirty", KindTime, GroupDirty},
+	OpSnapIncr:    {"snapshot after 16 MiB changed (incremental)", KindTime, GroupDirty},
+	OpSnapStored:  {"bytes stored per incremental snapshot (MiB)", KindStorage, GroupDirty},
 	OpRestore:     {"restore until a command runs", KindTime, GroupRestore},
 	OpFork4:       {"fork 4, until each child ran a command", KindTime, GroupFork},
 	OpFork16:      {"fork 16, until each child ran a command", KindTime, GroupFork},
@@ -88,7 +98,7 @@ func (o Operation) Kind() Kind { return ops[o].kind }
 var Operations = []Operation{
 	OpCreate, OpExec, OpFile, OpKill,
 	OpPause, OpResume,
-	OpSnapshot, OpSnapshot64, OpSnapshot256,
+	OpSnapshot, OpSnapshot64, OpSnapshot256, OpSnapIncr, OpSnapStored,
 	OpRestore, OpFork4, OpFork16,
 	OpChurn, OpMemIdle, OpMemFork,
 	OpProxyGet, OpProxyDown, OpProxyUp,
@@ -102,7 +112,7 @@ const (
 	GroupSnapshot = "snapshot" // snapshot of an idle sandbox
 	GroupRestore  = "restore"  // restore from a snapshot
 	GroupFork     = "fork"     // fork 4, fork 16
-	GroupDirty    = "dirty"    // snapshots with 64 and 256 MiB dirty
+	GroupDirty    = "dirty"    // snapshots with 64 and 256 MiB dirty, incremental snapshots
 	GroupMemory   = "memory"   // PSS per idle sandbox and per fork child
 	GroupChurn    = "churn"    // create+exec+kill throughput
 	GroupNetwork  = "network"  // HTTP through the proxy to a server in a sandbox

@@ -184,7 +184,7 @@ func (r *runner) dirtySnapshots(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return r.incremental(ctx)
 }
 
 // restore measures restoring a snapshot of an idle sandbox until a command

@@ -53,7 +53,7 @@ func writeMain(w io.Writer, rep Report) error {
 	if !slices.ContainsFunc(Operations, func(op Operation) bool { return measured(rep, op) }) {
 		return nil
 	}
-	fmt.Fprintln(w, "times in ms as p50 / p95 / max; churn in cycles/s; memory in MiB PSS per sandbox (mean); ratios compare p50s, rates and MiB")
+	fmt.Fprintln(w, "times in ms as p50 / p95 / max; churn in cycles/s; memory in MiB PSS per sandbox (mean); stored MiB per snapshot as median (max); ratios compare p50s, rates and MiB")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := []string{"operation"}
 	header = append(header, rep.Targets...)
@@ -106,6 +106,9 @@ func value(rep Report, target string, op Operation) (float64, bool) {
 	case KindBandwidth:
 		b, ok := rep.Bandwidth[target][op]
 		return b.MedianMiBps, ok && b.N > 0
+	case KindStorage:
+		st, ok := rep.Storage[target][op]
+		return st.MedianMiB, ok && st.N > 0
 	default:
 		s, ok := rep.Stats[target][op]
 		return s.P50Ms, ok && s.N > 0
@@ -132,6 +135,9 @@ func cellOf(rep Report, target string, op Operation, ok bool) string {
 		return num(rep.Memory[target][op].PssMiB)
 	case KindBandwidth:
 		return num(rep.Bandwidth[target][op].MedianMiBps)
+	case KindStorage:
+		st := rep.Storage[target][op]
+		return num(st.MedianMiB) + " (max " + num(st.MaxMiB) + ")"
 	default:
 		return cell(rep.Stats[target][op])
 	}
