@@ -196,9 +196,11 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst st
 		if off > 0 && resp.StatusCode != http.StatusPartialContent {
 			// The peer ignored the range: start over.
 			f.Truncate(0)
-			f.Seek(0, io.SeekStart)
+			off = 0
 		}
-		_, err = io.Copy(f, resp.Body)
+		// Chunks are sparse where their shared pages were punched out:
+		// keep them so here too.
+		_, err = snapshot.CopySparse(f, resp.Body, off)
 		resp.Body.Close()
 		if err == nil {
 			return f.Close()

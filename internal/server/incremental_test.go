@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"agentenv/internal/client"
@@ -82,7 +83,7 @@ func md5sum(t *testing.T, e *env, sb client.Sandbox) string {
 }
 
 // chunkBytes reads the snapshots' metadata in the server's store and adds
-// up the size of the distinct chunks they reference, as they are on disk.
+// up the disk the distinct chunks they reference take.
 func (e *env) chunkBytes(t *testing.T, snaps []client.Snapshot) int64 {
 	t.Helper()
 	dir := filepath.Join(e.dataDir, "snapshots")
@@ -107,7 +108,7 @@ func (e *env) chunkBytes(t *testing.T, snaps []client.Snapshot) int64 {
 				if err != nil {
 					t.Fatal(err)
 				}
-				n += st.Size()
+				n += st.Sys().(*syscall.Stat_t).Blocks * 512 // chunks are sparse
 			}
 		}
 	}

@@ -94,7 +94,7 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	if size == 0 {
 		return File{Extents: []Extent{}}, newChunk{}, [][32]byte{}, nil
 	}
-	fd, err := os.Open(p)
+	fd, err := os.OpenFile(p, os.O_RDWR, 0)
 	if err != nil {
 		return File{}, newChunk{}, nil, err
 	}
@@ -105,13 +105,9 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	}
 	defer unix.Munmap(data)
 	pages := pageHashes(data)
-	pl := planFile(size, pages, b.pages)
-	newPages := make([][32]byte, len(pl.newPages))
-	for i, pi := range pl.newPages {
-		newPages[i] = pages[pi]
-	}
-	// Mostly new: keep the file whole (a rename, no copy); it then costs
-	// at most twice what changed.
+	pl := planFile(size, pages, b.pages, true)
+	// Mostly new: keep the file whole (a rename); it then costs at most
+	// twice what changed.
 	if 2*len(pl.newPages) >= len(pages) {
 		c := chunkName(pages)
 		return whole(c), newChunk{name: c, tmp: p}, pages, nil
@@ -119,19 +115,54 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	if len(pl.newPages) == 0 {
 		return File{Size: size, Extents: pl.extents}, newChunk{}, pages, nil
 	}
-	c := chunkName(newPages)
-	for i := range pl.extents {
-		if pl.extents[i].Chunk == "" {
-			pl.extents[i].Chunk = c
-		}
-	}
 	w := time.Now()
+	defer func() { b.writeTook += time.Since(w) }()
+	// The new pages stay where the checkpoint wrote them and the shared
+	// ones are punched out: no copy, and pages dropped from the page cache
+	// before writeback are never written to disk.
+	if content, err := punchShared(fd, size, pages, pl.newPages); err == nil {
+		return named(size, pl.extents, chunkName(content)), newChunk{name: chunkName(content), tmp: p}, pages, nil
+	} else if !errors.Is(err, unix.EOPNOTSUPP) {
+		return File{}, newChunk{}, nil, err
+	}
+	// A file system without hole punching: copy the new pages out.
+	pl = planFile(size, pages, b.pages, false)
+	newPages := make([][32]byte, len(pl.newPages))
+	for i, pi := range pl.newPages {
+		newPages[i] = pages[pi]
+	}
 	tmp := p + ".chunk"
 	if err := writePages(tmp, data, pl.newPages); err != nil {
 		return File{}, newChunk{}, nil, err
 	}
-	b.writeTook += time.Since(w)
-	return File{Size: size, Extents: pl.extents}, newChunk{name: c, tmp: tmp}, pages, nil
+	return named(size, pl.extents, chunkName(newPages)), newChunk{name: chunkName(newPages), tmp: tmp}, pages, nil
+}
+
+// named fills the new chunk's name into a plan's extents.
+func named(size int64, extents []Extent, chunk string) File {
+	for i := range extents {
+		if extents[i].Chunk == "" {
+			extents[i].Chunk = chunk
+		}
+	}
+	return File{Size: size, Extents: extents}
+}
+
+// punchShared turns the file into a sparse chunk holding only its new
+// pages (the others read as zeros) and returns the page hashes of what it
+// now holds.
+func punchShared(fd *os.File, size int64, pages [][32]byte, newPages []int) ([][32]byte, error) {
+	content := slices.Clone(pages)
+	for _, r := range sharedRuns(size, len(pages), newPages) {
+		err := unix.Fallocate(int(fd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1])
+		if err != nil {
+			return nil, err
+		}
+		for i := r[0] / PageSize; i*PageSize < r[0]+r[1]; i++ {
+			content[i] = zeroHash(min(PageSize, size-i*PageSize))
+		}
+	}
+	return content, nil
 }
 
 // writePages writes the given pages of data, in order, to a new file,
@@ -253,9 +284,9 @@ func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
 			return fmt.Errorf("chunk %s of snapshot %s: %w", c, sn.ID, err)
 		}
 		if s.chunkRefs[c] == 0 && s.pins[c] == 0 {
-			sn.Stored += st.Size()
+			sn.Stored += diskSize(st)
 		}
-		s.chunkSize[c] = st.Size()
+		s.chunkSize[c] = diskSize(st)
 	}
 	if err := s.writeMeta(*sn); err != nil {
 		return err

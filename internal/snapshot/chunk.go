@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // PageSize is the unit of deduplication. gVisor's pages file holds memory
@@ -123,20 +124,70 @@ type plan struct {
 }
 
 // planFile lays out a file of size bytes with the given page hashes: pages
-// found in base are referenced where they are; the rest go, in order, into
-// one new chunk named newChunk (filled in later: its name depends on them).
-func planFile(size int64, pages [][32]byte, base map[[32]byte]loc) plan {
+// found in base are referenced where they are; the rest go into one new
+// chunk (named later: its name depends on them), at their own offset when
+// inPlace (the chunk is the file with the shared pages punched out), else
+// packed in order.
+func planFile(size int64, pages [][32]byte, base map[[32]byte]loc, inPlace bool) plan {
 	var p plan
 	for i := range pages {
 		n := min(int64(PageSize), size-int64(i)*PageSize)
 		l, ok := base[pages[i]]
 		if !ok {
 			l = loc{chunk: "", off: int64(len(p.newPages)) * PageSize}
+			if inPlace {
+				l.off = int64(i) * PageSize
+			}
 			p.newPages = append(p.newPages, i)
 		}
 		p.extents = appendExtent(p.extents, Extent{Chunk: l.chunk, Off: l.off, Len: n})
 	}
 	return p
+}
+
+// sharedRuns returns the byte ranges [off, off+len) of the pages of a file
+// that are not new (newPages is sorted).
+func sharedRuns(size int64, npages int, newPages []int) [][2]int64 {
+	var runs [][2]int64
+	next := 0
+	start := -1
+	for i := 0; i <= npages; i++ {
+		isNew := next < len(newPages) && newPages[next] == i
+		if isNew {
+			next++
+		}
+		if i < npages && !isNew {
+			if start < 0 {
+				start = i
+			}
+			continue
+		}
+		if start >= 0 {
+			from := int64(start) * PageSize
+			runs = append(runs, [2]int64{from, min(int64(i)*PageSize, size) - from})
+			start = -1
+		}
+	}
+	return runs
+}
+
+var zeroPage = sha256.Sum256(make([]byte, PageSize))
+
+// zeroHash is the hash of n zero bytes (a page punched out of a chunk).
+func zeroHash(n int64) [32]byte {
+	if n == PageSize {
+		return zeroPage
+	}
+	return sha256.Sum256(make([]byte, n))
+}
+
+// diskSize is what a file takes on disk: a chunk with the pages it shares
+// punched out takes only its new pages.
+func diskSize(st os.FileInfo) int64 {
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		return sys.Blocks * 512
+	}
+	return st.Size()
 }
 
 // appendExtent adds e, merging it into the last extent when it continues it.
@@ -160,4 +211,65 @@ func locations(into map[[32]byte]loc, f File, pages [][32]byte) {
 			i++
 		}
 	}
+}
+
+// CopySparse copies r into f from offset off, leaving holes where r has
+// zero pages (a chunk's punched-out pages arrive as zeros), and returns
+// the bytes copied. The file ends at off plus that even when r ends in
+// zeros.
+func CopySparse(f *os.File, r io.Reader, off int64) (int64, error) {
+	buf := make([]byte, 64*PageSize)
+	var n int64
+	for {
+		k, err := readFull(r, buf)
+		for b := 0; b < k; b += PageSize {
+			blk := buf[b:min(b+PageSize, k)]
+			if !allZero(blk) {
+				if _, werr := f.WriteAt(blk, off+n); werr != nil {
+					return n, werr
+				}
+			}
+			n += int64(len(blk))
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return n, err // a cut transfer: the caller resumes from the file's end
+		}
+	}
+	if st, err := f.Stat(); err == nil && st.Size() < off+n {
+		return n, f.Truncate(off + n)
+	}
+	return n, nil
+}
+
+// readFull is io.ReadFull except that it returns io.EOF, not
+// io.ErrUnexpectedEOF, at the reader's clean end (an HTTP body cut short
+// says io.ErrUnexpectedEOF itself, and that must stay an error).
+func readFull(r io.Reader, buf []byte) (int, error) {
+	k := 0
+	for k < len(buf) {
+		n, err := r.Read(buf[k:])
+		k += n
+		if err != nil {
+			return k, err
+		}
+	}
+	return k, nil
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }

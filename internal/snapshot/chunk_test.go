@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -83,7 +84,8 @@ func restored(t testing.TB, s *Store, id string, files map[string][]byte) {
 	}
 }
 
-// diskBytes walks the chunks directory: what the store really holds.
+// diskBytes walks the chunks directory: what the store really holds on
+// disk (chunks are sparse where their shared pages were punched out).
 func diskBytes(t testing.TB, s *Store) int64 {
 	t.Helper()
 	var n int64
@@ -96,7 +98,7 @@ func diskBytes(t testing.TB, s *Store) int64 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n += st.Size()
+		n += diskSize(st)
 	}
 	return n
 }
@@ -325,7 +327,7 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 		}
 		snaps, taken = append(snaps, sn), append(taken, files)
 	}
-	var fetched int64
+	var fetched int
 	fetch := func(id string, corrupt bool) func(string, string) error {
 		return func(chunk, to string) error {
 			p, err := src.ChunkPath(id, chunk)
@@ -339,8 +341,14 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 			if corrupt {
 				b[0] ^= 1
 			}
-			fetched += int64(len(b))
-			return os.WriteFile(to, b, 0o600)
+			fetched++
+			f, err := os.Create(to)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = CopySparse(f, bytes.NewReader(b), 0)
+			return err
 		}
 	}
 	if _, err := dst.Import(snaps[2], fetch(snaps[2].ID, true)); err == nil {
@@ -350,11 +358,15 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	fetched = 0
+	before := diskBytes(t, dst)
 	if _, err := dst.Import(snaps[2], fetch(snaps[2].ID, false)); err != nil {
 		t.Fatal(err)
 	}
-	if max := int64(2 * (64<<10 + 3*PageSize)); fetched > max {
-		t.Errorf("second import fetched %d bytes, want at most %d (only what the first lacks)", fetched, max)
+	if fetched != 1 {
+		t.Errorf("second import fetched %d chunks, want 1 (the one the first lacks)", fetched)
+	}
+	if added, max := diskBytes(t, dst)-before, int64(2*(64<<10+3*PageSize)); added > max {
+		t.Errorf("second import added %d bytes on disk, want at most %d (what changed)", added, max)
 	}
 	restored(t, dst, snaps[2].ID, taken[2])
 	restored(t, dst, snaps[1].ID, taken[1])
@@ -384,3 +396,36 @@ func TestGCCountsSharedChunksOnce(t *testing.T) {
 		t.Errorf("GC under a 1-byte limit deleted %v, want all 3", got)
 	}
 }
+
+func TestCopySparseKeepsHoles(t *testing.T) {
+	data := make([]byte, 64*PageSize)
+	for i := range data[:8*PageSize] {
+		data[i] = byte(i%251 + 1)
+	}
+	copy(data[40*PageSize:], data[:PageSize]) // data, then zeros to the end
+	f, err := os.Create(filepath.Join(t.TempDir(), "chunk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// A transfer cut after 10 pages, then resumed from the file's end.
+	if _, err := CopySparse(f, io.MultiReader(bytes.NewReader(data[:10*PageSize]), errReader{}), 0); err == nil {
+		t.Fatal("a cut transfer reported success")
+	}
+	st, _ := f.Stat()
+	if _, err := CopySparse(f, bytes.NewReader(data[st.Size():]), st.Size()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(f.Name())
+	if !bytes.Equal(got, data) {
+		t.Fatalf("copied %d bytes that differ from the %d sent", len(got), len(data))
+	}
+	st, _ = f.Stat()
+	if used := diskSize(st); used > 16*PageSize {
+		t.Errorf("file takes %d bytes on disk, want at most %d (9 pages of data, the rest holes)", used, 16*PageSize)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }

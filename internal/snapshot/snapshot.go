@@ -200,7 +200,7 @@ func (s *Store) complete(sn *Snapshot) bool {
 		if err != nil {
 			return false
 		}
-		s.chunkSize[c] = st.Size()
+		s.chunkSize[c] = diskSize(st)
 	}
 	return len(sn.Files) > 0
 }
