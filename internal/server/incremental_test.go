@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"agentenv/internal/client"
 	"agentenv/internal/snapshot"
@@ -59,6 +60,12 @@ func TestIncrementalSnapshotChain(t *testing.T) {
 	}
 
 	last := snaps[len(snaps)-1].SnapshotID
+	for _, sn := range []string{snaps[0].SnapshotID, last} { // stored whole; stored as extents
+		start := time.Now()
+		restored := e.create(t, client.CreateRequest{TemplateID: sn})
+		t.Logf("create from %s: %v", sn, time.Since(start).Round(time.Millisecond))
+		e.client.KillSandbox(ctx, restored.SandboxID)
+	}
 	if got := md5sum(t, e, e.create(t, client.CreateRequest{TemplateID: last})); got != want {
 		t.Fatalf("restored /dev/shm/state md5 %s, want %s", got, want)
 	}
