@@ -20,10 +20,10 @@ type newChunk struct{ name, tmp string }
 
 // Add moves the files of checkpoint directory dir into the store as
 // snapshot sn (its ID, if empty, is generated) and removes dir. A file's
-// pages that the sandbox's previous snapshot (or the snapshot it was
-// restored from) already holds are referenced, not stored again; the
-// others go into one new chunk per file. Internal snapshots are stored
-// whole without hashing: a fork waits for them and deletes them at once.
+// pages that the sandbox's last snapshots (or the snapshot it was restored
+// from) already hold are referenced, not stored again; the others stay in
+// one new chunk per file. Internal snapshots are stored whole without
+// hashing: a fork waits for them and deletes them at once.
 func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 	defer os.RemoveAll(dir)
 	if sn.ID == "" {

@@ -118,7 +118,7 @@ func TestIncrementalChainStoresWhatChanged(t *testing.T) {
 		if i > 0 {
 			changed = mem.change(256 << 10)
 		}
-		files := map[string][]byte{"pages.img": bytes.Clone(mem.data), "checkpoint.img": append(state, byte(i))}
+		files := map[string][]byte{"pages.img": bytes.Clone(mem.data), "checkpoint.img": append(state, byte(i)), "empty.img": {}}
 		sn, err := s.Add(ckpt(t, s, files), Snapshot{Sandbox: "sb-1"})
 		if err != nil {
 			t.Fatal(err)
