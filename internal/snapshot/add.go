@@ -239,7 +239,11 @@ func (s *Store) pinBases(sn Snapshot) *bases {
 		for name, f := range p.Files {
 			pages, err := s.readIndex(p.ID, name)
 			if err != nil {
-				continue // no index (copied from a peer, older format): nothing to share
+				// Copied from a peer or stored before chunks: hash it now,
+				// once (its chunks are pinned).
+				if pages, err = s.indexFile(p.ID, name, f); err != nil {
+					continue // nothing to share with it
+				}
 			}
 			locations(b.pages, f, pages)
 		}
@@ -318,6 +322,32 @@ func (s *Store) writeIndex(id string, files map[string][][32]byte) error {
 		}
 	}
 	return nil
+}
+
+// indexFile hashes the pages of a stored file, extent by extent, and saves
+// them as its index.
+func (s *Store) indexFile(id, name string, f File) ([][32]byte, error) {
+	var pages [][32]byte
+	for _, e := range f.Extents {
+		m, err := mapChunk(s.chunk(e.Chunk))
+		if err != nil {
+			return nil, err
+		}
+		if e.Off+e.Len > int64(len(m)) {
+			unix.Munmap(m)
+			return nil, fmt.Errorf("chunk %s is shorter than its extent", e.Chunk)
+		}
+		pages = append(pages, pageHashes(m[e.Off:e.Off+e.Len])...)
+		if len(m) > 0 {
+			unix.Munmap(m)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, live := s.snaps[id]; live { // a deleted snapshot's index would be left behind
+		s.writeIndex(id, map[string][][32]byte{name: pages})
+	}
+	return pages, nil
 }
 
 func (s *Store) readIndex(id, name string) ([][32]byte, error) {

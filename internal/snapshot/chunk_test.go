@@ -371,6 +371,18 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 	restored(t, dst, snaps[2].ID, taken[2])
 	restored(t, dst, snaps[1].ID, taken[1])
 
+	// The sandbox goes on on this node: its next snapshot shares the
+	// copied ones' pages (they had no page index here).
+	changed := mem.change(64 << 10)
+	next, err := dst.Add(ckpt(t, dst, map[string][]byte{"pages.img": bytes.Clone(mem.data)}), Snapshot{Sandbox: "sb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if max := int64(2 * changed); next.Stored > max {
+		t.Errorf("snapshot after a copy stored %d bytes for %d changed, want at most %d", next.Stored, changed, max)
+	}
+	restored(t, dst, next.ID, map[string][]byte{"pages.img": mem.data})
+
 	bad := snaps[2]
 	bad.Files = map[string]File{"../x": bad.Files["pages.img"]}
 	if _, err := dst.Import(bad, fetch(snaps[2].ID, false)); err == nil {
