@@ -109,6 +109,9 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	// Mostly new: keep the file whole (a rename); it then costs at most
 	// twice what changed.
 	if 2*len(pl.newPages) >= len(pages) {
+		if c, err := compress(p+".z", data); err != nil || c != "" {
+			return whole(c), newChunk{name: c, tmp: p + ".z"}, pages, err
+		}
 		c := chunkName(pages)
 		return whole(c), newChunk{name: c, tmp: p}, pages, nil
 	}
@@ -329,6 +332,9 @@ func (s *Store) writeIndex(id string, files map[string][][32]byte) error {
 func (s *Store) indexFile(id, name string, f File) ([][32]byte, error) {
 	var pages [][32]byte
 	for _, e := range f.Extents {
+		if compressed(e.Chunk) {
+			return nil, fmt.Errorf("file %s is stored compressed", name)
+		}
 		m, err := mapChunk(s.chunk(e.Chunk))
 		if err != nil {
 			return nil, err
@@ -422,7 +428,8 @@ func checkManifest(sn Snapshot) error {
 		}
 		var total int64
 		for _, e := range f.Extents {
-			if !ValidChunkName(e.Chunk) || e.Off < 0 || e.Len <= 0 {
+			if !ValidChunkName(e.Chunk) || e.Off < 0 || e.Len <= 0 ||
+				(compressed(e.Chunk) && (len(f.Extents) != 1 || e.Off != 0)) {
 				return errdefs.Invalid("snapshot %s file %s has a bad extent %+v: refused", sn.ID, name, e)
 			}
 			total += e.Len

@@ -22,7 +22,8 @@ const PageSize = 4096
 
 // A chunk is a file under chunks/ holding pages back to back. Its name is
 // the SHA-256 of the concatenated SHA-256s of its pages (one pass over the
-// data yields both the dedupe keys and the name), "w-<sha256 of the whole
+// data yields both the dedupe keys and the name), "z-<sha256 of its bytes>"
+// for a small file stored compressed (see compressed.go), "w-<sha256 of the whole
 // file>" for a file stored before chunking, or "u-..." for an internal
 // snapshot's file (not hashed, never shared).
 
@@ -57,7 +58,7 @@ func chunkName(pages [][32]byte) string {
 func ValidChunkName(name string) bool {
 	body := name
 	switch {
-	case strings.HasPrefix(name, "w-"):
+	case strings.HasPrefix(name, "w-"), strings.HasPrefix(name, "z-"):
 		body = name[2:]
 	case strings.HasPrefix(name, "u-"):
 		return len(name) > 2 && !strings.ContainsAny(name, "/\\") && name != "u-." && name != "u-.."
@@ -81,12 +82,12 @@ func VerifyChunk(name, p string) error {
 	switch {
 	case strings.HasPrefix(name, "u-"):
 		return nil
-	case strings.HasPrefix(name, "w-"):
+	case strings.HasPrefix(name, "w-"), strings.HasPrefix(name, "z-"):
 		h := sha256.New()
 		if _, err := io.Copy(h, f); err != nil {
 			return err
 		}
-		got = "w-" + hex.EncodeToString(h.Sum(nil))
+		got = name[:2] + hex.EncodeToString(h.Sum(nil))
 	default:
 		var pages [][32]byte
 		buf := make([]byte, PageSize)
@@ -204,6 +205,9 @@ func appendExtent(ext []Extent, e Extent) []Extent {
 func locations(into map[[32]byte]loc, f File, pages [][32]byte) {
 	i := 0
 	for _, e := range f.Extents {
+		if compressed(e.Chunk) {
+			return // its bytes are not where its pages are
+		}
 		for o := int64(0); o < e.Len && i < len(pages); o += PageSize {
 			if _, ok := into[pages[i]]; !ok {
 				into[pages[i]] = loc{chunk: e.Chunk, off: e.Off + o}

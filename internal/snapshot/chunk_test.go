@@ -118,10 +118,15 @@ func TestIncrementalChainStoresWhatChanged(t *testing.T) {
 		if i > 0 {
 			changed = mem.change(256 << 10)
 		}
-		files := map[string][]byte{"pages.img": bytes.Clone(mem.data), "checkpoint.img": append(state, byte(i)), "empty.img": {}}
+		// A state file that differs each time but compresses (as gVisor's).
+		st := append(bytes.Repeat(state, 16<<10), byte(i))
+		files := map[string][]byte{"pages.img": bytes.Clone(mem.data), "checkpoint.img": st, "empty.img": {}}
 		sn, err := s.Add(ckpt(t, s, files), Snapshot{Sandbox: "sb-1"})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if c := sn.Files["checkpoint.img"].Extents[0].Chunk; !compressed(c) {
+			t.Errorf("state file of %d bytes stored as chunk %s, want it compressed", len(st), c)
 		}
 		if i == 0 {
 			first = diskBytes(t, s)
@@ -320,7 +325,7 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 		if i > 0 {
 			mem.change(64 << 10)
 		}
-		files := map[string][]byte{"pages.img": bytes.Clone(mem.data)}
+		files := map[string][]byte{"pages.img": bytes.Clone(mem.data), "checkpoint.img": bytes.Repeat([]byte{byte(i)}, 100<<10)}
 		sn, err := src.Add(ckpt(t, src, files), Snapshot{Sandbox: "sb"})
 		if err != nil {
 			t.Fatal(err)
@@ -362,8 +367,8 @@ func TestImportFetchesOnlyMissingChunks(t *testing.T) {
 	if _, err := dst.Import(snaps[2], fetch(snaps[2].ID, false)); err != nil {
 		t.Fatal(err)
 	}
-	if fetched != 1 {
-		t.Errorf("second import fetched %d chunks, want 1 (the one the first lacks)", fetched)
+	if fetched != 2 {
+		t.Errorf("second import fetched %d chunks, want 2 (its new pages and its state file)", fetched)
 	}
 	if added, max := diskBytes(t, dst)-before, int64(2*(64<<10+3*PageSize)); added > max {
 		t.Errorf("second import added %d bytes on disk, want at most %d (what changed)", added, max)

@@ -140,7 +140,7 @@ func (s *Store) whole(f File) bool {
 	if len(f.Extents) == 0 {
 		return true
 	}
-	if len(f.Extents) > 1 || f.Extents[0].Off != 0 {
+	if len(f.Extents) > 1 || f.Extents[0].Off != 0 || compressed(f.Extents[0].Chunk) {
 		return false
 	}
 	st, err := os.Stat(s.chunk(f.Extents[0].Chunk))
@@ -158,6 +158,12 @@ func (s *Store) assemble(dst string, f File) error {
 		return err
 	}
 	defer out.Close()
+	if len(f.Extents) == 1 && compressed(f.Extents[0].Chunk) {
+		if err := inflate(out, s.chunk(f.Extents[0].Chunk), f.Size); err != nil {
+			return err
+		}
+		return out.Close()
+	}
 	mapped := map[string][]byte{}
 	defer func() {
 		for _, m := range mapped {
