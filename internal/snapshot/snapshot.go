@@ -73,7 +73,7 @@ type Extent struct {
 
 // Timing is where Add spent its time.
 type Timing struct {
-	Hash  time.Duration // reading and hashing pages, finding shared ones
+	Hash  time.Duration // reading and hashing pages, finding shared ones, deflating small files
 	Write time.Duration // writing new chunks, the page index and metadata
 }
 
