@@ -21,7 +21,7 @@ import (
 // Data moves between nodes on demand: a create on a node that lacks its
 // template or snapshot first copies it from a node that has it. Templates
 // travel as a tar of their root filesystem (the receiver builds it like an
-// upload); snapshots as their description plus the
+// upload); snapshots as their description (each file's extents) plus the
 // chunks the receiver lacks, each checked against its content-addressed
 // name and resumed with a Range request when a transfer breaks.
 

@@ -17,10 +17,9 @@ import (
 
 // TestIncrementalSnapshotChain takes a snapshot of a sandbox and then 10
 // more along a trajectory, 1 MiB of its memory changed before each, and
-// checks that
-// the store holds only what changed (the chunks on disk, each counted
-// once), and that the last snapshot restores with its memory whole, also
-// after the earlier ones are deleted.
+// checks that the store holds only what changed (the chunks on disk, each
+// counted once), and that the last snapshot restores with its memory
+// whole, also after the earlier ones are deleted.
 func TestIncrementalSnapshotChain(t *testing.T) {
 	e := sharedServer(t)
 	ctx := context.Background()
@@ -44,6 +43,7 @@ func TestIncrementalSnapshotChain(t *testing.T) {
 		snaps = append(snaps, sn)
 	}
 	want := md5sum(t, e, sb)
+	// Where each snapshot's time went (checkpoint, hash, write), for the record.
 	if b, err := os.ReadFile(filepath.Join(e.dataDir, "server.log")); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if strings.Contains(l, sb.SandboxID) && strings.Contains(l, "snapshot taken") {
