@@ -24,7 +24,7 @@ func TestIncrementalSnapshotChain(t *testing.T) {
 	e := sharedServer(t)
 	ctx := context.Background()
 	sb := e.create(t, client.CreateRequest{})
-	e.sh(t, sb, "dd if=/dev/urandom of=/dev/shm/state bs=1M count=16 2>/dev/null")
+	e.shOK(t, sb, "dd if=/dev/urandom of=/dev/shm/state bs=1M count=16 2>/dev/null")
 	var snaps []client.Snapshot
 	t.Cleanup(func() {
 		for _, sn := range snaps {
@@ -33,7 +33,7 @@ func TestIncrementalSnapshotChain(t *testing.T) {
 	})
 	for i := range 11 {
 		if i > 0 {
-			e.sh(t, sb, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/state bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i))
+			e.shOK(t, sb, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/state bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i))
 		}
 		sn, err := e.client.SnapshotSandbox(ctx, sb.SandboxID, "", nil)
 		if err != nil {
@@ -82,11 +82,18 @@ func TestIncrementalSnapshotChain(t *testing.T) {
 
 func md5sum(t *testing.T, e *env, sb client.Sandbox) string {
 	t.Helper()
-	res := e.sh(t, sb, "md5sum /dev/shm/state")
+	return strings.Fields(e.shOK(t, sb, "md5sum /dev/shm/state") + " ")[0]
+}
+
+// shOK runs script in the sandbox and returns its output; it fails the
+// test unless the script exits 0.
+func (e *env) shOK(t *testing.T, sb client.Sandbox, script string) string {
+	t.Helper()
+	res := e.sh(t, sb, script)
 	if res.ExitCode != 0 {
-		t.Fatalf("md5sum: exit %d: %s", res.ExitCode, res.Stderr)
+		t.Fatalf("%s: exit %d: %s", script, res.ExitCode, res.Stderr)
 	}
-	return strings.Fields(string(res.Stdout) + " ")[0]
+	return string(res.Stdout)
 }
 
 // chunkBytes reads the snapshots' metadata in the server's store and adds
@@ -123,3 +130,40 @@ func (e *env) chunkBytes(t *testing.T, snaps []client.Snapshot) int64 {
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// TestIncrementalSnapshotDiskLayer changes 1 MiB of a 16 MiB file in the
+// write layer (on disk) between two snapshots: its blocks travel in the
+// checkpoint's pages file and must dedupe like memory.
+func TestIncrementalSnapshotDiskLayer(t *testing.T) {
+	e := sharedServer(t)
+	ctx := context.Background()
+	sb := e.create(t, client.CreateRequest{})
+	e.shOK(t, sb, "dd if=/dev/urandom of=$HOME/layer bs=1M count=16 2>/dev/null && sync")
+	var snaps []client.Snapshot
+	t.Cleanup(func() {
+		for _, sn := range snaps {
+			e.client.DeleteSnapshot(ctx, sn.SnapshotID)
+		}
+	})
+	for i := range 2 {
+		if i > 0 {
+			e.shOK(t, sb, "dd if=/dev/urandom of=$HOME/layer bs=1M count=1 seek=5 conv=notrunc 2>/dev/null && sync")
+		}
+		sn, err := e.client.SnapshotSandbox(ctx, sb.SandboxID, "", nil)
+		if err != nil {
+			t.Fatalf("snapshot %d: %v", i, err)
+		}
+		t.Logf("snapshot %d: %d bytes, %d stored", i, sn.SizeBytes, sn.StoredBytes)
+		snaps = append(snaps, sn)
+	}
+	if snaps[0].SizeBytes < 16<<20 {
+		t.Errorf("first snapshot is %d bytes: the 16 MiB written to the layer are not in it", snaps[0].SizeBytes)
+	}
+	if got := snaps[1].StoredBytes; got > 4<<20 {
+		t.Errorf("snapshot after 1 MiB of the layer changed stored %.1f MiB, want at most 4", mib(got))
+	}
+	want := e.shOK(t, sb, "md5sum $HOME/layer")
+	if got := e.shOK(t, e.create(t, client.CreateRequest{TemplateID: snaps[1].SnapshotID}), "md5sum $HOME/layer"); got != want {
+		t.Fatalf("restored layer file md5 %q, want %q", got, want)
+	}
+}
