@@ -10,7 +10,7 @@ environments in ``agentenv.rl``. Standard library only.
         print(sbx.commands.run("echo hello").stdout)
 """
 
-from .aio import AsyncCommandHandle, AsyncSandbox, AsyncWatchHandle
+from .aio import AsyncCommandHandle, AsyncPaginator, AsyncSandbox, AsyncWatchHandle
 from .commands import CommandHandle, Commands
 from .config import ConnectionConfig
 from .exceptions import (AuthenticationException, ConflictException, FileNotFoundException, InvalidArgumentException,
@@ -18,17 +18,19 @@ from .exceptions import (AuthenticationException, ConflictException, FileNotFoun
                          SandboxNotFoundException, TemplateException, TimeoutException)
 from .filesystem import Filesystem, WatchHandle
 from .models import (CommandExitException, CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType,
-                     FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxQuery, SandboxState, SnapshotInfo, WriteEntry,
+                     FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxInfoLifecycle, SandboxLifecycle,
+                     SandboxMetrics, SandboxOnTimeoutPause, SandboxQuery, SandboxState, SnapshotInfo, WriteEntry,
                      WriteInfo)
 from .sandbox import Paginator, Sandbox, SandboxPaginator, SnapshotPaginator
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncCommandHandle", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
+    "AsyncCommandHandle", "AsyncPaginator", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
     "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileNotFoundException", "FileType",
     "Filesystem", "FilesystemEvent", "FilesystemEventType", "InvalidArgumentException", "ListedSandbox",
     "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "RateLimitException", "Sandbox",
-    "SandboxException", "SandboxInfo", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
+    "SandboxException", "SandboxInfo", "SandboxInfoLifecycle", "SandboxLifecycle", "SandboxMetrics",
+    "SandboxOnTimeoutPause", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
     "SandboxState", "SnapshotInfo", "SnapshotPaginator", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",
 ]

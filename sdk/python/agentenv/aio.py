@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Generic, List, Optional, Tuple, Type, TypeVar, Union
 
 from .commands import CommandHandle, Commands
 from .filesystem import Filesystem, WatchHandle
-from .models import CommandResult, EntryInfo, FilesystemEvent, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import (CommandResult, EntryInfo, FilesystemEvent, ProcessInfo, SandboxInfo, SandboxMetrics, SnapshotInfo,
+                     WriteInfo)
 from .sandbox import Paginator, Sandbox
 
 T = TypeVar("T")
@@ -187,6 +189,29 @@ class AsyncFilesystem:
         return AsyncWatchHandle(h, on_event)
 
 
+class AsyncPaginator(Generic[T]):
+    """E2B's async paginator: ``has_next``, ``next_token``, ``await next_items()``; ``async for`` walks the pages."""
+
+    def __init__(self, sync: Paginator[T]):
+        self._p = sync
+
+    @property
+    def has_next(self) -> bool:
+        return self._p.has_next
+
+    @property
+    def next_token(self) -> Optional[str]:
+        return self._p.next_token
+
+    async def next_items(self) -> List[T]:
+        return await _run(self._p.next_items)
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        while self._p.has_next:
+            for item in await self.next_items():
+                yield item
+
+
 class AsyncSandbox:
     """``Sandbox`` on asyncio: ``sbx = await AsyncSandbox.create(...)``; ``async with`` kills on exit."""
 
@@ -233,9 +258,11 @@ class AsyncSandbox:
         return cls(await _run(Sandbox.connect, sandbox_id, timeout, **opts))
 
     @staticmethod
-    async def list(query: Any = None, limit: Optional[int] = None, **opts: Any) -> List[SandboxInfo]:
-        p: Paginator[SandboxInfo] = Sandbox.list(query, limit, **opts)
-        return await _run(lambda: list(p))
+    def list(query: Any = None, limit: Optional[int] = None, next_token: Optional[str] = None,
+             order: Optional[str] = None, **opts: Any) -> "AsyncPaginator[SandboxInfo]":
+        """As ``Sandbox.list``; ``await paginator.next_items()`` gives a page,
+        ``async for`` every remaining sandbox (as E2B's ``AsyncSandbox.list``)."""
+        return AsyncPaginator(Sandbox.list(query, limit, next_token, order, **opts))
 
     async def kill(self, request_timeout: Optional[float] = None) -> bool:
         return await _run(self._s.kill, request_timeout)
@@ -246,8 +273,12 @@ class AsyncSandbox:
     async def get_info(self, request_timeout: Optional[float] = None) -> SandboxInfo:
         return await _run(self._s.get_info, request_timeout)
 
-    async def pause(self, request_timeout: Optional[float] = None) -> bool:
-        return await _run(self._s.pause, request_timeout)
+    async def pause(self, keep_memory: bool = True, request_timeout: Optional[float] = None) -> bool:
+        return await _run(self._s.pause, keep_memory, request_timeout)
+
+    async def get_metrics(self, start: Optional[datetime.datetime] = None, end: Optional[datetime.datetime] = None,
+                          request_timeout: Optional[float] = None) -> List[SandboxMetrics]:
+        return await _run(self._s.get_metrics, start, end, request_timeout)
 
     async def is_running(self, request_timeout: Optional[float] = None) -> bool:
         return await _run(self._s.is_running, request_timeout)

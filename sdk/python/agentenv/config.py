@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import urllib.parse
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from . import exceptions as exc
 from ._transport import ENVD_PORT, Transport, read_json
@@ -63,6 +63,12 @@ class ConnectionConfig:
     def api(self, method: str, path: str, body: Optional[Dict] = None, request_timeout: Optional[float] = None,
             what: str = "") -> object:
         """Calls the REST API and returns the decoded JSON answer (None when empty)."""
+        return self.api_page(method, path, body, request_timeout, what)[0]
+
+    def api_page(self, method: str, path: str, body: Optional[Dict] = None,
+                 request_timeout: Optional[float] = None, what: str = "") -> Tuple[object, Optional[str]]:
+        """Calls the REST API; returns the decoded JSON answer and the
+        ``X-Next-Token`` header of a listing page (None on the last page)."""
         if not self.api_key:
             raise exc.AuthenticationException(
                 "no API key: pass api_key=, or set E2B_API_KEY or AGENTENV_API_KEY "
@@ -74,7 +80,7 @@ class ConnectionConfig:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
         resp = self.transport.request(method, self.api_url + path, headers, data, timeout=self.timeout(request_timeout))
-        return read_json(resp, what or f"{method} {path}")
+        return read_json(resp, what or f"{method} {path}"), resp.headers.get("X-Next-Token") or None
 
 
 class EnvdConnection:

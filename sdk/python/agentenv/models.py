@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, TypedDict, Union
 
 from .exceptions import SandboxException
 
@@ -47,14 +47,65 @@ class SandboxInfo:
     cpu_count: int
     memory_mb: int
     envd_version: Optional[str]
+    lifecycle: Optional["SandboxInfoLifecycle"] = None  # get_info only, as E2B's
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
+        lc = d.get("lifecycle")
+        lifecycle: Optional[SandboxInfoLifecycle] = None
+        if isinstance(lc, dict):
+            lifecycle = {"on_timeout": lc.get("onTimeout", "kill"), "auto_resume": bool(lc.get("autoResume"))}
         return cls(sandbox_id=d["sandboxID"], template_id=d.get("templateID", ""), name=d.get("alias"),
                    metadata=d.get("metadata") or {}, started_at=_time(d.get("startedAt")),
                    end_at=_time(d.get("endAt")), state=SandboxState(d.get("state", "running")),
                    cpu_count=int(d.get("cpuCount", 0)), memory_mb=int(d.get("memoryMB", 0)),
-                   envd_version=d.get("envdVersion"))
+                   envd_version=d.get("envdVersion"), lifecycle=lifecycle)
+
+
+class SandboxOnTimeoutPause(TypedDict, total=False):
+    """``on_timeout`` as an object: ``{"action": "pause", "keep_memory": False}``
+    pauses keeping only the files (resume boots afresh; no ``auto_resume``)."""
+
+    action: str
+    keep_memory: bool
+
+
+class SandboxLifecycle(TypedDict, total=False):
+    """What happens at the timeout (``Sandbox.create(lifecycle=...)``):
+    ``on_timeout`` is ``"kill"`` (the default) or ``"pause"`` (or a
+    ``SandboxOnTimeoutPause``); ``auto_resume`` wakes a paused sandbox on
+    traffic (only with ``"pause"`` keeping memory)."""
+
+    on_timeout: Union[str, SandboxOnTimeoutPause]
+    auto_resume: bool
+
+
+class SandboxInfoLifecycle(TypedDict):
+    """The lifecycle ``get_info`` reports: ``on_timeout`` ``"pause"`` or ``"kill"``, and ``auto_resume``."""
+
+    on_timeout: str
+    auto_resume: bool
+
+
+@dataclass
+class SandboxMetrics:
+    """One sample of a sandbox's use (``get_metrics``); sizes in bytes."""
+
+    cpu_count: int
+    cpu_used_pct: float
+    disk_total: int
+    disk_used: int
+    mem_total: int
+    mem_used: int
+    mem_cache: int
+    timestamp: Optional[_dt.datetime]
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SandboxMetrics":
+        return cls(cpu_count=int(d.get("cpuCount", 0)), cpu_used_pct=float(d.get("cpuUsedPct", 0.0)),
+                   disk_total=int(d.get("diskTotal", 0)), disk_used=int(d.get("diskUsed", 0)),
+                   mem_total=int(d.get("memTotal", 0)), mem_used=int(d.get("memUsed", 0)),
+                   mem_cache=int(d.get("memCache", 0)), timestamp=_time(d.get("timestamp")))
 
 
 # E2B's name for the entries of Sandbox.list().
@@ -63,10 +114,13 @@ ListedSandbox = SandboxInfo
 
 @dataclass
 class SandboxQuery:
-    """Filter of ``Sandbox.list``: metadata to match, and states (``running``, ``paused``)."""
+    """Filter of ``Sandbox.list``: metadata to match, states (``running``,
+    ``paused``), started at or after a time, template ID or name."""
 
     metadata: Optional[Dict[str, str]] = None
     state: Optional[List[Any]] = None  # SandboxState values or strings
+    started_after: Optional[_dt.datetime] = None  # a naive time is local time, as E2B's
+    template: Optional[str] = None
 
 
 @dataclass

@@ -6,17 +6,18 @@ The names and semantics are those of E2B's Python SDK (``e2b.Sandbox``);
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import json
 import urllib.parse
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import exceptions as exc
 from ._transport import error_from_http
 from .commands import Commands
 from .config import ConnectionConfig, EnvdConnection
 from .filesystem import Filesystem
-from .models import SandboxInfo, SandboxQuery, SnapshotInfo
+from .models import SandboxInfo, SandboxLifecycle, SandboxMetrics, SandboxQuery, SnapshotInfo
 
 DEFAULT_TEMPLATE = "base"
 DEFAULT_SANDBOX_TIMEOUT = 300
@@ -40,24 +41,38 @@ class _either:
 
 
 class Paginator(Generic[T]):
-    """E2B's paginator shape (``has_next``, ``next_items()``); also iterable.
-
-    agentenv answers every item in one page.
+    """E2B's paginator: ``has_next``, ``next_token``, ``next_items()`` (one
+    page per call, chained by the server's ``X-Next-Token``). Iterating it
+    walks the remaining pages.
     """
 
-    def __init__(self, fetch: Callable[[], List[T]]):
+    def __init__(self, fetch: Callable[[Optional[str]], Tuple[List[T], Optional[str]]],
+                 limit: Optional[int] = None, next_token: Optional[str] = None):
         self._fetch = fetch
-        self.has_next = True
-        self.next_token: Optional[str] = None
+        self.limit = limit
+        self._has_next = True
+        self._next_token = next_token
+
+    @property
+    def has_next(self) -> bool:
+        """Whether another page may follow (True before the first page)."""
+        return self._has_next
+
+    @property
+    def next_token(self) -> Optional[str]:
+        """The token of the next page (None before the first and after the last)."""
+        return self._next_token
 
     def next_items(self) -> List[T]:
-        if not self.has_next:
-            raise exc.SandboxException("no more items to fetch")
-        self.has_next = False
-        return self._fetch()
+        """The next page; raises when ``has_next`` is False."""
+        if not self._has_next:
+            raise exc.SandboxException("no more items to fetch: has_next is False")
+        items, token = self._fetch(self._next_token)
+        self._next_token, self._has_next = token, bool(token)
+        return items
 
     def __iter__(self) -> Iterator[T]:
-        while self.has_next:
+        while self._has_next:
             yield from self.next_items()
 
 
@@ -95,6 +110,59 @@ def _q(s: str) -> str:
 def _not_found(e: exc.NotFoundException, sandbox_id: str) -> exc.SandboxNotFoundException:
     return exc.SandboxNotFoundException(f"sandbox {sandbox_id} not found: {e.message}", status_code=404,
                                         error_code=e.error_code)
+
+
+def _list_params(query: Optional[SandboxQuery], order: Optional[str]) -> Dict[str, str]:
+    """The query of GET /v2/sandboxes as E2B's SDK sends it."""
+    params: Dict[str, str] = {}
+    if order is not None:
+        if order not in ("asc", "desc"):
+            raise exc.InvalidArgumentException(f"order {order!r}: use 'asc' or 'desc'")
+        params["order"] = order
+    if not query:
+        return params
+    if query.metadata:
+        params["metadata"] = urllib.parse.urlencode(
+            {urllib.parse.quote(k): urllib.parse.quote(v) for k, v in query.metadata.items()})
+    if query.state:
+        params["state"] = ",".join(str(getattr(v, "value", v)) for v in query.state)
+    if query.started_after:
+        params["startedAfter"] = query.started_after.astimezone().isoformat()
+    if query.template:
+        params["template"] = query.template
+    return params
+
+
+def _lifecycle_body(lifecycle: Optional[SandboxLifecycle]) -> Dict[str, Any]:
+    """E2B's lifecycle option as the create body's autoPause, autoPauseMemory
+    and autoResume; fields left unset are left to the server, as E2B's SDK does."""
+    if not lifecycle:
+        return {}
+    raw = lifecycle.get("on_timeout")
+    keep_memory: Optional[bool] = None
+    action = raw
+    if isinstance(raw, dict):
+        action = raw.get("action", "kill")
+        keep_memory = raw.get("keep_memory")
+        if "keep_memory" in raw and action != "pause":
+            raise exc.InvalidArgumentException("keep_memory is only allowed when the on_timeout action is 'pause'")
+    if action is not None and action not in ("pause", "kill"):
+        raise exc.InvalidArgumentException(f"on_timeout {action!r}: use 'pause' or 'kill'")
+    auto_resume = lifecycle.get("auto_resume")
+    if auto_resume and action != "pause":
+        raise exc.InvalidArgumentException("auto_resume can only be True when on_timeout is 'pause'")
+    if auto_resume and keep_memory is False:
+        raise exc.InvalidArgumentException(
+            "auto_resume cannot go with keep_memory False: a sandbox paused without memory is resumed "
+            "by connect() only")
+    body: Dict[str, Any] = {}
+    if action is not None:
+        body["autoPause"] = action == "pause"
+    if keep_memory is not None:
+        body["autoPauseMemory"] = bool(keep_memory)
+    if auto_resume is not None:
+        body["autoResume"] = {"enabled": bool(auto_resume)}
+    return body
 
 
 class Sandbox:
@@ -147,13 +215,17 @@ class Sandbox:
     @classmethod
     def create(cls: Type[S], template: Optional[str] = None, timeout: Optional[int] = None,
                metadata: Optional[Dict[str, str]] = None, envs: Optional[Dict[str, str]] = None,
-               secure: bool = True, allow_internet_access: bool = True, **opts: Any) -> S:
+               secure: bool = True, allow_internet_access: bool = True,
+               lifecycle: Optional[SandboxLifecycle] = None, **opts: Any) -> S:
         """Creates a sandbox from a template (or a snapshot ID).
 
         :param template: template name, or a snapshot ID; default "base"
         :param timeout: seconds the sandbox lives (default 300); ``set_timeout`` changes it
         :param metadata: key/value pairs to find it by (``Sandbox.list``)
         :param envs: environment variables of every command
+        :param lifecycle: what the timeout does, as E2B's: ``{"on_timeout": "pause",
+            "auto_resume": True}``, or ``{"on_timeout": {"action": "pause", "keep_memory": False}}``
+            (default: kill)
         :param opts: ``api_key``, ``api_url``, ``sandbox_url``, ``request_timeout``
         """
         config = _config(opts)
@@ -164,6 +236,7 @@ class Sandbox:
             body["metadata"] = metadata
         if envs:
             body["envVars"] = envs
+        body.update(_lifecycle_body(lifecycle))
         d = config.api("POST", "/sandboxes", body, what="create sandbox")
         return cls._from_json(d, config)  # type: ignore[arg-type]
 
@@ -186,22 +259,24 @@ class Sandbox:
 
     @staticmethod
     def list(query: Optional[SandboxQuery] = None, limit: Optional[int] = None, next_token: Optional[str] = None,
-             **opts: Any) -> Paginator[SandboxInfo]:
-        """Lists sandboxes (running and paused), optionally filtered by metadata and state."""
+             order: Optional[str] = None, **opts: Any) -> "Paginator[SandboxInfo]":
+        """Lists sandboxes (running and paused unless ``query.state`` says),
+        newest first unless ``order="asc"``. Returns a paginator:
+        ``next_items()`` gives one page of at most ``limit`` (server default
+        100) while ``has_next``; iterating it gives every remaining sandbox.
+        """
         config = _config(opts)
-        params: Dict[str, str] = {}
-        if query and query.metadata:
-            params["metadata"] = urllib.parse.urlencode(
-                {urllib.parse.quote(k): urllib.parse.quote(v) for k, v in query.metadata.items()})
-        if query and query.state:
-            params["state"] = ",".join(str(getattr(v, "value", v)) for v in query.state)
-        path = "/v2/sandboxes" + ("?" + urllib.parse.urlencode(params) if params else "")
+        params = _list_params(query, order)
+        if limit:
+            params["limit"] = str(int(limit))
 
-        def fetch() -> List[SandboxInfo]:
-            items = [SandboxInfo.from_json(d) for d in config.api("GET", path, what="list sandboxes") or []]
-            return items[:limit] if limit else items
+        def fetch(token: Optional[str]) -> Tuple[List[SandboxInfo], Optional[str]]:
+            q = dict(params, **({"nextToken": token} if token else {}))
+            path = "/v2/sandboxes" + ("?" + urllib.parse.urlencode(q) if q else "")
+            docs, nxt = config.api_page("GET", path, what="list sandboxes")
+            return [SandboxInfo.from_json(d) for d in docs or []], nxt  # type: ignore[union-attr]
 
-        return Paginator(fetch)
+        return Paginator(fetch, limit, next_token)
 
     # -- lifecycle (instance, or class with a sandbox ID) ------------------
 
@@ -246,21 +321,41 @@ class Sandbox:
 
     get_info = _either(_get_info, _cls_get_info)
 
+    def _get_metrics(self, start: Optional[_dt.datetime] = None, end: Optional[_dt.datetime] = None,
+                     request_timeout: Optional[float] = None) -> List[SandboxMetrics]:
+        """Samples of the sandbox's CPU, memory and disk use between ``start``
+        and ``end`` (agentenv samples on request: the list holds the current
+        sample; it is empty for a sandbox paused without its memory)."""
+        return Sandbox._cls_get_metrics(type(self), self._sandbox_id, start, end, request_timeout,
+                                        _config_obj=self._connection_config)
+
+    def _cls_get_metrics(cls, sandbox_id: str, start: Optional[_dt.datetime] = None,
+                         end: Optional[_dt.datetime] = None, request_timeout: Optional[float] = None,
+                         _config_obj: Optional[ConnectionConfig] = None, **opts: Any) -> List[SandboxMetrics]:
+        config = _config_obj or _config(opts)
+        params = {k: str(int(t.timestamp())) for k, t in (("start", start), ("end", end)) if t}
+        path = f"/sandboxes/{_q(sandbox_id)}/metrics" + ("?" + urllib.parse.urlencode(params) if params else "")
+        try:
+            docs = config.api("GET", path, request_timeout=request_timeout, what=f"metrics of {sandbox_id}")
+        except exc.NotFoundException as e:
+            raise _not_found(e, sandbox_id) from e
+        return [SandboxMetrics.from_json(d) for d in docs or []]  # type: ignore[union-attr]
+
+    get_metrics = _either(_get_metrics, _cls_get_metrics)
+
     def _pause(self, keep_memory: bool = True, request_timeout: Optional[float] = None) -> bool:
-        """Freezes the sandbox (memory kept); ``Sandbox.connect`` resumes it.
+        """Pauses the sandbox; ``connect`` resumes it. With ``keep_memory=False``
+        only its files are kept: the resume boots afresh (no processes).
         False if it was already paused."""
         return Sandbox._cls_pause(type(self), self._sandbox_id, keep_memory, request_timeout,
                                   _config_obj=self._connection_config)
 
     def _cls_pause(cls, sandbox_id: str, keep_memory: bool = True, request_timeout: Optional[float] = None,
                    _config_obj: Optional[ConnectionConfig] = None, **opts: Any) -> bool:
-        if not keep_memory:
-            raise exc.InvalidArgumentException(
-                "keep_memory=False is not supported: agentenv pauses keep the sandbox's memory")
         config = _config_obj or _config(opts)
         try:
-            config.api("POST", f"/sandboxes/{_q(sandbox_id)}/pause", {}, request_timeout=request_timeout,
-                       what=f"pause {sandbox_id}")
+            config.api("POST", f"/sandboxes/{_q(sandbox_id)}/pause", {"memory": bool(keep_memory)},
+                       request_timeout=request_timeout, what=f"pause {sandbox_id}")
         except exc.NotFoundException as e:
             raise _not_found(e, sandbox_id) from e
         except exc.ConflictException:
@@ -315,8 +410,15 @@ class Sandbox:
                             **opts: Any) -> Paginator[SnapshotInfo]:
         """Lists snapshots, of one sandbox when ``sandbox_id`` is given."""
         config = _config_obj or _config(opts)
-        path = "/snapshots" + ("?sandboxID=" + _q(sandbox_id) if sandbox_id else "")
-        return Paginator(lambda: [SnapshotInfo.from_json(d) for d in config.api("GET", path) or []])
+        params = {"sandboxID": sandbox_id} if sandbox_id else {}
+
+        def fetch(token: Optional[str]) -> Tuple[List[SnapshotInfo], Optional[str]]:
+            q = dict(params, **({"nextToken": token} if token else {}))
+            path = "/snapshots" + ("?" + urllib.parse.urlencode(q) if q else "")
+            docs, nxt = config.api_page("GET", path, what="list snapshots")
+            return [SnapshotInfo.from_json(d) for d in docs or []], nxt  # type: ignore[union-attr]
+
+        return Paginator(fetch)
 
     list_snapshots = _either(_list_snapshots, _cls_list_snapshots)
 

@@ -1,7 +1,8 @@
 import asyncio
 import unittest
+import uuid
 
-from agentenv import AsyncSandbox, CommandExitException, NotFoundException, SandboxNotFoundException
+from agentenv import AsyncSandbox, CommandExitException, NotFoundException, SandboxNotFoundException, SandboxQuery
 
 from .support import TEMPLATE, need_server
 
@@ -70,6 +71,30 @@ class AsyncTests(unittest.IsolatedAsyncioTestCase):
                 return (await s.commands.run(f"echo {i}")).stdout.strip()
 
         self.assertEqual(await asyncio.gather(*(one(i) for i in range(8))), [str(i) for i in range(8)])
+
+    async def test_list_pages_pause_metrics(self):
+        tag = uuid.uuid4().hex
+        sbxs = await asyncio.gather(*(AsyncSandbox.create(TEMPLATE, metadata={"apage": tag}) for _ in range(3)))
+        try:
+            p = AsyncSandbox.list(query=SandboxQuery(metadata={"apage": tag}), limit=2)
+            pages = []
+            while p.has_next:
+                pages.append([s.sandbox_id for s in await p.next_items()])
+            self.assertEqual([len(pg) for pg in pages], [2, 1])
+            want = sorted(s.sandbox_id for s in sbxs)
+            self.assertEqual(sorted(sum(pages, [])), want)
+            got = [s.sandbox_id async for s in AsyncSandbox.list(query=SandboxQuery(metadata={"apage": tag}), limit=1)]
+            self.assertEqual(sorted(got), want)
+
+            m = await sbxs[0].get_metrics()
+            self.assertGreater(m[0].mem_total, 0)
+            await sbxs[0].files.write("/home/user/k", "kept")
+            self.assertTrue(await sbxs[0].pause(keep_memory=False))
+            self.assertFalse(await sbxs[0].is_running())
+            again = await AsyncSandbox.connect(sbxs[0].sandbox_id)
+            self.assertEqual(await again.files.read("/home/user/k"), "kept")
+        finally:
+            await asyncio.gather(*(s.kill() for s in sbxs))
 
 
 if __name__ == "__main__":
