@@ -10,7 +10,7 @@ environments in ``agentenv.rl``. Standard library only.
         print(sbx.commands.run("echo hello").stdout)
 """
 
-from .aio import AsyncCommandHandle, AsyncPaginator, AsyncSandbox, AsyncWatchHandle
+from .aio import AsyncCommandHandle, AsyncPaginator, AsyncPty, AsyncSandbox, AsyncWatchHandle
 from .commands import CommandHandle, Commands
 from .config import ConnectionConfig
 from .exceptions import (AuthenticationException, ConflictException, FileNotFoundException, InvalidArgumentException,
@@ -21,15 +21,16 @@ from .models import (CommandExitException, CommandResult, EntryInfo, FilesystemE
                      FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxInfoLifecycle, SandboxLifecycle,
                      SandboxMetrics, SandboxOnTimeoutPause, SandboxQuery, SandboxState, SnapshotInfo, WriteEntry,
                      WriteInfo)
+from .pty import Pty, PtySize
 from .sandbox import Paginator, Sandbox, SandboxPaginator, SnapshotPaginator
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncCommandHandle", "AsyncPaginator", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
+    "AsyncCommandHandle", "AsyncPaginator", "AsyncPty", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
     "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileNotFoundException", "FileType",
     "Filesystem", "FilesystemEvent", "FilesystemEventType", "InvalidArgumentException", "ListedSandbox",
-    "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "RateLimitException", "Sandbox",
+    "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "Pty", "PtySize", "RateLimitException", "Sandbox",
     "SandboxException", "SandboxInfo", "SandboxInfoLifecycle", "SandboxLifecycle", "SandboxMetrics",
     "SandboxOnTimeoutPause", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
     "SandboxState", "SnapshotInfo", "SnapshotPaginator", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",

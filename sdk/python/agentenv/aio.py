@@ -19,6 +19,7 @@ from .commands import CommandHandle, Commands
 from .filesystem import Filesystem, WatchHandle
 from .models import (CommandResult, EntryInfo, FilesystemEvent, ProcessInfo, SandboxInfo, SandboxMetrics, SnapshotInfo,
                      WriteInfo)
+from .pty import Pty, PtySize
 from .sandbox import Paginator, Sandbox
 
 T = TypeVar("T")
@@ -72,11 +73,11 @@ class AsyncCommandHandle:
     async def disconnect(self) -> None:
         self._h.disconnect()
 
-    def __aiter__(self) -> AsyncIterator[Tuple[Optional[str], Optional[str], None]]:
+    def __aiter__(self) -> AsyncIterator[Tuple[Optional[str], Optional[str], Optional[bytes]]]:
         """``async for stdout, stderr, pty in handle``: chunks from the start, as they come."""
         it = iter(self._h)
 
-        async def chunks() -> AsyncIterator[Tuple[Optional[str], Optional[str], None]]:
+        async def chunks() -> AsyncIterator[Tuple[Optional[str], Optional[str], Optional[bytes]]]:
             while True:
                 item = await _run(next, it, None)
                 if item is None:
@@ -123,6 +124,37 @@ class AsyncCommands:
 
     async def send_stdin(self, pid: int, data: str, request_timeout: Optional[float] = None) -> None:
         await _run(self._s.send_stdin, pid, data, request_timeout=request_timeout)
+
+
+class AsyncPty:
+    """``sbx.pty`` on asyncio; ``on_data`` may be a coroutine function."""
+
+    def __init__(self, sync: Pty):
+        self._s = sync
+
+    async def create(self, size: PtySize, on_data: Optional[Callable[[bytes], Any]] = None, user: Optional[str] = None,
+                     cwd: Optional[str] = None, envs: Optional[Dict[str, str]] = None, timeout: Optional[float] = 60,
+                     request_timeout: Optional[float] = None) -> AsyncCommandHandle:
+        loop = asyncio.get_running_loop()
+        h = await _run(self._s.create, size, user=user, cwd=cwd, envs=envs, timeout=timeout,
+                       request_timeout=request_timeout, on_data=_callback(on_data, loop))
+        return AsyncCommandHandle(h)
+
+    async def connect(self, pid: int, on_data: Optional[Callable[[bytes], Any]] = None, timeout: Optional[float] = 60,
+                      request_timeout: Optional[float] = None) -> AsyncCommandHandle:
+        loop = asyncio.get_running_loop()
+        h = await _run(self._s.connect, pid, timeout=timeout, request_timeout=request_timeout,
+                       on_data=_callback(on_data, loop))
+        return AsyncCommandHandle(h)
+
+    async def send_stdin(self, pid: int, data: bytes, request_timeout: Optional[float] = None) -> None:
+        await _run(self._s.send_stdin, pid, data, request_timeout=request_timeout)
+
+    async def resize(self, pid: int, size: PtySize, request_timeout: Optional[float] = None) -> None:
+        await _run(self._s.resize, pid, size, request_timeout=request_timeout)
+
+    async def kill(self, pid: int, request_timeout: Optional[float] = None) -> bool:
+        return await _run(self._s.kill, pid, request_timeout=request_timeout)
 
 
 class AsyncWatchHandle:
@@ -219,6 +251,7 @@ class AsyncSandbox:
         self._s = sync
         self._commands = AsyncCommands(sync.commands)
         self._files = AsyncFilesystem(sync.files)
+        self._pty = AsyncPty(sync.pty)
 
     @property
     def sandbox_id(self) -> str:
@@ -231,6 +264,10 @@ class AsyncSandbox:
     @property
     def files(self) -> AsyncFilesystem:
         return self._files
+
+    @property
+    def pty(self) -> AsyncPty:
+        return self._pty
 
     @property
     def sync(self) -> Sandbox:

@@ -11,6 +11,7 @@ from .config import EnvdConnection
 from .models import CommandExitException, CommandResult, ProcessInfo
 
 OutputHandler = Callable[[str], Any]
+PtyHandler = Callable[[bytes], Any]
 
 _SERVICE = "process.Process/"
 DEFAULT_COMMAND_TIMEOUT = 60.0
@@ -26,12 +27,12 @@ class CommandHandle:
 
     def __init__(self, pid: int, stream: ServerStream, events: Iterator[Dict[str, Any]], kill: Callable[[], bool],
                  on_stdout: Optional[OutputHandler] = None, on_stderr: Optional[OutputHandler] = None,
-                 background: bool = False):
+                 background: bool = False, on_pty: Optional[PtyHandler] = None):
         self._pid = pid
         self._stream, self._events, self._kill = stream, events, kill
-        self._on_stdout, self._on_stderr = on_stdout, on_stderr
-        # Output in arrival order: (stdout, stderr), one of them None.
-        self._chunks: List[Tuple[Optional[str], Optional[str]]] = []
+        self._on_stdout, self._on_stderr, self._on_pty = on_stdout, on_stderr, on_pty
+        # Output in arrival order: (stdout, stderr, pty), one of them set.
+        self._chunks: List[Tuple[Optional[str], Optional[str], Optional[bytes]]] = []
         self._result: Optional[CommandResult] = None
         self._error: Optional[BaseException] = None
         self._cond = threading.Condition()
@@ -48,12 +49,12 @@ class CommandHandle:
     @property
     def stdout(self) -> str:
         with self._cond:
-            return "".join(o for o, _ in self._chunks if o)
+            return "".join(o for o, _, _ in self._chunks if o)
 
     @property
     def stderr(self) -> str:
         with self._cond:
-            return "".join(e for _, e in self._chunks if e)
+            return "".join(e for _, e, _ in self._chunks if e)
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -85,19 +86,25 @@ class CommandHandle:
     def _data(self, data: Dict[str, str]) -> None:
         out = b64decode(data["stdout"]).decode("utf-8", "replace") if "stdout" in data else None
         err = b64decode(data["stderr"]).decode("utf-8", "replace") if "stderr" in data else None
-        if out is None and err is None:
+        pty = b64decode(data["pty"]) if "pty" in data else None
+        if out is None and err is None and pty is None:
             return
         with self._cond:
-            self._chunks.append((out, err))
+            self._chunks.append((out, err, pty))
             self._cond.notify_all()
+        if pty is not None and self._on_pty is not None:
+            self._on_pty(pty)
         if out is not None and self._on_stdout is not None:
             self._on_stdout(out)
         if err is not None and self._on_stderr is not None:
             self._on_stderr(err)
 
-    def wait(self, on_pty: Any = None, on_stdout: Optional[OutputHandler] = None,
+    def wait(self, on_pty: Optional[PtyHandler] = None, on_stdout: Optional[OutputHandler] = None,
              on_stderr: Optional[OutputHandler] = None) -> CommandResult:
-        """Waits for the end; raises ``CommandExitException`` on a non-zero exit code."""
+        """Waits for the end; raises ``CommandExitException`` on a non-zero exit code.
+        ``on_pty`` receives a terminal's output (bytes) from now on."""
+        if on_pty is not None:
+            self._on_pty = on_pty
         if on_stdout is not None:
             self._on_stdout = on_stdout
         if on_stderr is not None:
@@ -122,7 +129,7 @@ class CommandHandle:
         """Stops reading the output; the command keeps running."""
         self._stream.close()
 
-    def __iter__(self) -> Iterator[Tuple[Optional[str], Optional[str], None]]:
+    def __iter__(self) -> Iterator[Tuple[Optional[str], Optional[str], Optional[bytes]]]:
         """Yields (stdout, stderr, pty) chunks: those so far, then new ones until the end."""
         if self._thread is None and not self._done.is_set():
             self._thread = threading.Thread(target=self._consume, name=f"agentenv-cmd-{self._pid}", daemon=True)
@@ -134,9 +141,9 @@ class CommandHandle:
                     self._cond.wait()
                 if i >= len(self._chunks):
                     return
-                out, err = self._chunks[i]
+                chunk = self._chunks[i]
             i += 1
-            yield out, err, None
+            yield chunk
 
 
 class Commands:
@@ -215,7 +222,7 @@ class Commands:
         return max(self._envd.config.timeout(request_timeout), 60.0)
 
     def _handle(self, stream: ServerStream, on_stdout: Optional[OutputHandler], on_stderr: Optional[OutputHandler],
-                background: bool) -> CommandHandle:
+                background: bool, on_pty: Optional[PtyHandler] = None) -> CommandHandle:
         events = iter(stream)
         pid = 0
         for ev in events:
@@ -225,4 +232,4 @@ class Commands:
                 break
         else:
             raise exc.SandboxException("the process stream ended before the process started")
-        return CommandHandle(pid, stream, events, lambda: self.kill(pid), on_stdout, on_stderr, background)
+        return CommandHandle(pid, stream, events, lambda: self.kill(pid), on_stdout, on_stderr, background, on_pty)

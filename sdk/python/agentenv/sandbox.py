@@ -17,6 +17,7 @@ from ._transport import error_from_http
 from .commands import Commands
 from .config import ConnectionConfig, EnvdConnection
 from .filesystem import Filesystem
+from .pty import Pty
 from .models import SandboxInfo, SandboxLifecycle, SandboxMetrics, SandboxQuery, SnapshotInfo
 
 DEFAULT_TEMPLATE = "base"
@@ -178,6 +179,7 @@ class Sandbox:
         self._envd = EnvdConnection(connection_config, sandbox_id, envd_access_token)
         self._commands = Commands(self._envd)
         self._filesystem = Filesystem(self._envd)
+        self._pty = Pty(self._commands)
 
     # -- properties ------------------------------------------------------
 
@@ -192,6 +194,10 @@ class Sandbox:
     @property
     def files(self) -> Filesystem:
         return self._filesystem
+
+    @property
+    def pty(self) -> Pty:
+        return self._pty
 
     @property
     def connection_config(self) -> ConnectionConfig:
