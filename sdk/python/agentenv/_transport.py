@@ -32,9 +32,11 @@ class _Pool:
         self._idle: List[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
-    def get(self, timeout: Optional[float]) -> http.client.HTTPConnection:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+    def get(self, timeout: Optional[float], fresh: bool = False) -> http.client.HTTPConnection:
+        conn = None
+        if not fresh:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
         if conn is None:
             cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
             conn = cls(self.host, self.port, timeout=timeout)
@@ -129,7 +131,9 @@ class Transport:
         pool = self._pool(parts)
         attempts = 2 if isinstance(body, (bytes, type(None))) else 1
         for attempt in range(attempts):
-            conn = pool.get(timeout)
+            # A retry takes a new connection: after one idle connection was
+            # found closed, the others of the pool may be closed too.
+            conn = pool.get(timeout, fresh=attempt > 0)
             reused = conn.sock is not None
             try:
                 _send(conn, method, target, headers, body)

@@ -186,12 +186,12 @@ class AsyncFilesystem:
         return await _run(self._s.read, path, format, user=user, request_timeout=request_timeout)
 
     async def write(self, path: str, data: Any, user: Optional[str] = None,
-                    request_timeout: Optional[float] = None) -> WriteInfo:
-        return await _run(self._s.write, path, data, user=user, request_timeout=request_timeout)
+                    request_timeout: Optional[float] = None, metadata: Optional[Dict[str, str]] = None) -> WriteInfo:
+        return await _run(self._s.write, path, data, user=user, request_timeout=request_timeout, metadata=metadata)
 
-    async def write_files(self, files: List[Any], user: Optional[str] = None,
-                          request_timeout: Optional[float] = None) -> List[WriteInfo]:
-        return await _run(self._s.write_files, files, user=user, request_timeout=request_timeout)
+    async def write_files(self, files: List[Any], user: Optional[str] = None, request_timeout: Optional[float] = None,
+                          metadata: Optional[Dict[str, str]] = None) -> List[WriteInfo]:
+        return await _run(self._s.write_files, files, user=user, request_timeout=request_timeout, metadata=metadata)
 
     async def list(self, path: str, depth: Optional[int] = 1, user: Optional[str] = None,
                    request_timeout: Optional[float] = None) -> List[EntryInfo]:
@@ -215,9 +215,11 @@ class AsyncFilesystem:
         return await _run(self._s.make_dir, path, user=user, request_timeout=request_timeout)
 
     async def watch_dir(self, path: str, on_event: Callable[[FilesystemEvent], Any], user: Optional[str] = None,
-                        request_timeout: Optional[float] = None, recursive: bool = False) -> AsyncWatchHandle:
+                        request_timeout: Optional[float] = None, recursive: bool = False,
+                        include_entry: bool = False) -> AsyncWatchHandle:
         """Watches a directory, calling ``on_event`` (function or coroutine) per change."""
-        h = await _run(self._s.watch_dir, path, user=user, request_timeout=request_timeout, recursive=recursive)
+        h = await _run(self._s.watch_dir, path, user=user, request_timeout=request_timeout, recursive=recursive,
+                       include_entry=include_entry)
         return AsyncWatchHandle(h, on_event)
 
 

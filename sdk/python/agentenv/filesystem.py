@@ -78,8 +78,11 @@ class Filesystem:
         return data.decode("utf-8") if format == "text" else bytearray(data)
 
     def write(self, path: str, data: WriteData, user: Optional[str] = None,
-              request_timeout: Optional[float] = None) -> WriteInfo:
-        """Writes a file (parents are created); file objects are streamed in chunks."""
+              request_timeout: Optional[float] = None, metadata: Optional[Dict[str, str]] = None) -> WriteInfo:
+        """Writes a file (parents are created); file objects are streamed in chunks.
+        ``metadata`` is stored on the file (extended attributes; keys are lowercased,
+        printable ASCII only) and replaces what it had; ``get_info``/``list`` show it."""
+        _check_metadata(metadata)
         body: Any
         if isinstance(data, str):
             body = data.encode()
@@ -91,6 +94,8 @@ class Filesystem:
             raise exc.InvalidArgumentException(f"data of type {type(data).__name__}: give str, bytes or a file object")
         h = dict(self._envd.headers)
         h["Content-Type"] = "application/octet-stream"
+        for k, v in (metadata or {}).items():
+            h["X-Metadata-" + k] = v
         resp = self._envd.transport.request("POST", self._files_url(path, user), h, body,
                                             timeout=self._envd.config.timeout(request_timeout))
         out = read_json(resp, f"write {path}") or []
@@ -98,12 +103,15 @@ class Filesystem:
             raise exc.SandboxException(f"write {path}: envd answered without the written file")
         e = out[0]
         return WriteInfo(name=e.get("name", ""), type=FileType.DIR if e.get("type") == "dir" else FileType.FILE,
-                         path=e.get("path", path))
+                         path=e.get("path", path), metadata=e.get("metadata") or None)
 
     def write_files(self, files: List[WriteEntry], user: Optional[str] = None,
-                    request_timeout: Optional[float] = None) -> List[WriteInfo]:
-        """Writes several files."""
-        return [self.write(f.path, f.data, user=user, request_timeout=request_timeout) for f in files]
+                    request_timeout: Optional[float] = None,
+                    metadata: Optional[Dict[str, str]] = None) -> List[WriteInfo]:
+        """Writes several files (``metadata`` goes on each)."""
+        _check_metadata(metadata)
+        return [self.write(f.path, f.data, user=user, request_timeout=request_timeout, metadata=metadata)
+                for f in files]
 
     def list(self, path: str, depth: Optional[int] = 1, user: Optional[str] = None,
              request_timeout: Optional[float] = None) -> List[EntryInfo]:
@@ -141,10 +149,23 @@ class Filesystem:
         return True
 
     def watch_dir(self, path: str, user: Optional[str] = None, request_timeout: Optional[float] = None,
-                  recursive: bool = False) -> WatchHandle:
-        """Starts watching a directory; poll the handle's ``get_new_events()``."""
-        out = self._rpc("CreateWatcher", {"path": path, "recursive": recursive}, user, request_timeout)
+                  recursive: bool = False, include_entry: bool = False) -> WatchHandle:
+        """Starts watching a directory; poll the handle's ``get_new_events()``.
+        ``include_entry`` gives each event the ``EntryInfo`` at its path."""
+        out = self._rpc("CreateWatcher", {"path": path, "recursive": recursive, "includeEntry": include_entry},
+                        user, request_timeout)
         return WatchHandle(self, out["watcherId"])
+
+
+def _check_metadata(md: Optional[Dict[str, str]]) -> None:
+    """Refuses metadata an HTTP header cannot carry intact (envd checks the rest)."""
+    for k, v in (md or {}).items():
+        for what, s in (("key", k), (f"value of {k!r}", v)):
+            if not isinstance(s, str) or not s and what == "key" or any(not 0x20 <= ord(c) <= 0x7e for c in s):
+                raise exc.InvalidArgumentException(
+                    f"metadata {what} {s!r}: use non-empty keys and values of printable US-ASCII")
+        if any(c in k for c in " :()<>@,;\\\"/[]?={}"):
+            raise exc.InvalidArgumentException(f"metadata key {k!r}: use letters, digits, '-', '_' or '.'")
 
 
 def _file_not_found(e: exc.NotFoundException) -> exc.NotFoundException:

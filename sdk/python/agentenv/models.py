@@ -197,13 +197,15 @@ class EntryInfo:
     group: str
     modified_time: Optional[_dt.datetime]
     symlink_target: Optional[str] = None
+    # The file's user metadata (user.e2b.* extended attributes); None when it has none.
+    metadata: Optional[Dict[str, str]] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "EntryInfo":
         return cls(name=d.get("name", ""), type=_FILE_TYPES.get(d.get("type", "")), path=d.get("path", ""),
                    size=int(d.get("size", 0)), mode=int(d.get("mode", 0)), permissions=d.get("permissions", ""),
                    owner=d.get("owner", ""), group=d.get("group", ""), modified_time=_time(d.get("modifiedTime")),
-                   symlink_target=d.get("symlinkTarget"))
+                   symlink_target=d.get("symlinkTarget"), metadata=d.get("metadata") or None)
 
 
 @dataclass
@@ -213,6 +215,7 @@ class WriteInfo:
     name: str
     type: Optional[FileType]
     path: str
+    metadata: Optional[Dict[str, str]] = None  # what the write stored
 
 
 @dataclass
@@ -240,7 +243,12 @@ class FilesystemEvent:
 
     name: str
     type: Optional[FilesystemEventType]
+    # The entry now at the path, with watch_dir(include_entry=True); None
+    # for events whose path no longer names it (remove, rename away).
+    entry: Optional[EntryInfo] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "FilesystemEvent":
-        return cls(name=d.get("name", ""), type=_EVENT_TYPES.get(d.get("type", "")))
+        e = d.get("entry")
+        return cls(name=d.get("name", ""), type=_EVENT_TYPES.get(d.get("type", "")),
+                   entry=EntryInfo.from_json(e) if isinstance(e, dict) else None)

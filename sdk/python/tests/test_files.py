@@ -105,6 +105,41 @@ class FileTests(SandboxTest):
         self.assertIn(FilesystemEventType.REMOVE, kinds)
         self.assertTrue(kinds & {FilesystemEventType.CREATE, FilesystemEventType.WRITE, FilesystemEventType.RENAME})
 
+        self.assertTrue(all(e.entry is None for e in events))  # not asked for
+
+    def test_watch_dir_include_entry(self):
+        self.files.make_dir("/tmp/we")
+        w = self.files.watch_dir("/tmp/we", include_entry=True)
+        self.files.write("/tmp/we/e.txt", "12345", metadata={"Origin": "watch"})
+        events = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(e.entry for e in events):
+            events += w.get_new_events()
+            time.sleep(0.1)
+        w.stop()
+        entries = [e.entry for e in events if e.entry]
+        self.assertTrue(entries, events)
+        self.assertIsInstance(entries[0], EntryInfo)
+        self.assertEqual(entries[0].path, "/tmp/we/e.txt")
+
+    def test_metadata(self):
+        info = self.files.write("/home/user/m.txt", "x", metadata={"Owner": "agent-7", "step": "3"})
+        self.assertEqual(info.metadata, {"owner": "agent-7", "step": "3"})  # keys lowercased, as E2B
+        self.assertEqual(self.files.get_info("/home/user/m.txt").metadata, {"owner": "agent-7", "step": "3"})
+        listed = {e.name: e.metadata for e in self.files.list("/home/user")}
+        self.assertEqual(listed["m.txt"], {"owner": "agent-7", "step": "3"})
+        # A write replaces the metadata; a write without any clears it.
+        self.files.write("/home/user/m.txt", "y", metadata={"step": "4"})
+        self.assertEqual(self.files.get_info("/home/user/m.txt").metadata, {"step": "4"})
+        self.files.write("/home/user/m.txt", "z")
+        self.assertIsNone(self.files.get_info("/home/user/m.txt").metadata)
+        infos = self.files.write_files([WriteEntry("/tmp/m1", "1"), WriteEntry("/tmp/m2", "2")], metadata={"batch": "b"})
+        self.assertEqual([i.metadata for i in infos], [{"batch": "b"}] * 2)
+        self.assertEqual(self.files.get_info("/tmp/m2").metadata, {"batch": "b"})
+        for bad in ({"k": "caf\u00e9"}, {"": "v"}, {"a b": "v"}):
+            with self.assertRaises(InvalidArgumentException, msg=bad):
+                self.files.write("/tmp/bad", "x", metadata=bad)
+
 
 if __name__ == "__main__":
     unittest.main()
