@@ -50,11 +50,14 @@ class PtyTests(SandboxTest):
         self.assertEqual(h2.pid, h.pid)
         sbx.pty.send_stdin(h.pid, b"echo re$((1+1))connected\n")
         again.wait_for("re2connected")
-        self.assertTrue(any(p for _, _, p in [c for c in h._chunks] if p))  # iteration carries pty bytes
 
         self.assertTrue(sbx.pty.kill(h.pid))
         with self.assertRaises(CommandExitException):
             h.wait()
+        # Iteration gives the terminal's bytes as (None, None, data), from the start.
+        chunks = list(h)
+        self.assertTrue(all(o is None and e is None for o, e, _ in chunks))
+        self.assertIn(b"50 120", b"".join(p for _, _, p in chunks if p))
         self.assertNotIn(h.pid, [p.pid for p in sbx.commands.list()])
         self.assertFalse(sbx.pty.kill(h.pid))
         with self.assertRaises(InvalidArgumentException):
