@@ -2,6 +2,7 @@
 auto-resume) and metrics, against a real server."""
 
 import concurrent.futures
+import datetime
 import time
 import unittest
 import uuid
@@ -58,6 +59,12 @@ class ListPagingTests(SandboxTest):
         running = list(Sandbox.list(query=SandboxQuery(metadata={"page": tag}, state=["running"]), limit=10))
         self.assertEqual(len(running), 4)
         self.assertEqual(list(Sandbox.list(query=SandboxQuery(metadata={"page": tag}, template="no-such"))), [])
+        self.assertEqual(len(list(Sandbox.list(query=SandboxQuery(metadata={"page": tag}, template=TEMPLATE)))), 5)
+        now = datetime.datetime.now()  # naive: local time, as E2B's SDK reads it
+        later = SandboxQuery(metadata={"page": tag}, started_after=now + datetime.timedelta(hours=1))
+        self.assertEqual(list(Sandbox.list(query=later)), [])
+        earlier = SandboxQuery(metadata={"page": tag}, started_after=now - datetime.timedelta(minutes=10))
+        self.assertEqual(len(list(Sandbox.list(query=earlier))), 5)
         with self.assertRaises(InvalidArgumentException):
             Sandbox.list(order="sideways")
 

@@ -75,5 +75,28 @@ class BuildBackendTests(unittest.TestCase):
             self.assertTrue(_build_backend.build_sdist(d).endswith(".tar.gz"))
 
 
+
+class LifecycleBodyTests(unittest.TestCase):
+    """E2B's lifecycle option as the create body (what its SDK sends)."""
+
+    def test_mapping(self):
+        from agentenv.sandbox import _lifecycle_body
+        cases = [
+            (None, {}),
+            ({"on_timeout": "kill"}, {"autoPause": False}),
+            ({"on_timeout": "pause"}, {"autoPause": True}),
+            ({"on_timeout": "pause", "auto_resume": True}, {"autoPause": True, "autoResume": {"enabled": True}}),
+            ({"on_timeout": "pause", "auto_resume": False}, {"autoPause": True, "autoResume": {"enabled": False}}),
+            ({"on_timeout": {"action": "pause", "keep_memory": False}}, {"autoPause": True, "autoPauseMemory": False}),
+            ({"on_timeout": {"action": "kill"}}, {"autoPause": False}),
+        ]
+        for lc, want in cases:
+            self.assertEqual(_lifecycle_body(lc), want, lc)
+        for bad in ({"on_timeout": {"action": "kill", "keep_memory": True}}, {"auto_resume": True},
+                    {"on_timeout": "stop"}):
+            with self.assertRaises(InvalidArgumentException, msg=bad):
+                _lifecycle_body(bad)
+
+
 if __name__ == "__main__":
     unittest.main()
