@@ -180,6 +180,16 @@ func TestGetFileRoundTrip(t *testing.T) {
 	}
 }
 
+// Files that report size 0 but have content (/proc, /sys) are read, not
+// answered empty.
+func TestGetProcFile(t *testing.T) {
+	d := startDaemon(t, envd.Config{AccessToken: testToken})
+	resp, b := d.do("GET", filesURL("/proc/self/status", d.user), nil, nil)
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(b, []byte("Name:")) {
+		t.Fatalf("GET /proc/self/status: got %d %q, want 200 with the process's status", resp.StatusCode, b)
+	}
+}
+
 func TestGetFileErrors(t *testing.T) {
 	d := startDaemon(t, envd.Config{AccessToken: testToken})
 	dir := t.TempDir()

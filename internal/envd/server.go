@@ -273,6 +273,12 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
+	if !st.Mode().IsRegular() || st.Size() == 0 {
+		// /proc and /sys files report size 0 and may not seek; a FIFO
+		// or device has no size: stream what a read gives (no ranges).
+		io.Copy(w, f)
+		return
+	}
 	http.ServeContent(w, r, "", st.ModTime(), f)
 }
 
