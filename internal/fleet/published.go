@@ -79,6 +79,12 @@ func (p *published) Pause(ctx context.Context, id string) (sandbox.Sandbox, erro
 	return p.after(ctx, id, sb, err)
 }
 
+// PauseFiles keeps only the sandbox's files (pause with memory: false).
+func (p *published) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	sb, err := p.Local.PauseFiles(ctx, id)
+	return p.after(ctx, id, sb, err)
+}
+
 func (p *published) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	sb, err := p.Local.Resume(ctx, id, d)
 	return p.after(ctx, id, sb, err)

@@ -179,15 +179,10 @@ func (r *Remote) place(name string, memMB int64, reserve bool) []NodeRecord {
 	return out
 }
 
+// List answers from the cache, unordered: the API layer orders and pages
+// (a page of 100 keeps only 100 as it scans).
 func (r *Remote) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
-	var out []sandbox.Sandbox
-	for _, rec := range r.cache.liveSandboxes() {
-		if f.Match(rec.Sandbox) {
-			out = append(out, rec.Sandbox)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.After(out[j].StartedAt) })
-	return out, nil
+	return r.cache.liveMatching(f), nil
 }
 
 func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
@@ -257,6 +252,12 @@ func (r *Remote) SetNetwork(ctx context.Context, id string, n sandbox.Network) (
 
 func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
+}
+
+// PauseFiles pauses keeping only the files (api.FilesPauser), on the
+// sandbox's node.
+func (r *Remote) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.PauseFiles(ctx, id) })
 }
 
 func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
@@ -555,4 +556,7 @@ func (r *Remote) Nodes() []NodeView {
 // NodeList is Nodes for the API's node routes.
 func (r *Remote) NodeList(ctx context.Context) (any, error) { return r.Nodes(), nil }
 
-var _ api.Fleet = (*Remote)(nil)
+var (
+	_ api.Fleet       = (*Remote)(nil)
+	_ api.FilesPauser = (*Remote)(nil)
+)

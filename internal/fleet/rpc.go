@@ -132,6 +132,13 @@ func serveRPC(b api.Backend, w http.ResponseWriter, r *http.Request, method stri
 		out, err = b.SetNetwork(ctx, a.ID, *a.Network)
 	case "Pause":
 		out, err = b.Pause(ctx, a.ID)
+	case "PauseFiles":
+		fp, ok := b.(api.FilesPauser)
+		if !ok {
+			err = errdefs.Invalid("this node cannot pause keeping only files: pause with memory")
+			break
+		}
+		out, err = fp.PauseFiles(ctx, a.ID)
 	case "Resume":
 		out, err = b.Resume(ctx, a.ID, a.D)
 	case "Snapshot":
@@ -387,6 +394,10 @@ func (c *nodeClient) SetNetwork(ctx context.Context, id string, n sandbox.Networ
 
 func (c *nodeClient) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return c.sandbox(ctx, "Pause", rpcArgs{ID: id})
+}
+
+func (c *nodeClient) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return c.sandbox(ctx, "PauseFiles", rpcArgs{ID: id})
 }
 
 func (c *nodeClient) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {

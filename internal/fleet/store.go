@@ -433,14 +433,15 @@ func (c *Cache) forget(node string) {
 	}
 }
 
-// liveSandboxes returns the records of sandboxes whose node is alive.
-func (c *Cache) liveSandboxes() []SandboxRecord {
+// liveMatching returns the sandboxes f matches whose node is alive, in
+// one pass under the read lock.
+func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := make([]SandboxRecord, 0, len(c.sandboxes))
+	var out []sandbox.Sandbox
 	for _, r := range c.sandboxes {
-		if _, ok := c.nodes[r.Node]; ok {
-			out = append(out, r)
+		if _, ok := c.nodes[r.Node]; ok && f.Match(r.Sandbox) {
+			out = append(out, r.Sandbox)
 		}
 	}
 	return out

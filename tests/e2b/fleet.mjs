@@ -24,6 +24,14 @@ try {
   assert.equal(await sbx.isRunning(), false)
   await sbx.connect()
   assert.equal((await sbx.commands.run('cat /tmp/hello.txt')).stdout, 'hello from the fleet')
+  // Pause keeping only the files: connect boots it again on its node.
+  await sbx.commands.run('sleep 1000', { background: true })
+  assert.equal(await sbx.pause({ keepMemory: false }), true)
+  assert.equal(await sbx.isRunning(), false)
+  await sbx.connect()
+  assert.equal((await sbx.commands.run('cat /tmp/hello.txt')).stdout, 'hello from the fleet')
+  const ps = await sbx.commands.run('ps')
+  assert.ok(!ps.stdout.includes('sleep 1000'), 'processes are gone after a pause without memory')
 } finally {
   await sbx.kill()
 }
