@@ -133,6 +133,17 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 		t.Fatalf("snapshot: %v", err)
 	}
 	filesOnly := pausedWithoutMemory(t, c, "http://"+p.api)
+	// Paused with its memory: the container stays frozen across the crash.
+	frozen, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Exec(ctx, frozen, "/bin/sh", []string{"-c", "echo in-memory > /dev/shm/x; sleep 1000 >/dev/null 2>&1 &"}, nil, nil); err != nil || res.ExitCode != 0 {
+		t.Fatalf("prepare the paused sandbox: %v %v", res, err)
+	}
+	if err := c.PauseSandbox(ctx, frozen.SandboxID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
 	doomed, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
 	if err != nil {
 		t.Fatal(err)
@@ -186,6 +197,16 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	}
 
 	resumedWithFiles(t, c, "http://"+p.api, filesOnly)
+	if got, err := c.GetSandbox(ctx, frozen.SandboxID); err != nil || got.State != "paused" {
+		t.Fatalf("sandbox paused with memory before SIGKILL: after restart got %+v %v, want it paused", got.State, err)
+	}
+	resumed, err := c.ResumeSandbox(ctx, frozen.SandboxID)
+	if err != nil {
+		t.Fatalf("resume after restart: %v", err)
+	}
+	if res, err := c.Exec(ctx, resumed, "/bin/sh", []string{"-c", "cat /dev/shm/x; ps | grep -c '[s]leep 1000'"}, nil, nil); err != nil || string(res.Stdout) != "in-memory\n1\n" {
+		t.Errorf("paused sandbox after restart and resume: stdout %q (%v), want its memory (/dev/shm and the process) back", res.Stdout, err)
+	}
 
 	// Snapshots survive the crash and still restore.
 	fromSnap, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: snap.SnapshotID})
