@@ -89,12 +89,17 @@ func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, 
 	return NodeRecord{}, false, nil
 }
 
-func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64) (*http.Response, error) {
+// peerGet asks a peer for path from offset; with sparse, it asks for the
+// sparse encoding (sparse.go), which the answer may or may not use.
+func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.base()+rpcPath+path, nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set(SecretHeader, n.cfg.Secret)
+	if sparse {
+		req.Header.Set(sparseHeader, "1")
+	}
 	if offset > 0 {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
 	}
@@ -121,7 +126,7 @@ type templateCopy struct {
 // on), then makes it ready in the background.
 func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
 	n.log.Info("fleet: copying template from a peer", "template", name, "from", peer.Name)
-	resp, err := n.peerGet(ctx, peer, "templates/"+name, 0)
+	resp, err := n.peerGet(ctx, peer, "templates/"+name, 0, false)
 	if err != nil {
 		return err
 	}
@@ -131,7 +136,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) e
 	if err != nil {
 		return errdefs.Unavailable("template %s metadata from node %s: %v", name, peer.Name, err)
 	}
-	resp, err = n.peerGet(ctx, peer, "templates/"+name+"/image", 0)
+	resp, err = n.peerGet(ctx, peer, "templates/"+name+"/image", 0, false)
 	if err != nil {
 		return err
 	}
@@ -149,7 +154,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) e
 
 func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) error {
 	n.log.Info("fleet: copying snapshot from a peer", "snapshot", id, "from", peer.Name)
-	resp, err := n.peerGet(ctx, peer, "snapshots/"+id, 0)
+	resp, err := n.peerGet(ctx, peer, "snapshots/"+id, 0, false)
 	if err != nil {
 		return err
 	}
@@ -188,7 +193,7 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst st
 		if err != nil {
 			return err
 		}
-		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+chunk, off)
+		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+chunk, off, true)
 		if err != nil {
 			last = err
 			continue
@@ -199,8 +204,13 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst st
 			off = 0
 		}
 		// Chunks are sparse where their shared pages were punched out:
-		// keep them so here too.
-		_, err = snapshot.CopySparse(f, resp.Body, off)
+		// keep them so here too (and, from a peer that can, receive the
+		// holes as lengths, not zeros).
+		if resp.Header.Get(sparseHeader) == "1" {
+			err = readSparse(f, resp.Body, off)
+		} else {
+			_, err = snapshot.CopySparse(f, resp.Body, off)
+		}
 		resp.Body.Close()
 		if err == nil {
 			return f.Close()
@@ -268,6 +278,10 @@ func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 		return
 	}
 	defer f.Close()
+	if r.Header.Get(sparseHeader) == "1" {
+		serveSparse(w, r, f)
+		return
+	}
 	st, err := f.Stat()
 	if err != nil {
 		writeWireError(w, err)

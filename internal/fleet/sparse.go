@@ -1,0 +1,154 @@
+package fleet
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+
+	"agentenv/internal/snapshot"
+)
+
+// Snapshot chunks are sparse: the pages a snapshot shares with its parent
+// are holes. On the wire between nodes, runs of zero pages travel as a
+// length, not as zeros, when both ends speak this encoding (sparseHeader
+// on the request and on the answer). A frame is one kind byte, 'd' (data
+// follows) or 'z' (zeros), and an 8-byte big-endian length; offsets are
+// those of the file, so a broken transfer resumes with a Range request as
+// a plain one does.
+
+const sparseHeader = "X-Agentenv-Sparse"
+
+const (
+	frameData  = 'd'
+	frameZeros = 'z'
+)
+
+// writeSparse sends f from off in the sparse encoding.
+func writeSparse(w io.Writer, f *os.File, off int64) error {
+	buf := make([]byte, 64*snapshot.PageSize)
+	zeros := int64(0) // a run of zero pages not sent yet
+	flushZeros := func() error {
+		if zeros == 0 {
+			return nil
+		}
+		err := writeFrame(w, frameZeros, zeros, nil)
+		zeros = 0
+		return err
+	}
+	for {
+		k, err := f.ReadAt(buf, off)
+		if k > 0 {
+			for b := 0; b < k; {
+				end := min(b+snapshot.PageSize, k)
+				if allZeros(buf[b:end]) {
+					zeros += int64(end - b)
+					b = end
+					continue
+				}
+				// A run of data pages.
+				for end < k && !allZeros(buf[end:min(end+snapshot.PageSize, k)]) {
+					end = min(end+snapshot.PageSize, k)
+				}
+				if ferr := flushZeros(); ferr != nil {
+					return ferr
+				}
+				if ferr := writeFrame(w, frameData, int64(end-b), buf[b:end]); ferr != nil {
+					return ferr
+				}
+				b = end
+			}
+			off += int64(k)
+		}
+		if errors.Is(err, io.EOF) {
+			return flushZeros()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func writeFrame(w io.Writer, kind byte, n int64, data []byte) error {
+	var h [9]byte
+	h[0] = kind
+	binary.BigEndian.PutUint64(h[1:], uint64(n))
+	if _, err := w.Write(h[:]); err != nil {
+		return err
+	}
+	if data != nil {
+		_, err := w.Write(data)
+		return err
+	}
+	return nil
+}
+
+// readSparse writes what writeSparse sent into f from off, leaving holes
+// for zero runs; the file ends where the stream does. A stream cut short
+// is an error (the caller resumes from the file's end).
+func readSparse(f *os.File, r io.Reader, off int64) error {
+	var h [9]byte
+	for {
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				break // a clean end between frames
+			}
+			return err
+		}
+		n := int64(binary.BigEndian.Uint64(h[1:]))
+		switch h[0] {
+		case frameZeros:
+			off += n
+		case frameData:
+			c, err := io.Copy(io.NewOffsetWriter(f, off), io.LimitReader(r, n))
+			if err != nil {
+				return err
+			}
+			if c < n {
+				return io.ErrUnexpectedEOF // the frame was cut short
+			}
+			off += n
+		default:
+			return fmt.Errorf("sparse transfer: bad frame kind %q", h[0])
+		}
+	}
+	if st, err := f.Stat(); err == nil && st.Size() < off {
+		return f.Truncate(off)
+	}
+	return nil
+}
+
+func allZeros(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// serveSparse answers a request that asked for the sparse encoding: the
+// file from the Range's start ("bytes=N-", the only form copies send).
+func serveSparse(w http.ResponseWriter, r *http.Request, f *os.File) {
+	var off int64
+	if rg := r.Header.Get("Range"); rg != "" {
+		s, ok := strings.CutPrefix(rg, "bytes=")
+		s, ok2 := strings.CutSuffix(s, "-")
+		n, err := strconv.ParseInt(s, 10, 64)
+		if !ok || !ok2 || err != nil || n < 0 {
+			http.Error(w, "sparse copies take a Range of the form bytes=N-", http.StatusRequestedRangeNotSatisfiable)
+			return
+		}
+		off = n
+	}
+	w.Header().Set(sparseHeader, "1")
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if off > 0 {
+		w.WriteHeader(http.StatusPartialContent)
+	}
+	writeSparse(w, f, off) // a failure shows as a cut stream: the copy resumes
+}
