@@ -45,13 +45,13 @@ func writeSparse(w io.Writer, f *os.File, off int64) error {
 		if k > 0 {
 			for b := 0; b < k; {
 				end := min(b+snapshot.PageSize, k)
-				if allZeros(buf[b:end]) {
+				if snapshot.AllZero(buf[b:end]) {
 					zeros += int64(end - b)
 					b = end
 					continue
 				}
 				// A run of data pages.
-				for end < k && !allZeros(buf[end:min(end+snapshot.PageSize, k)]) {
+				for end < k && !snapshot.AllZero(buf[end:min(end+snapshot.PageSize, k)]) {
 					end = min(end+snapshot.PageSize, k)
 				}
 				if ferr := flushZeros(); ferr != nil {
@@ -120,15 +120,6 @@ func readSparse(f *os.File, r io.Reader, off int64) error {
 		return f.Truncate(off)
 	}
 	return nil
-}
-
-func allZeros(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // serveSparse answers a request that asked for the sparse encoding: the

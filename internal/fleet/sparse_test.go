@@ -59,7 +59,7 @@ func TestSparseChunkCopy(t *testing.T) {
 		b[i] = 0xAB
 	}
 	for off := 0; off < size; off += page {
-		if end := min(off+page, size); !allZeros(b[off:end]) {
+		if end := min(off+page, size); !snapshot.AllZero(b[off:end]) {
 			f.WriteAt(b[off:end], int64(off))
 		}
 	}

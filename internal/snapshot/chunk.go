@@ -228,7 +228,7 @@ func CopySparse(f *os.File, r io.Reader, off int64) (int64, error) {
 		k, err := readFull(r, buf)
 		for b := 0; b < k; b += PageSize {
 			blk := buf[b:min(b+PageSize, k)]
-			if !allZero(blk) {
+			if !AllZero(blk) {
 				if _, werr := f.WriteAt(blk, off+n); werr != nil {
 					return n, werr
 				}
@@ -263,7 +263,9 @@ func readFull(r io.Reader, buf []byte) (int, error) {
 	return k, nil
 }
 
-func allZero(b []byte) bool {
+// AllZero reports whether b holds only zero bytes (a page to leave as a
+// hole).
+func AllZero(b []byte) bool {
 	for len(b) >= 8 {
 		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
 			return false
