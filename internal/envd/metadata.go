@@ -79,11 +79,14 @@ func printableASCII(what, s string) error {
 
 // writeMetadata replaces the file's metadata with md (nil clears it): an
 // overwritten file keeps its xattrs, so keys the new upload lacks go.
-func writeMetadata(f *os.File, md map[string]string) error {
+func writeMetadata(f *os.File, md map[string]string, created bool) error {
 	fd := int(f.Fd())
-	names, err := listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
-	if err != nil {
-		return err
+	var names []string
+	if !created { // a new file has no metadata to remove
+		var err error
+		if names, err = listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) }); err != nil {
+			return err
+		}
 	}
 	for _, name := range names {
 		key, ok := strings.CutPrefix(name, metadataXattrPrefix)

@@ -306,21 +306,16 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	var written []entry
 	write := func(p string, body io.Reader) bool {
 		path, err := resolvePath(p, acct)
+		var stored map[string]string
 		if err == nil {
-			err = writeFileAs(path, body, acct, md)
+			stored, err = writeFileAs(path, body, acct, md)
 		}
 		if err != nil {
 			// Most other failures are the body's (malformed gzip...).
 			writeFileError(w, err, acct, "write", path, http.StatusBadRequest)
 			return false
 		}
-		e := entry{Name: filepath.Base(path), Type: "file", Path: path}
-		// What was stored, read back: no claim of metadata a file lacks.
-		asUser(acct, func() (err error) {
-			e.Metadata, err = readMetadata(path)
-			return err
-		})
-		written = append(written, e)
+		written = append(written, entry{Name: filepath.Base(path), Type: "file", Path: path, Metadata: stored})
 		return true
 	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -383,8 +378,9 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 // Every path step (parents created, the open) runs as the user, so what the
 // user may not create or overwrite is refused and what is created is the
 // user's; the data and the metadata (replacing any the file had) go through
-// the descriptor the user opened.
-func writeFileAs(path string, r io.Reader, a account, md map[string]string) error {
+// the descriptor the user opened. It returns the metadata the file now has:
+// md, or none on a filesystem without xattrs.
+func writeFileAs(path string, r io.Reader, a account, md map[string]string) (map[string]string, error) {
 	var f *os.File
 	created := false
 	err := asUser(a, func() error {
@@ -404,7 +400,7 @@ func writeFileAs(path string, r io.Reader, a account, md map[string]string) erro
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ok := false
 	defer func() {
@@ -416,19 +412,23 @@ func writeFileAs(path string, r io.Reader, a account, md map[string]string) erro
 		}
 	}()
 	if _, err := io.Copy(f, r); err != nil {
-		return err
+		return nil, err
 	}
 	// A filesystem without xattrs (/proc, /sys) keeps the data without the
-	// metadata, as in E2B; the answer reads metadata back, so it does not
-	// claim any.
-	if err := writeMetadata(f, md); err != nil && !xattrUnsupported(err) {
-		return fmt.Errorf("store metadata: %w", err)
+	// metadata, as in E2B; the answer then claims none.
+	stored := md
+	if !created || len(md) > 0 {
+		if err := writeMetadata(f, md, created); xattrUnsupported(err) {
+			stored = nil
+		} else if err != nil {
+			return nil, fmt.Errorf("store metadata: %w", err)
+		}
 	}
 	if err := f.Close(); err != nil {
-		return err
+		return nil, err
 	}
 	ok = true
-	return nil
+	return stored, nil
 }
 
 // TrimToken removes the access token variable from a list of environment
