@@ -124,7 +124,8 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	// ones are punched out: no copy, and pages dropped from the page cache
 	// before writeback are never written to disk.
 	if content, err := punchShared(fd, size, pages, pl.newPages); err == nil {
-		return named(size, pl.extents, chunkName(content)), newChunk{name: chunkName(content), tmp: p}, pages, nil
+		chunk := chunkName(content)
+		return named(size, pl.extents, chunk), newChunk{name: chunk, tmp: p}, pages, nil
 	} else if !errors.Is(err, unix.EOPNOTSUPP) {
 		return File{}, newChunk{}, nil, err
 	}
@@ -138,7 +139,8 @@ func (s *Store) storeFile(p, name string, internal bool, b *bases) (File, newChu
 	if err := writePages(tmp, data, pl.newPages); err != nil {
 		return File{}, newChunk{}, nil, err
 	}
-	return named(size, pl.extents, chunkName(newPages)), newChunk{name: chunkName(newPages), tmp: tmp}, pages, nil
+	chunk := chunkName(newPages)
+	return named(size, pl.extents, chunk), newChunk{name: chunk, tmp: tmp}, pages, nil
 }
 
 // named fills the new chunk's name into a plan's extents.

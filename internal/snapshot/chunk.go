@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // PageSize is the unit of deduplication. gVisor's pages file holds memory
@@ -89,21 +91,15 @@ func VerifyChunk(name, p string) error {
 		}
 		got = name[:2] + hex.EncodeToString(h.Sum(nil))
 	default:
-		var pages [][32]byte
-		buf := make([]byte, PageSize)
-		for {
-			n, err := io.ReadFull(f, buf)
-			if n > 0 {
-				pages = append(pages, sha256.Sum256(buf[:n]))
-			}
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
+		// Hashed as the store names it: mapped, page by page, on every core.
+		m, err := mapChunk(p)
+		if err != nil {
+			return err
 		}
-		got = chunkName(pages)
+		got = chunkName(pageHashes(m))
+		if len(m) > 0 {
+			unix.Munmap(m)
+		}
 	}
 	if got != name {
 		return fmt.Errorf("chunk %s holds other content (%s)", name, got)
