@@ -26,7 +26,8 @@ import (
 // process, and restores skip it.
 
 // templateProcess returns the spec's environment (the defaults given, the
-// template's variables, then the sandbox's own, each key once) and envd's
+// template's variables, then the sandbox's own, each key once, a default
+// never overridden but for PATH) and envd's
 // command line for a sandbox of the template.
 func (m *Manager) templateProcess(sb Sandbox, base []string) (env, args []string) {
 	t, _ := m.d.Templates.Get(sb.Template)
@@ -44,14 +45,15 @@ func (m *Manager) templateProcess(sb Sandbox, base []string) (env, args []string
 	for k, v := range sb.EnvVars {
 		set[k] = v
 	}
+	// The defaults win (envd's access token among them: a sandbox's
+	// variables must not unset it), except PATH, which the image's or
+	// the sandbox's replaces.
 	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")
 		if v, ok := set[k]; ok && k == "PATH" {
-			kv = k + "=" + v // the image's PATH replaces the default one
+			kv = k + "=" + v
 		}
-		if _, ok := set[k]; !ok || k == "PATH" {
-			env = append(env, kv)
-		}
+		env = append(env, kv)
 		delete(set, k)
 	}
 	keys := make([]string, 0, len(set))

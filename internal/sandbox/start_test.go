@@ -38,6 +38,13 @@ func TestTemplateProcess(t *testing.T) {
 	if want := []string{template.EnvdPath, "-user", "app", "-workdir", "/srv"}; !slices.Equal(args, want) {
 		t.Errorf("args = %q, want %q", args, want)
 	}
+	// A sandbox's variable cannot unset or replace a default (envd's
+	// access token is one).
+	sb.EnvVars["AGENTENV_ENVD_ACCESS_TOKEN"] = "attacker"
+	env, _ = m.templateProcess(sb, []string{"PATH=/usr/bin:/bin", "AGENTENV_ENVD_ACCESS_TOKEN=secret"})
+	if !slices.Contains(env, "AGENTENV_ENVD_ACCESS_TOKEN=secret") || slices.Contains(env, "AGENTENV_ENVD_ACCESS_TOKEN=attacker") {
+		t.Errorf("env = %q, want the default access token kept and the sandbox's ignored", env)
+	}
 	// A template without settings: envd alone, the base env as it was.
 	env, args = m.templateProcess(Sandbox{Template: "busybox"}, []string{"PATH=/bin"})
 	if !slices.Equal(env, []string{"PATH=/bin"}) || !slices.Equal(args, []string{template.EnvdPath}) {
