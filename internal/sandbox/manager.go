@@ -62,6 +62,7 @@ type Manager struct {
 	warmS    warmState
 	warmKick chan struct{}
 	hot      map[string][]string
+	cpu      cpuSamples // metrics: the last CPU sample of each sandbox
 	hotKick  chan struct{}
 	slots    map[int]bool
 	lost     map[string]Sandbox

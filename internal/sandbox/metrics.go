@@ -38,14 +38,13 @@ type cpuSample struct {
 // samples closer together repeat the previous share.
 const minCPUInterval = 200 * time.Millisecond
 
-// cpuSamples holds the last sample of each sandbox, per manager, so that
-// a sample's CPU share covers the time since the one before. Kept beside
-// Manager rather than in it (this file is the whole feature); pruned of
-// gone sandboxes on every call.
-var cpuSamples = struct {
+// cpuSamples holds a manager's last sample of each sandbox, so that a
+// sample's CPU share covers the time since the one before; gone sandboxes
+// are pruned when the map outgrows the live ones.
+type cpuSamples struct {
 	sync.Mutex
-	m map[*Manager]map[string]cpuSample
-}{m: map[*Manager]map[string]cpuSample{}}
+	m map[string]cpuSample
+}
 
 // Metrics samples sandbox id's resource use now. A sandbox with no
 // processes (paused without memory) gives a zero Metric (no Timestamp).
@@ -80,13 +79,12 @@ func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 
 // cpuShare is the share of its CPUs sb used since its previous sample.
 func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64 {
-	cpuSamples.Lock()
-	defer cpuSamples.Unlock()
-	mine := cpuSamples.m[m]
-	if mine == nil {
-		mine = map[string]cpuSample{}
-		cpuSamples.m[m] = mine
+	m.cpu.Lock()
+	defer m.cpu.Unlock()
+	if m.cpu.m == nil {
+		m.cpu.m = map[string]cpuSample{}
 	}
+	mine := m.cpu.m
 	prev, ok := mine[sb.ID]
 	if !ok {
 		prev = cpuSample{at: sb.StartedAt}
@@ -101,9 +99,11 @@ func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64
 	pct = min(max(pct, 0), 100)
 	mine[sb.ID] = cpuSample{at: now, cpu: cpu, pct: pct}
 	m.mu.Lock()
-	for id := range mine {
-		if _, live := m.boxes[id]; !live {
-			delete(mine, id)
+	if len(mine) > 2*len(m.boxes)+64 { // amortized: not a scan per call
+		for id := range mine {
+			if _, live := m.boxes[id]; !live {
+				delete(mine, id)
+			}
 		}
 	}
 	m.mu.Unlock()
