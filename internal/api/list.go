@@ -30,12 +30,10 @@ const (
 
 // listQuery is a parsed list request.
 type listQuery struct {
-	filter       sandbox.Filter
-	template     string
-	startedAfter time.Time
-	desc         bool
-	limit        int // 0: no paging (the v1 route)
-	after        *pageKey
+	filter sandbox.Filter
+	desc   bool
+	limit  int // 0: no paging (the v1 route)
+	after  *pageKey
 }
 
 // pageKey is the position of one sandbox in the list order.
@@ -90,9 +88,9 @@ func parseListQuery(q url.Values, paged bool) (listQuery, error) {
 		return lq, err
 	}
 	lq.filter.States = states
-	lq.template = q.Get("template")
+	lq.filter.Template = q.Get("template")
 	if s := q.Get("startedAfter"); s != "" {
-		if lq.startedAfter, err = time.Parse(time.RFC3339Nano, s); err != nil {
+		if lq.filter.StartedAfter, err = time.Parse(time.RFC3339Nano, s); err != nil {
 			return lq, errdefs.Invalid("startedAfter %q: give an RFC 3339 time such as 2026-01-02T15:04:05Z", s)
 		}
 	}
@@ -154,7 +152,7 @@ type listPage struct {
 	totalRunning int
 }
 
-// page filters, orders and cuts all (Backend.List's answer) per lq. A
+// page orders and cuts all (Backend.List's answer, already filtered by lq.filter) per lq. A
 // page of a long list keeps only the limit first items as it scans
 // (a bounded heap), so it costs O(n log limit), not a sort of all n.
 func (lq listQuery) page(all []sandbox.Sandbox) listPage {
@@ -164,12 +162,6 @@ func (lq listQuery) page(all []sandbox.Sandbox) listPage {
 	top := &pageHeap{before: before}
 	more := false
 	for _, sb := range all {
-		if lq.template != "" && sb.Template != lq.template {
-			continue
-		}
-		if !lq.startedAfter.IsZero() && sb.StartedAt.Before(lq.startedAfter) {
-			continue
-		}
 		if sb.State == sandbox.StateRunning {
 			p.totalRunning++
 		}

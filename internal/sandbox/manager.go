@@ -298,10 +298,20 @@ func (m *Manager) Running(id string) (Sandbox, error) {
 type Filter struct {
 	Metadata map[string]string
 	States   []State
+	// Template, if set, keeps the sandboxes of that template only.
+	Template string `json:",omitempty"`
+	// StartedAfter, if set, keeps those started at or after it.
+	StartedAfter time.Time `json:",omitzero"`
 }
 
 // Match reports whether sb passes the filter.
 func (f Filter) Match(sb Sandbox) bool {
+	if f.Template != "" && sb.Template != f.Template {
+		return false
+	}
+	if !f.StartedAfter.IsZero() && sb.StartedAt.Before(f.StartedAfter) {
+		return false
+	}
 	for k, v := range f.Metadata {
 		if sb.Metadata[k] != v {
 			return false
