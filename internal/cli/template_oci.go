@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"fmt"
 	"io"
-	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
@@ -34,11 +32,11 @@ func (f *imageFlags) register(cmd *cobra.Command) {
 // settings puts the flags' settings into req.
 func (f *imageFlags) settings(req *client.BuildRequest) error {
 	req.TemplateSettings = f.TemplateSettings
-	for _, kv := range f.env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--env %q: give KEY=VALUE", kv)
-		}
+	env, err := parsePairs(f.env, "--env")
+	if err != nil {
+		return err
+	}
+	for k, v := range env {
 		if req.Env == nil {
 			req.Env = map[string]string{}
 		}

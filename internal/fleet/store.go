@@ -249,7 +249,7 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 				c.deleted[id] = time.Now()
 				if len(c.deleted) > 4096 {
 					for k, at := range c.deleted {
-						if time.Since(at) > time.Minute {
+						if time.Since(at) > deletedMemory {
 							delete(c.deleted, k)
 						}
 					}
@@ -257,7 +257,7 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 			}
 			return
 		}
-		if at, ok := c.deleted[id]; ok && time.Since(at) < time.Minute {
+		if c.recentlyDeleted(id) {
 			// A lagging watch (its etcd member went away) delivering
 			// the create after this API server's own kill: an ID
 			// never comes back once its record is deleted.
@@ -365,12 +365,23 @@ func (c *Cache) sandbox(id string) (SandboxRecord, bool) {
 	return r, ok
 }
 
+// deletedMemory is how long a deleted sandbox's ID keeps late events and
+// answers from bringing its record back.
+const deletedMemory = time.Minute
+
+// recentlyDeleted says whether id's record was deleted within
+// deletedMemory. Callers hold c.mu.
+func (c *Cache) recentlyDeleted(id string) bool {
+	at, ok := c.deleted[id]
+	return ok && time.Since(at) < deletedMemory
+}
+
 // putSandbox records what this API server just learned from a node, ahead
 // of the watch.
 func (c *Cache) putSandbox(r SandboxRecord) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if at, ok := c.deleted[r.Sandbox.ID]; ok && time.Since(at) < time.Minute {
+	if c.recentlyDeleted(r.Sandbox.ID) {
 		return
 	}
 	if old, ok := c.sandboxes[r.Sandbox.ID]; ok {
