@@ -113,14 +113,7 @@ func (e testEnv) spec(tb testing.TB, r runtime.Runtime, args ...string) runtime.
 // eventually polls cond every 10ms until it holds or 10s have passed.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	eventuallyWithin(tb, 10*time.Second, what, cond)
-}
-
-// eventuallyWithin is eventually with its own bound, for waits that a
-// loaded host stretches (teardowns run behind the answer).
-func eventuallyWithin(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out waiting for %s", what)
