@@ -19,6 +19,9 @@ var (
 	ErrResourceExhausted = errors.New("resource exhausted")
 	ErrUnauthenticated   = errors.New("unauthenticated")
 	ErrTooLarge          = errors.New("request too large")
+	// ErrInsufficientStorage: the host's disk budget (or a storage quota
+	// such as the templates') has no room for what was asked (HTTP 507).
+	ErrInsufficientStorage = errors.New("insufficient storage")
 )
 
 // Invalid returns an ErrInvalid error with a formatted message.
@@ -44,6 +47,13 @@ func Unavailable(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrUnavailable)
 }
 
+// InsufficientStorage returns an ErrInsufficientStorage error with a
+// formatted message, which should say what is used, the limit, and what
+// frees room.
+func InsufficientStorage(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInsufficientStorage)
+}
+
 // Classified reports whether err wraps one of the classes (otherwise it is
 // an internal error).
 func Classified(err error) bool {
@@ -55,10 +65,11 @@ func Classified(err error) bool {
 	return false
 }
 
-// Retryable reports whether the same request may succeed later (ErrUnavailable,
-// ErrResourceExhausted): the API then tells clients when to retry.
+// Retryable reports whether the same request may succeed later, or on
+// another node (ErrUnavailable, ErrResourceExhausted, ErrInsufficientStorage):
+// the API then tells clients when to retry, and a fleet tries the next node.
 func Retryable(err error) bool {
-	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrResourceExhausted)
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrResourceExhausted) || errors.Is(err, ErrInsufficientStorage)
 }
 
 // classes lists each class with its HTTP status and machine-readable code,
@@ -73,6 +84,7 @@ var classes = []struct {
 	{ErrConflict, http.StatusConflict, "conflict"},
 	{ErrUnauthenticated, http.StatusUnauthorized, "unauthenticated"},
 	{ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{ErrInsufficientStorage, http.StatusInsufficientStorage, "insufficient_storage"},
 	{ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
 	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 }

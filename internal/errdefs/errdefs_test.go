@@ -23,6 +23,8 @@ func TestHTTPStatus(t *testing.T) {
 		{"too large", errdefs.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 		{"resource exhausted", errdefs.ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
 		{"unavailable", errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+		{"insufficient storage", errdefs.ErrInsufficientStorage, http.StatusInsufficientStorage, "insufficient_storage"},
+		{"InsufficientStorage helper", errdefs.InsufficientStorage("full %s", "x"), http.StatusInsufficientStorage, "insufficient_storage"},
 		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, "internal"},
 		{"Invalid helper", errdefs.Invalid("bad %s", "x"), http.StatusBadRequest, "invalid_argument"},
 		{"NotFound helper", errdefs.NotFound("no %s", "x"), http.StatusNotFound, "not_found"},
@@ -43,7 +45,7 @@ func TestHTTPStatus(t *testing.T) {
 				if got, want := errdefs.Classified(err), tt.status != http.StatusInternalServerError; got != want {
 					t.Errorf("wrapped %d times: Classified = %v, want %v", depth, got, want)
 				}
-				retry := tt.status == http.StatusServiceUnavailable || tt.status == http.StatusTooManyRequests
+				retry := tt.status == http.StatusServiceUnavailable || tt.status == http.StatusTooManyRequests || tt.status == http.StatusInsufficientStorage
 				if got := errdefs.Retryable(err); got != retry {
 					t.Errorf("wrapped %d times: Retryable = %v, want %v", depth, got, retry)
 				}
@@ -67,6 +69,7 @@ func TestHelpersKeepMessage(t *testing.T) {
 		{errdefs.Invalid("template name %q", "X"), errdefs.ErrInvalid, `template name "X": invalid argument`},
 		{errdefs.NotFound("sandbox %s", "i1"), errdefs.ErrNotFound, "sandbox i1: not found"},
 		{errdefs.Conflict("template %s in use", "t"), errdefs.ErrConflict, "template t in use: conflict"},
+		{errdefs.InsufficientStorage("disk budget %s", "full"), errdefs.ErrInsufficientStorage, "disk budget full: insufficient storage"},
 	}
 	for _, tt := range tests {
 		if !errors.Is(tt.err, tt.class) {
