@@ -1,6 +1,9 @@
 // Package envd is the daemon that runs inside every sandbox. It speaks E2B
 // envd's protocol: Connect-RPC process.Process and filesystem.Filesystem,
 // and REST /health, /files, /init. It runs as the sandbox's init process.
+// For the host it also saves and restores the sandbox's changed files
+// (ChangesPath), so a pause without memory never runs a tool of the
+// sandbox's filesystem.
 //
 // It must stay small and static: no cgo, and only the standard library,
 // Connect and protobuf as dependencies (a test enforces this).
@@ -66,6 +69,9 @@ type Server struct {
 	envs      map[string]string
 	maxUpload int64
 	procs     *processService
+	// changesRoot is the tree ChangesPath saves and restores: "/" (tests
+	// point it at a directory).
+	changesRoot string
 }
 
 // New returns a daemon.
@@ -73,7 +79,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxUpload <= 0 {
 		cfg.MaxUpload = 1 << 30
 	}
-	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload}
+	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload, changesRoot: "/"}
 	for k, v := range cfg.Envs {
 		s.envs[k] = v
 	}
@@ -98,6 +104,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /files", s.auth(http.HandlerFunc(s.postFiles)))
 	mux.Handle("POST /init", s.auth(http.HandlerFunc(s.init)))
 	mux.Handle("GET /envs", s.auth(http.HandlerFunc(s.getEnvs)))
+	mux.Handle("GET "+ChangesPath, s.auth(http.HandlerFunc(s.getChanges)))
+	mux.Handle("POST "+ChangesPath, s.auth(http.HandlerFunc(s.postChanges)))
 	return mux
 }
 
