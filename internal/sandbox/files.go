@@ -1,15 +1,14 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,74 +16,50 @@ import (
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
 	"agentenv/internal/netns"
-	"agentenv/internal/runtime"
 )
 
 // A pause without memory (E2B's pause with memory: false, or autoPause
 // with autoPauseMemory: false) keeps only the sandbox's files, and a resume
 // boots a fresh sandbox of its template with them.
 //
-// Today the write layer is gVisor's memory overlay, which only a
-// checkpoint can save whole; so the pause asks the sandbox itself for its
-// changes: the paths of its root filesystem, and an archive of the entries
-// changed since it booted (ctime), both made in /dev/shm (outside the root
-// filesystem) and downloaded through envd into the sandbox's directory.
-// The container and its network slot are then released. The resume boots
-// the template in a new slot, deletes the paths the sandbox no longer had,
-// and unpacks the archive. When the write layer lives on disk, the pause
-// will keep that layer's directory and the resume will boot on it.
+// Today the write layer's tree lives in the sentry's memory, which only a
+// checkpoint saves whole; so the pause asks the sandbox's envd (ours, never
+// a tool of the sandbox's filesystem) for the entries changed since it
+// booted and the list of all its paths, one stream the host stores in the
+// sandbox's directory, capped at what its write layer can hold. The
+// container and its network slot are then released. The resume boots the
+// template in a new slot and hands the stream to the new envd, which
+// unpacks it and deletes the paths the sandbox no longer had. When the
+// write layer's tree lives on disk, the pause will keep that layer and the
+// resume will boot on it.
 
 const (
-	filesArchive = "archive"
-	filesPaths   = "paths"
-	// shm is where the in-sandbox side of both steps keeps its files: a
-	// tmpfs the walk of the root filesystem does not enter.
-	shm = "/dev/shm/.agentenv-"
+	// filesArchive is the stream envd made (envd.ChangesPath).
+	filesArchive = "changes"
 	// filesTimeout bounds one pause or resume of a sandbox's files.
 	filesTimeout = 5 * time.Minute
+	// sinceMargin widens the window of changed files: more is harmless,
+	// less would lose files.
+	sinceMargin = time.Minute
 )
 
-// walk lists the files, directories and links of the root filesystem and
-// of /tmp (gVisor mounts a tmpfs there; on E2B /tmp is on the disk; the
-// first walk prunes it so that no path comes twice), without
-// the kernel's filesystems (every other mount is skipped by -xdev). Names
-// are NUL-terminated, relative ("./etc/hosts").
-const walk = `find . ./tmp -xdev -mindepth 1 \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./tmp \) -prune -o \( -type f -o -type d -o -type l \)`
-
-// saveScript writes the path list and the archive of entries changed in
-// the last %d minutes. Debian's GNU tar reads a NUL list; busybox's tar
-// cannot, so its cpio writes the archive there.
-const saveScript = `set -e; cd /; umask 077
-` + walk + ` -print0 > ` + shm + `paths
-` + walk + ` -cmin -%d -print0 > ` + shm + `changed
-if tar --help 2>&1 | grep -q -- --null; then
-	tar -c -f ` + shm + `archive --no-recursion --null -T ` + shm + `changed
-else
-	cpio -o -H newc -0 -F ` + shm + `archive < ` + shm + `changed 2>/dev/null
-fi
-rm -f ` + shm + `changed`
-
-// restoreScript deletes the paths listed in gone (NUL-terminated) and
-// unpacks the archive over the root filesystem (cpio or tar, by its magic).
-const restoreScript = `set -e; cd /
-if [ -s ` + shm + `gone ]; then xargs -0 rm -rf -- < ` + shm + `gone; fi
-if [ "$(head -c 6 ` + shm + `archive)" = 070701 ]; then
-	cpio -i -d -m -u -F ` + shm + `archive
-else
-	tar -x -p --numeric-owner -f ` + shm + `archive
-fi
-rm -f ` + shm + `*`
-
 func (m *Manager) filesDir(id string) string { return filepath.Join(m.dir(id), "files") }
+
+// filesCap bounds the stream the host keeps of a sandbox: what its write
+// layer can hold (its disk, or its memory when the layer is there), plus a
+// margin for the archive's headers and path list. It returns both.
+func filesCap(sb Sandbox) (layer, limit int64) {
+	layer = int64(sb.DiskMB) << 20
+	if layer <= 0 {
+		layer = int64(sb.MemoryMB) << 20
+	}
+	return layer, layer + max(layer/8, 64<<20)
+}
 
 // pauseFilesLocked saves a running sandbox's files, then stops it and
 // releases its network slot. On failure before the stop the sandbox keeps
 // running as it was. Callers hold e.mu and have checked the state.
 func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
-	ex, ok := m.d.Runtime.(runtime.Execer)
-	if !ok {
-		return fmt.Errorf("this runtime cannot pause a sandbox without its memory: %w", errdefs.ErrInvalid)
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), filesTimeout)
 	defer cancel()
 	sb, start := e.sb, time.Now()
@@ -92,22 +67,13 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	// Every entry changed since the sandbox booted, with a margin: more
-	// is harmless, less would lose files.
 	since := e.bootAt
 	if sb.StartedAt.Before(since) {
 		since = sb.StartedAt
 	}
-	minutes := int(math.Ceil(time.Since(since).Minutes())) + 1
-	if err := m.execScript(ctx, ex, sb.ID, fmt.Sprintf(saveScript, minutes)); err != nil {
+	if err := m.saveFiles(ctx, sb, since.Add(-sinceMargin), filepath.Join(dir, filesArchive)); err != nil {
 		os.RemoveAll(dir)
-		return fmt.Errorf("save the files of sandbox %s: %w", sb.ID, err)
-	}
-	for _, f := range []string{filesPaths, filesArchive} {
-		if err := m.envdDownload(ctx, sb, shm+f, filepath.Join(dir, f)); err != nil {
-			os.RemoveAll(dir)
-			return fmt.Errorf("save the files of sandbox %s: %w", sb.ID, err)
-		}
+		return fmt.Errorf("save the files of sandbox %s (it keeps running): %w", sb.ID, err)
 	}
 	// From here the sandbox stops: its requests end, its death is no
 	// longer unexpected.
@@ -139,10 +105,6 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 // nothing of the new boot is kept and the sandbox stays paused with its
 // files. Callers hold e.mu.
 func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
-	ex, ok := m.d.Runtime.(runtime.Execer)
-	if !ok {
-		return fmt.Errorf("this runtime cannot resume a sandbox paused without its memory: %w", errdefs.ErrInvalid)
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), filesTimeout)
 	defer cancel()
 	start := time.Now()
@@ -195,8 +157,8 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	if err := m.waitEnvd(ctx, next); err != nil {
 		return err
 	}
-	if err := m.restoreFiles(ctx, ex, next); err != nil {
-		return busy("put the sandbox's files back", err)
+	if err := m.restoreFiles(ctx, next); err != nil {
+		return fmt.Errorf("could not put the sandbox's files back (it stays paused with them; retry): %w: %w", err, errdefs.ErrUnavailable)
 	}
 	// A boot runs the template's start command, here over the files the
 	// sandbox had (as a boot from its disk would).
@@ -216,121 +178,88 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	return nil
 }
 
-// restoreFiles deletes from the fresh sandbox the paths the paused one no
-// longer had, then unpacks the saved archive.
-func (m *Manager) restoreFiles(ctx context.Context, ex runtime.Execer, sb Sandbox) error {
-	dir := m.filesDir(sb.ID)
-	kept, err := os.ReadFile(filepath.Join(dir, filesPaths))
+// saveFiles stores in dst envd's stream of sb's files changed after since,
+// refusing more than filesCap: the host writes at most that many bytes,
+// whatever the sandbox streams (a sparse file reads as its whole size).
+func (m *Manager) saveFiles(ctx context.Context, sb Sandbox, since time.Time, dst string) error {
+	q := url.Values{"since": {strconv.FormatInt(since.UnixNano(), 10)}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sb.Addr(envd.Port)+envd.ChangesPath+"?"+q.Encode(), nil)
 	if err != nil {
 		return err
 	}
-	if err := m.execScript(ctx, ex, sb.ID, "cd / && "+walk+" -print0 > "+shm+"now"); err != nil {
+	req.Header.Set("X-Access-Token", sb.AccessToken)
+	resp, err := m.bulk().Do(req)
+	if err != nil {
+		return fmt.Errorf("ask envd for the changed files: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return envdError("ask envd for the changed files", resp)
+	}
+	return receiveFiles(dst, resp.Body, sb)
+}
+
+// receiveFiles writes r to the new file dst, at most filesCap(sb) bytes.
+func receiveFiles(dst string, r io.Reader, sb Sandbox) error {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
 		return err
 	}
-	var now bytes.Buffer
-	if err := m.envdGet(ctx, sb, shm+"now", &now); err != nil {
-		return err
+	layer, limit := filesCap(sb)
+	n, err := io.Copy(f, io.LimitReader(r, limit+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := m.envdPut(ctx, sb, shm+"gone", strings.NewReader(goneList(now.Bytes(), kept))); err != nil {
-		return err
+	switch {
+	case err != nil:
+		return fmt.Errorf("receive the changed files from envd: %w", err)
+	case n > limit:
+		return fmt.Errorf("its changed files take more than %d MiB, the most kept for a sandbox whose write layer holds %d MiB (a sparse file counts whole): delete files, or pause with its memory: %w",
+			limit>>20, layer>>20, errdefs.ErrTooLarge)
 	}
-	f, err := os.Open(filepath.Join(dir, filesArchive))
+	return nil
+}
+
+// restoreFiles hands the stored stream to the fresh sandbox's envd, which
+// unpacks it and deletes what the paused sandbox no longer had.
+func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
+	f, err := os.Open(filepath.Join(m.filesDir(sb.ID), filesArchive))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := m.envdPut(ctx, sb, shm+"archive", f); err != nil {
-		return err
-	}
-	return m.execScript(ctx, ex, sb.ID, restoreScript)
-}
-
-// goneList returns the NUL-terminated paths of now that kept lacks.
-func goneList(now, kept []byte) string {
-	have := map[string]bool{}
-	for _, p := range strings.Split(string(kept), "\x00") {
-		have[p] = true
-	}
-	var b strings.Builder
-	for _, p := range strings.Split(string(now), "\x00") {
-		if p != "" && !have[p] {
-			b.WriteString(p)
-			b.WriteByte(0)
-		}
-	}
-	return b.String()
-}
-
-// execScript runs a shell script as the sandbox's init user (root).
-func (m *Manager) execScript(ctx context.Context, ex runtime.Execer, id, script string) error {
-	code, out, err := ex.Exec(ctx, id, []string{"/bin/sh", "-c", script})
+	st, err := f.Stat()
 	if err != nil {
 		return err
 	}
-	if code != 0 {
-		return fmt.Errorf("exit status %d: %s", code, strings.TrimSpace(string(out)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+envd.ChangesPath, f)
+	if err != nil {
+		return err
+	}
+	req.ContentLength = st.Size()
+	req.Header.Set("X-Access-Token", sb.AccessToken)
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := m.bulk().Do(req)
+	if err != nil {
+		return fmt.Errorf("hand the files to envd: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return envdError("hand the files to envd", resp)
 	}
 	return nil
+}
+
+// envdError reports envd's refusal with at most a short part of its body.
+func envdError(what string, resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return fmt.Errorf("%s: HTTP %d: %s", what, resp.StatusCode, strings.TrimSpace(string(msg)))
 }
 
 // bulk is the HTTP client of file transfers with envd: no overall
 // timeout (the context bounds them), the manager's marked dialer.
 func (m *Manager) bulk() *http.Client {
 	return &http.Client{Transport: m.client.Transport}
-}
-
-func (m *Manager) envdURL(sb Sandbox, path string) string {
-	return "http://" + sb.Addr(envd.Port) + "/files?" + url.Values{"path": {path}, "username": {"root"}}.Encode()
-}
-
-func (m *Manager) envdDownload(ctx context.Context, sb Sandbox, path, dst string) error {
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := m.envdGet(ctx, sb, path, f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func (m *Manager) envdGet(ctx context.Context, sb Sandbox, path string, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.envdURL(sb, path), nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("read %s from envd: %w", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("read %s from envd: HTTP %d: %s", path, resp.StatusCode, msg)
-	}
-	_, err = io.Copy(w, resp.Body)
-	return err
-}
-
-func (m *Manager) envdPut(ctx context.Context, sb Sandbox, path string, body io.Reader) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.envdURL(sb, path), body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("write %s through envd: %w", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("write %s through envd: HTTP %d: %s", path, resp.StatusCode, msg)
-	}
-	return nil
 }
 
 // adoptFilesOnly takes back, after a restart, a sandbox paused without its
@@ -340,10 +269,8 @@ func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
 	if sb.State != StatePaused || !sb.FilesOnly || sb.Slot.Namespace != "" {
 		return false
 	}
-	for _, f := range []string{filesPaths, filesArchive} {
-		if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), f)); err != nil {
-			return false
-		}
+	if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), filesArchive)); err != nil {
+		return false
 	}
 	_, releaseTemplate, err := m.d.Templates.Acquire(sb.Template)
 	if err != nil {

@@ -201,11 +201,3 @@ func TestLifecycleChecks(t *testing.T) {
 		}
 	}
 }
-
-func TestGoneList(t *testing.T) {
-	now := "./a\x00./b\x00./b/c\x00./new\x00"
-	kept := "./a\x00./b\x00./b/c\x00./d\x00"
-	if got, want := goneList([]byte(now), []byte(kept)), "./new\x00"; got != want {
-		t.Errorf("goneList = %q, want %q", got, want)
-	}
-}
