@@ -112,9 +112,44 @@ type Watcher interface {
 }
 
 // Execer runs a process inside a sandbox without going through envd. It is
-// used by benchmarks and diagnostics, not by the API path.
+// used by benchmarks and diagnostics, not by the API path. out is the last
+// ExecOutputMax bytes of the process's output at most: a sandbox printing
+// without end cannot grow the host's memory.
 type Execer interface {
 	Exec(ctx context.Context, id string, args []string) (exitCode int, out []byte, err error)
+}
+
+// ExecOutputMax is the most of an Exec's output a runtime keeps.
+const ExecOutputMax = 64 << 10
+
+// Tail is a writer that keeps the last max bytes written to it (a
+// runtime's Exec output), in at most twice that memory.
+type Tail struct {
+	max int
+	b   []byte
+}
+
+// NewTail returns a Tail of max bytes.
+func NewTail(max int) *Tail { return &Tail{max: max} }
+
+func (t *Tail) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(p) > t.max {
+		p = p[len(p)-t.max:]
+	}
+	if len(t.b)+len(p) > 2*t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-(t.max-len(p)):]...)
+	}
+	t.b = append(t.b, p...)
+	return n, nil
+}
+
+// Bytes returns the last max bytes written.
+func (t *Tail) Bytes() []byte {
+	if len(t.b) > t.max {
+		return t.b[len(t.b)-t.max:]
+	}
+	return t.b
 }
 
 // Timings collects how long a runtime step took, for benchmarks.

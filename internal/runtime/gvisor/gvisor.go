@@ -200,8 +200,8 @@ func (g *Gvisor) Resume(ctx context.Context, id string) error {
 // Exec implements runtime.Execer.
 func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byte, error) {
 	cmd := exec.CommandContext(ctx, g.runsc, append([]string{"--root", g.root, "exec", id}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := runtime.NewTail(runtime.ExecOutputMax)
+	cmd.Stdout, cmd.Stderr = out, out
 	err := childproc.Run(cmd)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

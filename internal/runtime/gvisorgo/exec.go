@@ -1,7 +1,6 @@
 package gvisorgo
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,11 +10,14 @@ import (
 	"gvisor.dev/gvisor/pkg/sentry/control"
 	"gvisor.dev/gvisor/pkg/sentry/kernel/auth"
 	"gvisor.dev/gvisor/runsc/specutils"
+
+	"agentenv/internal/runtime"
 )
 
 // Exec implements runtime.Execer like `runsc exec`: the process gets the
 // init process's user, environment, working directory and capabilities,
-// /dev/null as stdin and one pipe for stdout and stderr.
+// /dev/null as stdin and one pipe for stdout and stderr, of which it keeps
+// the last runtime.ExecOutputMax bytes.
 func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byte, error) {
 	c, err := g.load(id, false)
 	if err != nil {
@@ -55,10 +57,10 @@ func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byt
 	if err != nil {
 		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	var out bytes.Buffer
+	out := runtime.NewTail(runtime.ExecOutputMax)
 	copied := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(&out, r)
+		_, err := io.Copy(out, r)
 		copied <- err
 	}()
 	// WaitPID is a blocking RPC: on cancellation, kill the process so that
