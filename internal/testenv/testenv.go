@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -87,4 +88,78 @@ func BuildAgentenv(t testing.TB, dir string) string {
 		t.Fatalf("build agentenv: %v\n%s", err, b)
 	}
 	return out
+}
+
+// gnuTools are the host programs GNURootfs copies: bash, coreutils, tar,
+// findutils, grep and sed, the userland of a Debian template.
+var gnuTools = []string{
+	"bash", "cat", "chmod", "chown", "cp", "date", "dd", "df", "du", "echo", "env", "false",
+	"find", "grep", "head", "id", "ln", "ls", "mkdir", "mv", "od", "printf", "readlink", "rm",
+	"sed", "sleep", "sort", "stat", "sync", "tail", "tar", "test", "touch", "tr", "true",
+	"truncate", "uname", "wc", "xargs", "yes",
+}
+
+// GNURootfs assembles in dir a small root filesystem of the host's GNU
+// userland (gnuTools, bash as /bin/sh) and the shared libraries they load
+// (found with ldd), laid out as Debian's: /bin, /sbin, /lib and /lib64 are
+// links into /usr. It stands in for a debootstrapped template, which takes
+// minutes to build, wherever busybox's tools would hide a difference.
+func GNURootfs(t testing.TB, dir string) {
+	t.Helper()
+	NeedCommand(t, "ldd", "lists the libraries of the GNU tools")
+	for _, d := range []string{"usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "etc", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(dir, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	libs := map[string]bool{}
+	for _, name := range gnuTools {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			missing(t, name+" not found: the GNU test template needs it")
+		}
+		copyFile(t, p, filepath.Join(dir, "usr/bin", name), 0o755)
+		out, err := exec.Command("ldd", p).Output()
+		if err != nil {
+			t.Fatalf("ldd %s: %v", p, err)
+		}
+		// "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+		// "/lib64/ld-linux-x86-64.so.2 (0x...)"; linux-vdso has no file.
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			for i, w := range f {
+				if strings.HasPrefix(w, "/") && (i == 0 || f[i-1] == "=>") {
+					libs[w] = true
+				}
+			}
+		}
+	}
+	for lib := range libs {
+		copyFile(t, lib, filepath.Join(dir, lib), 0o755)
+	}
+	if err := os.Symlink("bash", filepath.Join(dir, "usr/bin/sh")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "etc/os-release"), []byte("NAME=\"agentenv GNU test template\"\n"), 0o644)
+}
+
+// copyFile copies the host file src (a link's target) to dst, whose
+// directories it makes.
+func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, mode); err != nil {
+		t.Fatal(err)
+	}
 }
