@@ -88,9 +88,14 @@ func writeFrame(w io.Writer, kind byte, n int64, data []byte) error {
 }
 
 // readSparse writes what writeSparse sent into f from off, leaving holes
-// for zero runs; the file ends where the stream does. A stream cut short
-// is an error (the caller resumes from the file's end).
-func readSparse(f *os.File, r io.Reader, off int64) error {
+// for zero runs, up to size (the file's declared size): a frame past it,
+// an empty frame or an unknown kind is errPeerData, refused before
+// anything of it is written. A stream cut short, or ending before size,
+// is a plain error (the caller resumes from the file's end).
+func readSparse(f *os.File, r io.Reader, off, size int64) error {
+	if off < 0 || off > size {
+		return fmt.Errorf("sparse transfer: offset %d outside the declared %d bytes", off, size)
+	}
 	var h [9]byte
 	for {
 		if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -99,25 +104,31 @@ func readSparse(f *os.File, r io.Reader, off int64) error {
 			}
 			return err
 		}
-		n := int64(binary.BigEndian.Uint64(h[1:]))
-		switch h[0] {
-		case frameZeros:
-			off += n
-		case frameData:
-			c, err := io.Copy(io.NewOffsetWriter(f, off), io.LimitReader(r, n))
+		n := binary.BigEndian.Uint64(h[1:])
+		if h[0] != frameData && h[0] != frameZeros {
+			return fmt.Errorf("sparse transfer: bad frame kind %q: %w", h[0], errPeerData)
+		}
+		if n == 0 || n > uint64(size-off) {
+			return fmt.Errorf("sparse transfer: a %q frame of %d bytes at offset %d of the declared %d: %w", h[0], n, off, size, errPeerData)
+		}
+		if h[0] == frameData {
+			c, err := io.Copy(io.NewOffsetWriter(f, off), io.LimitReader(r, int64(n)))
 			if err != nil {
 				return err
 			}
-			if c < n {
+			if c < int64(n) {
 				return io.ErrUnexpectedEOF // the frame was cut short
 			}
-			off += n
-		default:
-			return fmt.Errorf("sparse transfer: bad frame kind %q", h[0])
 		}
+		off += int64(n)
 	}
 	if st, err := f.Stat(); err == nil && st.Size() < off {
-		return f.Truncate(off)
+		if err := f.Truncate(off); err != nil {
+			return err
+		}
+	}
+	if off < size {
+		return fmt.Errorf("sparse transfer ended at %d of the declared %d bytes: %w", off, size, io.ErrUnexpectedEOF)
 	}
 	return nil
 }

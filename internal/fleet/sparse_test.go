@@ -88,7 +88,7 @@ func TestSparseChunkCopy(t *testing.T) {
 	n := &Node{cfg: NodeConfig{Secret: secret}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 	peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 	dst := filepath.Join(t.TempDir(), "copy")
-	if err := n.copyChunk(context.Background(), peer, "snap-1", "w-x", dst); err != nil {
+	if err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", "w-x", size, dst); err != nil {
 		t.Fatalf("copyChunk: %v", err)
 	}
 	got, _ := os.ReadFile(dst)

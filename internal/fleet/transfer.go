@@ -5,13 +5,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/snapshot"
@@ -21,9 +24,11 @@ import (
 // Data moves between nodes on demand: a create on a node that lacks its
 // template or snapshot first copies it from a node that has it. Templates
 // travel as a tar of their root filesystem (the receiver builds it like an
-// upload); snapshots as their description (each file's extents) plus the
-// chunks the receiver lacks, each checked against its content-addressed
-// name and resumed with a Range request when a transfer breaks.
+// upload); snapshots as their description (each file's extents, each
+// chunk's size) plus the chunks the receiver lacks, each checked against
+// its content-addressed name and resumed with a Range request when a
+// transfer breaks. Peers are not trusted: what one sends is checked
+// before it is used as a path, a size or an identity (copySnapshot).
 
 // fetchAttempts bounds the resumptions of one file transfer.
 const fetchAttempts = 4
@@ -121,28 +126,76 @@ type templateCopy struct {
 	SHA256   string            `json:"sha256"`
 }
 
-// copyTemplate copies a template's EROFS image byte for byte (a rebuild
-// would differ, and snapshots restore only onto the image they were taken
-// on), then makes it ready in the background.
-func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
-	n.log.Info("fleet: copying template from a peer", "template", name, "from", peer.Name)
-	resp, err := n.peerGet(ctx, peer, "templates/"+name, 0, false)
-	if err != nil {
-		return err
+// Bounds on the descriptions a peer sends (a snapshot's lists every
+// extent of its files: ~100 bytes each).
+const (
+	maxTemplateMeta = 1 << 20
+	maxManifest     = 64 << 20
+)
+
+// errPeerData marks what a peer sent that is not what it declared (more
+// bytes, a frame past the end): a retry would not help.
+var errPeerData = errors.New("not what the peer declared")
+
+// fromPeer says which node sent what. What a peer sent wrong is not the
+// client's fault: an invalid description is classed unavailable (another
+// node may hold a good copy).
+func fromPeer(peer NodeRecord, what string, err error) error {
+	if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errPeerData) {
+		return errdefs.Unavailable("%s from node %s (%s): %v", what, peer.Name, peer.Addr, err)
 	}
-	var tc templateCopy
-	err = json.NewDecoder(resp.Body).Decode(&tc)
-	resp.Body.Close()
-	if err != nil {
-		return errdefs.Unavailable("template %s metadata from node %s: %v", name, peer.Name, err)
-	}
-	resp, err = n.peerGet(ctx, peer, "templates/"+name+"/image", 0, false)
+	return fmt.Errorf("%s from node %s (%s): %w", what, peer.Name, peer.Addr, err)
+}
+
+// peerJSON reads the JSON description a peer answers path with, at most
+// limit bytes of it.
+func (n *Node) peerJSON(ctx context.Context, peer NodeRecord, path string, limit int64, v any) error {
+	resp, err := n.peerGet(ctx, peer, path, 0, false)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if _, err := n.host.Templates.Adopt(ctx, tc.Template, resp.Body, tc.SHA256); err != nil {
-		return fmt.Errorf("copying template %s from node %s: %w", name, peer.Name, err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, limit)).Decode(v); err != nil {
+		return errdefs.Unavailable("%s from node %s (%s): undecodable (at most %d bytes): %v", path, peer.Name, peer.Addr, limit, err)
+	}
+	return nil
+}
+
+// copyTemplate copies a template's EROFS image byte for byte (a rebuild
+// would differ, and snapshots restore only onto the image they were taken
+// on), then makes it ready in the background. The peer's answer must be
+// the template asked for, with its image's SHA-256 and a size that fits
+// on this node; the image must be exactly that size and hash.
+func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
+	if err := template.ValidName(name); err != nil {
+		return err
+	}
+	n.log.Info("fleet: copying template from a peer", "template", name, "from", peer.Name)
+	var tc templateCopy
+	if err := n.peerJSON(ctx, peer, "templates/"+name, maxTemplateMeta, &tc); err != nil {
+		return err
+	}
+	what := "template " + name
+	switch sum, err := hex.DecodeString(tc.SHA256); {
+	case tc.Template.Name != name:
+		return fromPeer(peer, what, errdefs.Invalid("the answer describes template %q: refused", tc.Template.Name))
+	case err != nil || len(sum) != sha256.Size:
+		return fromPeer(peer, what, errdefs.Invalid("the answer has no SHA-256 of the image (%q): refused", tc.SHA256))
+	case tc.Template.ImageSize <= 0:
+		return fromPeer(peer, what, errdefs.Invalid("the answer declares a %d-byte image: refused", tc.Template.ImageSize))
+	}
+	dir := filepath.Dir(filepath.Dir(n.host.Templates.ImagePath(name)))
+	if free, err := freeBytes(dir); err == nil && tc.Template.ImageSize > free {
+		return fromPeer(peer, what, fmt.Errorf("its image declares %d bytes, %d are free: %w", tc.Template.ImageSize, free, errdefs.ErrResourceExhausted))
+	}
+	resp, err := n.peerGet(ctx, peer, "templates/"+name+"/image", 0, false)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	image := &sizedBody{r: resp.Body, left: tc.Template.ImageSize}
+	if _, err := n.host.Templates.Adopt(ctx, tc.Template, image, strings.ToLower(tc.SHA256)); err != nil {
+		return fromPeer(peer, what, err)
 	}
 	go func() {
 		if err := n.host.Manager.MakeReady(context.WithoutCancel(ctx), name, false); err != nil {
@@ -152,37 +205,47 @@ func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) e
 	return n.publishNow(ctx)
 }
 
+// copySnapshot copies snapshot id from a peer: its description (checked:
+// the ID asked for, chunks named by their content with declared sizes,
+// see snapshot.CheckManifest), its template if this node lacks it, then
+// the chunks this node lacks, each bounded by its declared size and
+// checked against its name before the store uses it.
 func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) error {
-	n.log.Info("fleet: copying snapshot from a peer", "snapshot", id, "from", peer.Name)
-	resp, err := n.peerGet(ctx, peer, "snapshots/"+id, 0, false)
-	if err != nil {
+	if err := snapshot.ValidID(id); err != nil {
 		return err
 	}
+	n.log.Info("fleet: copying snapshot from a peer", "snapshot", id, "from", peer.Name)
 	var sn snapshot.Snapshot
-	err = json.NewDecoder(resp.Body).Decode(&sn)
-	resp.Body.Close()
-	if err != nil {
-		return errdefs.Unavailable("snapshot %s metadata from node %s: %v", id, peer.Name, err)
+	if err := n.peerJSON(ctx, peer, "snapshots/"+id, maxManifest, &sn); err != nil {
+		return err
+	}
+	what := "snapshot " + id
+	if err := snapshot.CheckManifest(id, sn); err != nil {
+		return fromPeer(peer, what, err)
 	}
 	// A restore needs the snapshot's template too.
+	if sn.Template != "" {
+		if err := template.ValidName(sn.Template); err != nil {
+			return fromPeer(peer, what, err)
+		}
+	}
 	if err := n.ensure(ctx, sn.Template); err != nil {
 		return err
 	}
-	// Only the chunks this node lacks travel; the store checks each
-	// against its name (content addressed) before using it.
-	_, err = n.host.Snapshots.Import(sn, func(chunk, dst string) error {
-		return n.copyChunk(ctx, peer, id, chunk, dst)
+	_, err := n.host.Snapshots.Import(id, sn, func(chunk string, size int64, dst string) error {
+		return n.copyChunk(ctx, peer, id, chunk, size, dst)
 	})
 	if err != nil {
-		return fmt.Errorf("storing snapshot %s copied from node %s: %w", id, peer.Name, err)
+		return fromPeer(peer, what, err)
 	}
 	return n.publishNow(ctx)
 }
 
-// copyChunk downloads one chunk of a snapshot, resuming where a broken
-// transfer stopped.
-func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst string) error {
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
+// copyChunk downloads one chunk of a snapshot, of the size its
+// description declares, into the new file dst, resuming where a broken
+// transfer stopped. More bytes than declared fail it at once.
+func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string, size int64, dst string) error {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
@@ -192,6 +255,9 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst st
 		off, err := f.Seek(0, io.SeekEnd)
 		if err != nil {
 			return err
+		}
+		if off == size { // the last attempt broke after the last byte
+			return f.Close()
 		}
 		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+chunk, off, true)
 		if err != nil {
@@ -207,17 +273,54 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk, dst st
 		// keep them so here too (and, from a peer that can, receive the
 		// holes as lengths, not zeros).
 		if resp.Header.Get(sparseHeader) == "1" {
-			err = readSparse(f, resp.Body, off)
+			err = readSparse(f, resp.Body, off, size)
 		} else {
-			_, err = snapshot.CopySparse(f, resp.Body, off)
+			_, err = snapshot.CopySparse(f, &sizedBody{r: resp.Body, left: size - off}, off)
 		}
 		resp.Body.Close()
 		if err == nil {
 			return f.Close()
 		}
+		if errors.Is(err, errPeerData) {
+			return fromPeer(peer, fmt.Sprintf("snapshot %s chunk %s (%d bytes declared)", id, chunk, size), err)
+		}
 		last = err
 	}
 	return errdefs.Unavailable("copying snapshot %s chunk %s from node %s: %v", id, chunk, peer.Name, last)
+}
+
+// sizedBody passes on exactly left bytes of r: a byte more is errPeerData
+// (before it is passed on), an end before is io.ErrUnexpectedEOF.
+type sizedBody struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *sizedBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		var one [1]byte
+		k, err := b.r.Read(one[:])
+		if k > 0 {
+			return 0, fmt.Errorf("more bytes than declared: %w", errPeerData)
+		}
+		return 0, err
+	}
+	p = p[:min(int64(len(p)), b.left)]
+	k, err := b.r.Read(p)
+	b.left -= int64(k)
+	if errors.Is(err, io.EOF) && b.left > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return k, err
+}
+
+// freeBytes is what the file system holding dir has free for its users.
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
@@ -233,10 +336,12 @@ func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	size, err := io.Copy(h, f)
+	if err != nil {
 		writeWireError(w, err)
 		return
 	}
+	t.ImageSize, t.InUse = size, 0 // what the receiver bounds the image by
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(templateCopy{Template: t, SHA256: hex.EncodeToString(h.Sum(nil))})
 }
@@ -251,7 +356,7 @@ func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
-	sn, err := n.host.Snapshots.Get(r.PathValue("id"))
+	sn, err := n.host.Snapshots.Manifest(r.PathValue("id"))
 	if err != nil {
 		writeWireError(w, err)
 		return

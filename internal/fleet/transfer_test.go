@@ -70,7 +70,7 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
-			err := n.copyChunk(context.Background(), peer, "snap-1", hash, dst)
+			err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", hash, int64(len(data)), dst)
 			if err != nil {
 				t.Fatalf("copyChunk: %v", err)
 			}

@@ -28,6 +28,10 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 	defer os.RemoveAll(dir)
 	if sn.ID == "" {
 		sn.ID = NewID()
+	} else if err := ValidID(sn.ID); err != nil {
+		return Snapshot{}, err
+	} else if s.Has(sn.ID) { // its page index is about to be written
+		return Snapshot{}, errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
 	}
 	if sn.CreatedAt.IsZero() {
 		sn.CreatedAt = time.Now().UTC()
@@ -268,9 +272,13 @@ func (s *Store) unpin(chunks map[string]bool) {
 
 // commit puts the new chunks in place and records sn, under the lock so
 // that no delete runs between a chunk being found present and referenced.
+// A snapshot the store holds is never replaced.
 func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.snaps[sn.ID]; ok {
+		return errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
+	}
 	defer func() {
 		if err != nil { // what this snapshot put in place and nothing uses
 			for _, c := range fresh {
@@ -368,77 +376,4 @@ func (s *Store) readIndex(id, name string) ([][32]byte, error) {
 		copy(pages[i][:], raw[i*32:])
 	}
 	return pages, nil
-}
-
-// Import adds snapshot sn, described by another node, fetching into this
-// store only the chunks it lacks: fetch writes chunk name to path dst; the
-// store checks the content against the name before using it.
-func (s *Store) Import(sn Snapshot, fetch func(chunk, dst string) error) (Snapshot, error) {
-	if err := checkManifest(sn); err != nil {
-		return Snapshot{}, err
-	}
-	dir, err := s.TempDir()
-	if err != nil {
-		return Snapshot{}, err
-	}
-	defer os.RemoveAll(dir)
-	want := sn.chunks()
-	have := map[string]bool{}
-	s.mu.Lock()
-	for c := range want {
-		if s.chunkRefs[c] > 0 || s.pins[c] > 0 {
-			have[c] = true
-			s.pins[c]++
-		}
-	}
-	s.mu.Unlock()
-	defer s.unpin(have)
-	names := make([]string, 0, len(want))
-	for c := range want {
-		if !have[c] {
-			names = append(names, c)
-		}
-	}
-	sort.Strings(names)
-	var fresh []newChunk
-	for _, c := range names {
-		dst := filepath.Join(dir, c)
-		if err := fetch(c, dst); err != nil {
-			return Snapshot{}, err
-		}
-		if err := VerifyChunk(c, dst); err != nil {
-			return Snapshot{}, errdefs.Unavailable("snapshot %s: %v", sn.ID, err)
-		}
-		fresh = append(fresh, newChunk{name: c, tmp: dst})
-	}
-	sn.InUse, sn.Stored = 0, 0
-	if err := s.commit(&sn, fresh); err != nil {
-		return Snapshot{}, err
-	}
-	return sn, nil
-}
-
-// checkManifest refuses a snapshot description whose chunk names could
-// leave the store's directory or whose extents do not add up.
-func checkManifest(sn Snapshot) error {
-	if len(sn.Files) == 0 {
-		return errdefs.Invalid("snapshot %s has no files", sn.ID)
-	}
-	for name, f := range sn.Files {
-		if !filepath.IsLocal(name) || filepath.Base(name) != name {
-			return errdefs.Invalid("snapshot %s names a file %q outside its directory: refused", sn.ID, name)
-		}
-		var total int64
-		for _, e := range f.Extents {
-			if !ValidChunkName(e.Chunk) || e.Off < 0 || e.Len <= 0 ||
-				(compressed(e.Chunk) && (len(f.Extents) != 1 || e.Off != 0)) {
-				return errdefs.Invalid("snapshot %s file %s has a bad extent %+v: refused", sn.ID, name, e)
-			}
-			total += e.Len
-		}
-		if total != f.Size {
-			return errdefs.Invalid("snapshot %s file %s: extents hold %d bytes, size is %d: refused", sn.ID, name, total, f.Size)
-		}
-	}
-	return nil
 }

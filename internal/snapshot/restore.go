@@ -39,6 +39,7 @@ func (s *Store) Acquire(id string) (dir string, done func(), release func(), err
 			delete(s.asm, id) // the next restore tries again
 		}
 		s.mu.Unlock()
+		asm.remove() // what it put together before failing
 		release()
 		return "", nil, nil, fmt.Errorf("restore snapshot %s: %w", id, err)
 	}

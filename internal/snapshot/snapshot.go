@@ -48,6 +48,10 @@ type Snapshot struct {
 	AccessToken string            `json:"envdAccessToken,omitempty"`
 	// Files maps each checkpoint file name to where its bytes are.
 	Files map[string]File `json:"files"`
+	// Chunks gives the size in bytes of every chunk the files reference,
+	// in the description a node sends another (Manifest): the receiver
+	// bounds each download by it. Not persisted.
+	Chunks map[string]int64 `json:"chunks,omitempty"`
 	// Stored is the bytes of the chunks this snapshot added to the store
 	// when it was taken (what it cost beyond the snapshots before it).
 	Stored int64 `json:"storedBytes"`
@@ -144,11 +148,18 @@ func Open(dir string) (*Store, error) {
 }
 
 // load reads one metadata file, converting the format before chunks (one
-// blob per file under blobs/, named by its SHA-256).
+// blob per file under blobs/, named by its SHA-256). Metadata whose ID is
+// not its file's name is not this store's: it is dropped (nil).
 func (s *Store) load(p string) (*Snapshot, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
+	}
+	var id struct {
+		ID string `json:"snapshotID"`
+	}
+	if json.Unmarshal(b, &id) == nil && id.ID+".json" != filepath.Base(p) {
+		return nil, nil
 	}
 	var sn Snapshot
 	if err := json.Unmarshal(b, &sn); err == nil {
@@ -213,22 +224,44 @@ func (s *Store) TempDir() (string, error) {
 
 // NewID returns a fresh snapshot ID.
 func NewID() string {
-	b := make([]byte, 8)
+	b := make([]byte, idBytes)
 	rand.Read(b)
-	return "snap-" + hex.EncodeToString(b)
+	return idPrefix + hex.EncodeToString(b)
+}
+
+const (
+	idPrefix = "snap-"
+	idBytes  = 8
+)
+
+// ValidID checks that id is a snapshot ID as NewID makes them: "snap-"
+// and 16 lower-case hex digits. An ID names files of the store
+// (meta/<id>.json, index/<id>/), so one from elsewhere (another node) is
+// used only if it passes.
+func ValidID(id string) error {
+	body, ok := strings.CutPrefix(id, idPrefix)
+	if ok && len(body) == 2*idBytes && strings.Trim(body, "0123456789abcdef") == "" {
+		return nil
+	}
+	return errdefs.Invalid("snapshot ID %q: want %q and %d lower-case hex digits", id, idPrefix, 2*idBytes)
 }
 
 func (s *Store) writeMeta(sn Snapshot) error {
-	sn.InUse = 0
+	sn.InUse, sn.Chunks = 0, nil
 	b, err := json.MarshalIndent(sn, "", "  ")
 	if err != nil {
 		return err
 	}
 	p := filepath.Join(s.dir, "meta", sn.ID+".json")
 	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		os.Remove(p + ".tmp")
 		return err
 	}
-	return os.Rename(p+".tmp", p)
+	if err := os.Rename(p+".tmp", p); err != nil {
+		os.Remove(p + ".tmp")
+		return err
+	}
+	return nil
 }
 
 // Get returns a snapshot.
@@ -414,6 +447,30 @@ func (s *Store) hasChild(id string) bool {
 		}
 	}
 	return false
+}
+
+// Manifest returns a snapshot as it is sent to another node: with the
+// size of each chunk it references (Chunks), which the receiver bounds
+// its downloads by. Internal snapshots do not travel: their chunks are
+// not named by their content, so no receiver could check them.
+func (s *Store) Manifest(id string) (Snapshot, error) {
+	sn, err := s.Get(id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if sn.Internal {
+		return Snapshot{}, errdefs.NotFound("snapshot %q is internal to this node", id)
+	}
+	sn.InUse = 0
+	sn.Chunks = map[string]int64{}
+	for c := range sn.chunks() {
+		st, err := os.Stat(s.chunk(c))
+		if err != nil {
+			return Snapshot{}, errdefs.NotFound("snapshot %q chunk %s: %v", id, c, err)
+		}
+		sn.Chunks[c] = st.Size()
+	}
+	return sn, nil
 }
 
 // ChunkPath returns the path of a chunk of a snapshot (to copy it to
