@@ -128,53 +128,72 @@ func TestAutoResumeByTraffic(t *testing.T) {
 }
 
 // filesScript changes the sandbox's files in every way a resume without
-// memory must keep: new files (also in a new directory, also a symlink),
-// a changed mode, a deleted file of the template. Run as root.
+// memory must keep: new files (also in a new directory, also a symlink and
+// a hard link), a changed mode and owner, a deleted file of the template;
+// and it leaves a process behind, which a resume must not. Run as root.
 const filesScript = `set -e
 mkdir -p /home/user/new/deep && echo deep > /home/user/new/deep/f
-echo tmp > /tmp/kept && chmod 0751 /tmp/kept && ln -s /tmp/kept /tmp/link
+echo tmp > /tmp/kept && chown 1000:1000 /tmp/kept && chmod 0751 /tmp/kept
+ln -s /tmp/kept /tmp/link && ln /tmp/kept /tmp/hard
 rm /bin/yes
+sleep 31337 >/dev/null 2>&1 &
 cat /proc/sys/kernel/random/boot_id`
 
-const filesCheck = `cat /home/user/new/deep/f /tmp/kept /tmp/link; stat -c %a /tmp/kept
+// filesCheck prints what checkFilesKept expects (the bracket keeps grep
+// from finding itself).
+const filesCheck = `cat /home/user/new/deep/f /tmp/kept /tmp/link; stat -c %a:%u:%h /tmp/kept
 test -e /bin/yes && echo yes-back || echo yes-gone
-nc 127.0.0.1 9000 </dev/null 2>/dev/null || echo no-server
+cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' ' | grep -q 'sleep 3133[7]' && echo process-kept || echo process-gone
 cat /proc/sys/kernel/random/boot_id`
 
 func checkFilesKept(t *testing.T, e *env, sb client.Sandbox, bootBefore string) {
 	t.Helper()
 	out := strings.Fields(e.envdAs(t, sb, "root").sh(filesCheck))
-	if len(out) != 7 || out[0] != "deep" || out[1] != "tmp" || out[2] != "tmp" || out[3] != "751" || out[4] != "yes-gone" || out[5] != "no-server" {
-		t.Fatalf("after a resume without memory got %q, want deep tmp tmp 751 yes-gone no-server <boot id>", out)
+	if len(out) != 7 || out[0] != "deep" || out[1] != "tmp" || out[2] != "tmp" || out[3] != "751:1000:2" || out[4] != "yes-gone" || out[5] != "process-gone" {
+		t.Fatalf("after a resume without memory got %q, want deep tmp tmp 751:1000:2 yes-gone process-gone <boot id>", out)
 	}
 	if out[6] == bootBefore {
 		t.Errorf("boot id %s unchanged: the sandbox was not booted again", bootBefore)
 	}
 }
 
+// filesTemplates are the templates the tests of a pause without memory run
+// on: busybox, and one of GNU tools (whose tar once lost every file of a
+// Debian sandbox on resume).
+func filesTemplates(t *testing.T, e *env) []string {
+	return []string{"busybox", gnuTemplate(t, e)}
+}
+
 func TestPauseWithoutMemory(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{Timeout: 60})
-	startMemoryServer(t, e, sb)
-	boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
-	if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
-		t.Fatalf("pause with memory false: %d %v", status, out)
+	for _, tpl := range filesTemplates(t, e) {
+		t.Run(tpl, func(t *testing.T) {
+			sb := e.create(t, client.CreateRequest{TemplateID: tpl, Timeout: 60})
+			boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
+			start := time.Now()
+			if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
+				t.Fatalf("pause with memory false: %d %v", status, out)
+			}
+			paused := time.Since(start)
+			e.waitState(t, sb.SandboxID, "paused")
+			e.notRunning(t, sb.SandboxID)
+			if status, _ := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusConflict {
+				t.Errorf("second pause: %d, want 409", status)
+			}
+			start = time.Now()
+			if got := e.connect(t, sb.SandboxID, `{"timeout": 60}`); got != http.StatusCreated {
+				t.Errorf("connect: %d, want 201", got)
+			}
+			t.Logf("%s: pause without memory %v, resume %v", tpl, paused.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+			checkFilesKept(t, e, sb, boot)
+			// And again: what the first resume restored is kept by a second pause.
+			if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
+				t.Fatalf("second pause with memory false: %d %v", status, out)
+			}
+			e.connect(t, sb.SandboxID, `{"timeout": 60}`)
+			checkFilesKept(t, e, sb, boot)
+		})
 	}
-	e.waitState(t, sb.SandboxID, "paused")
-	e.notRunning(t, sb.SandboxID)
-	if status, _ := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusConflict {
-		t.Errorf("second pause: %d, want 409", status)
-	}
-	if got := e.connect(t, sb.SandboxID, `{"timeout": 60}`); got != http.StatusCreated {
-		t.Errorf("connect: %d, want 201", got)
-	}
-	checkFilesKept(t, e, sb, boot)
-	// And again: what the first resume restored is kept by a second pause.
-	if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
-		t.Fatalf("second pause with memory false: %d %v", status, out)
-	}
-	e.connect(t, sb.SandboxID, `{"timeout": 60}`)
-	checkFilesKept(t, e, sb, boot)
 }
 
 func TestTimeoutPauseWithoutMemory(t *testing.T) {
@@ -185,13 +204,16 @@ func TestTimeoutPauseWithoutMemory(t *testing.T) {
 	if status, out := e.rawRequest(t, "POST", "/sandboxes", testKey, strings.NewReader(`{"templateID":"busybox","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`)); status != http.StatusBadRequest {
 		t.Errorf("autoPauseMemory false with autoResume: %d %v, want 400", status, out)
 	}
-	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true, "autoPauseMemory": false})
-	startMemoryServer(t, e, sb)
-	boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
-	e.waitState(t, sb.SandboxID, "paused")
-	e.notRunning(t, sb.SandboxID)
-	e.connect(t, sb.SandboxID, `{"timeout": 60}`)
-	checkFilesKept(t, e, sb, boot)
+	for _, tpl := range filesTemplates(t, e) {
+		t.Run(tpl, func(t *testing.T) {
+			sb := e.createRaw(t, map[string]any{"templateID": tpl, "timeout": 3, "autoPause": true, "autoPauseMemory": false})
+			boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
+			e.waitState(t, sb.SandboxID, "paused")
+			e.notRunning(t, sb.SandboxID)
+			e.connect(t, sb.SandboxID, `{"timeout": 60}`)
+			checkFilesKept(t, e, sb, boot)
+		})
+	}
 }
 
 // TestE2BLifecycle runs tests/e2b/lifecycle.test.mjs: the official SDK's
