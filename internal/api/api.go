@@ -26,6 +26,10 @@ const MaxBody = 1 << 20
 // Config configures the API server.
 type Config struct {
 	APIKey string
+	// OperatorKey, if set, is the operator's key: it may do everything
+	// an API key may, and the node operations (cordon, uncordon, drain,
+	// forget), which no API key may.
+	OperatorKey string
 	// Backend runs what the routes ask: Local on one host, the fleet's
 	// remote backend behind `agentenv api`.
 	Backend Backend
@@ -84,7 +88,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /agentenv/templates", s.buildTemplate)
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	auth("GET /agentenv/nodes", s.listNodes)
-	auth("POST /agentenv/nodes/{name}/{action}", s.nodeAction)
+	mux.Handle("POST /agentenv/nodes/{name}/{action}", s.operatorOnly(s.nodeAction))
 	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))
 	}))
@@ -120,22 +124,50 @@ func (w *statusWriter) Flush() {
 // auth checks the API key (X-API-Key, as E2B; or a Bearer token).
 func (s *Server) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-				key = b
-			}
-		}
-		if key == "" {
-			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see the server's start-up log for where the key is stored): %w", errdefs.ErrUnauthenticated))
-			return
-		}
-		if subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) != 1 {
-			writeError(w, fmt.Errorf("wrong API key: %w", errdefs.ErrUnauthenticated))
+		if _, err := s.caller(r); err != nil {
+			writeError(w, err)
 			return
 		}
 		next(w, r)
 	})
+}
+
+// operatorOnly serves a route only to the operator's key (node
+// operations): an API key drives sandboxes, templates and snapshots, and
+// nothing that changes the fleet itself.
+func (s *Server) operatorOnly(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op, err := s.caller(r)
+		if err == nil && !op {
+			err = fmt.Errorf("node operations need the operator key (X-API-Key: the key of `agentenv api --operator-key-file`; the CLI reads AGENTENV_OPERATOR_KEY), not an API key: %w", errdefs.ErrPermissionDenied)
+		}
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		next(w, r)
+	})
+}
+
+// caller checks the request's key and reports whether it is the
+// operator's.
+func (s *Server) caller(r *http.Request) (operator bool, err error) {
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			key = b
+		}
+	}
+	if key == "" {
+		return false, fmt.Errorf("missing API key: send it in the X-API-Key header (see the server's start-up log for where the key is stored): %w", errdefs.ErrUnauthenticated)
+	}
+	if s.cfg.OperatorKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.OperatorKey)) == 1 {
+		return true, nil
+	}
+	if subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) != 1 {
+		return false, fmt.Errorf("wrong API key: %w", errdefs.ErrUnauthenticated)
+	}
+	return false, nil
 }
 
 // errorBody is the JSON error every route returns. code is the HTTP status

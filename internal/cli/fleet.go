@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"agentenv/internal/client"
 	"agentenv/internal/fleet"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
@@ -37,6 +40,7 @@ func nodeCmd(g *globals) *cobra.Command {
 			if run.Node.Secret, err = fleet.ReadSecret(secretFile); err != nil {
 				return err
 			}
+			run.EtcdAuth.Password = os.Getenv("AGENTENV_ETCD_PASSWORD")
 			run.Host = cfg
 			return fleet.RunNode(cmd.Context(), run)
 		},
@@ -48,14 +52,24 @@ func nodeCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.Node.Advertise, "advertise", "", "host:port API servers reach --listen at (default: the listen address)")
 	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
 	f.DurationVar(&run.Node.LeaseTTL, "lease-ttl", 10*time.Second, "how long the node may go unheard before its sandboxes are reported lost")
-	f.StringVar(&run.TLSCert, "tls-cert", "", "serve --listen over TLS with this certificate (PEM; with --tls-key)")
+	f.StringVar(&run.TLSCert, "tls-cert", "", "serve --listen over TLS with this certificate, also this node's client certificate towards other nodes (PEM; with --tls-key)")
 	f.StringVar(&run.TLSKey, "tls-key", "", "private key of --tls-cert (PEM)")
-	f.StringVar(&run.TLSCA, "tls-ca", "", "CA that signed the other nodes' certificates (PEM; default: the system's roots)")
+	f.StringVar(&run.TLSCA, "tls-ca", "", "the fleet's CA (PEM): turns on mutual TLS: callers must show a certificate it signed, and other nodes are reached over TLS only")
+	etcdFlags(cmd, &run.EtcdAuth)
 	h.add(cmd)
 	cmd.AddCommand(nodeList(g), nodeAction(g, "cordon", "Stop placing new sandboxes on a node"),
 		nodeAction(g, "uncordon", "Place new sandboxes on a node again"), nodeDrain(g),
 		nodeAction(g, "forget", "Remove a lost node from the fleet with the records of its sandboxes"))
 	return cmd
+}
+
+// etcdFlags adds the flags of how a fleet role authenticates to etcd.
+func etcdFlags(cmd *cobra.Command, a *fleet.EtcdAuth) {
+	f := cmd.Flags()
+	f.StringVar(&a.CA, "etcd-ca", "", "CA that signed etcd's server certificate (PEM)")
+	f.StringVar(&a.Cert, "etcd-cert", "", "this role's client certificate for etcd (PEM; with --etcd-key)")
+	f.StringVar(&a.Key, "etcd-key", "", "private key of --etcd-cert (PEM)")
+	f.StringVar(&a.User, "etcd-user", "", "etcd user to log in as (password from AGENTENV_ETCD_PASSWORD)")
 }
 
 func hostname() string {
@@ -101,13 +115,24 @@ func nodeList(g *globals) *cobra.Command {
 	}
 }
 
+// operatorClient is the API client with the operator's key
+// (AGENTENV_OPERATOR_KEY, or --api-key): node operations need it.
+func operatorClient(g *globals) (*client.Client, error) {
+	if k := os.Getenv("AGENTENV_OPERATOR_KEY"); k != "" && g.apiKey == "" {
+		c := *g
+		c.apiKey = k
+		return c.client()
+	}
+	return g.client()
+}
+
 func nodeAction(g *globals, action, short string) *cobra.Command {
 	return &cobra.Command{
 		Use:   action + " NODE",
-		Short: short,
+		Short: short + " (needs the operator key: AGENTENV_OPERATOR_KEY)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
+			c, err := operatorClient(g)
 			if err != nil {
 				return err
 			}
@@ -122,10 +147,10 @@ func nodeDrain(g *globals) *cobra.Command {
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "drain NODE",
-		Short: "Cordon a node and wait until it runs no sandboxes",
+		Short: "Cordon a node and wait until it runs no sandboxes (needs the operator key: AGENTENV_OPERATOR_KEY)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
+			c, err := operatorClient(g)
 			if err != nil {
 				return err
 			}
@@ -163,7 +188,7 @@ func nodeDrain(g *globals) *cobra.Command {
 // apiCmd runs a stateless API server and sandbox proxy of a fleet.
 func apiCmd(g *globals) *cobra.Command {
 	var run fleet.APIRun
-	var secretFile string
+	var secretFile, operatorKeyFile string
 	var debug bool
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -179,6 +204,19 @@ func apiCmd(g *globals) *cobra.Command {
 				return err
 			}
 			run.APIKey = os.Getenv("AGENTENV_API_KEY")
+			if operatorKeyFile != "" {
+				b, err := os.ReadFile(operatorKeyFile)
+				if err != nil {
+					return fmt.Errorf("--operator-key-file: %w", err)
+				}
+				if run.OperatorKey = strings.TrimSpace(string(b)); len(run.OperatorKey) < 16 {
+					return fmt.Errorf("--operator-key-file %s: the key is shorter than 16 characters: use a long random one", operatorKeyFile)
+				}
+				if run.OperatorKey == run.APIKey {
+					return errors.New("--operator-key-file holds the API key: the operator's key must differ from the keys clients hold")
+				}
+			}
+			run.EtcdAuth.Password = os.Getenv("AGENTENV_ETCD_PASSWORD")
 			return fleet.RunAPI(cmd.Context(), run)
 		},
 	}
@@ -188,7 +226,11 @@ func apiCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	f.StringVar(&run.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
 	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
-	f.StringVar(&run.TLSCA, "tls-ca", "", "CA that signed the nodes' certificates, for nodes serving TLS (PEM; default: the system's roots)")
+	f.StringVar(&run.TLSCA, "tls-ca", "", "the fleet's CA (PEM): nodes are then reached over mutual TLS only (with --tls-cert/--tls-key)")
+	f.StringVar(&run.TLSCert, "tls-cert", "", "this API server's client certificate towards nodes (PEM; with --tls-key and --tls-ca)")
+	f.StringVar(&run.TLSKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	f.StringVar(&operatorKeyFile, "operator-key-file", "", "file holding the operator's key: the only key that may cordon, uncordon, drain and forget nodes (without it, nobody may)")
+	etcdFlags(cmd, &run.EtcdAuth)
 	f.BoolVar(&debug, "debug", false, "log every request")
 	return cmd
 }

@@ -45,6 +45,9 @@ type NodeConfig struct {
 	// flags); PeerTLS verifies other nodes when copying from them.
 	TLS     bool
 	PeerTLS *tls.Config
+	// RequireClientCert: the node serves mutual TLS; every route but
+	// /health needs a verified client certificate.
+	RequireClientCert bool
 	// Metrics, if set, times the node's operations.
 	Metrics *metrics.Registry
 }
@@ -58,6 +61,11 @@ type Node struct {
 	log  *slog.Logger
 	px   *proxy.Proxy
 	http *http.Client
+	seal *Sealer
+	auth rpcAuth
+	// claimed: this agent has held its name in etcd at least once (a
+	// name held by another live node at the first try ends Run).
+	claimed atomic.Bool
 
 	// gate: creates and forks hold it shared, reconcile exclusively (a
 	// sandbox being created has no record yet; reconcile must not take
@@ -93,9 +101,10 @@ func NewNode(cfg NodeConfig) *Node {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 10 * time.Second
 	}
+	seal := NewSealer(cfg.Secret)
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
 		published: map[string]string{}, http: &http.Client{Transport: newTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
-		tombs: tombstones{cli: cfg.Etcd}}
+		seal: seal, auth: newRPCAuth(cfg.Secret), tombs: tombstones{cli: cfg.Etcd, seal: seal}}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -116,12 +125,17 @@ func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, 
 
 // Run registers the node and keeps it registered until ctx ends: each
 // time its lease is lost (cut off longer than the TTL), it reconciles
-// with etcd and registers again.
+// with etcd and registers again. It returns an error at once if another
+// live node holds this node's name at the first registration.
 func (n *Node) Run(ctx context.Context, host *server.Host) error {
 	n.attach(host)
 	go n.flushLoop(ctx)
 	for ctx.Err() == nil {
-		if err := n.session(ctx); err != nil && ctx.Err() == nil {
+		err := n.session(ctx)
+		if errors.Is(err, errdefs.ErrConflict) && !n.claimed.Load() {
+			return err
+		}
+		if err != nil && ctx.Err() == nil {
 			n.log.Warn("fleet: node session ended; registering again", "err", err)
 			sleep(ctx, time.Second)
 		}
@@ -154,7 +168,10 @@ func (n *Node) session(ctx context.Context) error {
 		return fmt.Errorf("etcd lease: %w", err)
 	}
 	n.gate.Lock()
-	err = n.reconcile(ctx)
+	err = n.claim(ctx, g.ID)
+	if err == nil {
+		err = n.reconcile(ctx)
+	}
 	if err == nil {
 		n.leaseMu.Lock()
 		n.lease = g.ID
@@ -166,10 +183,25 @@ func (n *Node) session(ctx context.Context) error {
 	}
 	n.gate.Unlock()
 	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		n.cli.Revoke(rctx, g.ID)
+		cancel()
 		return err
 	}
+	n.claimed.Store(true)
 	n.registered.Store(true)
-	ka, err := n.cli.KeepAlive(ctx, g.ID)
+	kctx, stopKeepAlive := context.WithCancel(ctx)
+	defer func() {
+		stopKeepAlive()
+		if ctx.Err() == nil {
+			// Ended by an error: the next session takes a new lease;
+			// this one must not keep the old keys alive.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			n.cli.Revoke(rctx, g.ID)
+			cancel()
+		}
+	}()
+	ka, err := n.cli.KeepAlive(kctx, g.ID)
 	if err != nil {
 		return fmt.Errorf("etcd keepalive: %w", err)
 	}
@@ -186,6 +218,9 @@ func (n *Node) session(ctx context.Context) error {
 			}
 		case <-tick.C:
 			if err := n.register(ctx); err != nil {
+				if !n.registered.Load() {
+					return err // the record is not ours any more
+				}
 				n.log.Warn("fleet: updating node record", "err", err)
 			}
 		}
@@ -198,6 +233,83 @@ func (n *Node) leaseID() clientv3.LeaseID {
 	return n.lease
 }
 
+// claim takes this node's name in etcd under lease: the node key is
+// created only if no live node holds it (a transaction on its create
+// revision), so two agents with one name (cloned hosts share a host
+// name) cannot overwrite each other's record or kill each other's
+// sandboxes. A record left by this node's own previous run (same
+// advertised address, which this process now listens on) is taken over.
+func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
+	key := nodesPrefix + n.cfg.Name
+	rec := n.nodeRecord()
+	val, err := n.seal.seal(key, rec)
+	if err != nil {
+		return err
+	}
+	for range 2 {
+		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return fmt.Errorf("etcd: claiming node name %s: %w", n.cfg.Name, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // gone between the compare and the read
+		}
+		holder := kvs[0]
+		if clientv3.LeaseID(holder.Lease) == lease {
+			return nil
+		}
+		var other NodeRecord
+		opened := n.seal.open(key, holder.Value, &other) == nil
+		if opened && other.Addr == n.cfg.Advertise {
+			// This node's previous run: it cannot be alive, this
+			// process holds its address. End its lease now.
+			n.log.Info("fleet: taking over this node's record from its previous run", "node", n.cfg.Name)
+			if _, err := n.cli.Revoke(ctx, clientv3.LeaseID(holder.Lease)); err != nil {
+				n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", holder.ModRevision)).Then(clientv3.OpDelete(key)).Commit()
+			}
+			continue
+		}
+		who := "a record that does not open with the cluster secret"
+		if opened {
+			who = fmt.Sprintf("the live node at %s (started %s)", other.Addr, other.StartedAt.Format(time.RFC3339))
+		}
+		return errdefs.Conflict("node name %q is held by %s, alive in etcd (lease %x): give this node a unique --name (cloned hosts share a host name), or stop the other one", n.cfg.Name, who, holder.Lease)
+	}
+	return errdefs.Conflict("node name %q: its record keeps coming back; is another agent starting with the same --name?", n.cfg.Name)
+}
+
+// check refuses to start a node whose name a live node holds (before
+// this host's sandbox stack starts: a clone must not touch the host's
+// networks either). claim is what guards the race of two starting at once.
+func (n *Node) check(ctx context.Context) error {
+	key := nodesPrefix + n.cfg.Name
+	resp, err := n.cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("etcd: reading node %s: %w", n.cfg.Name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	var other NodeRecord
+	if err := n.seal.open(key, resp.Kvs[0].Value, &other); err != nil {
+		return errdefs.Conflict("node name %q is held in etcd by a record that does not open with this cluster secret (another fleet sharing this etcd?): give this node another --name", n.cfg.Name)
+	}
+	if other.Addr == n.cfg.Advertise {
+		return nil // this node's previous run
+	}
+	return errdefs.Conflict("node name %q is held by the live node at %s (started %s): give this node a unique --name (cloned hosts share a host name), or stop the other one",
+		n.cfg.Name, other.Addr, other.StartedAt.Format(time.RFC3339))
+}
+
+func (n *Node) nodeRecord() NodeRecord {
+	return NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
+}
+
 // register writes the node record (capacity now) and the templates and
 // snapshots it holds, all under its lease. What it holds is read under
 // the same lock as the write, so that two registers cannot undo each
@@ -205,7 +317,7 @@ func (n *Node) leaseID() clientv3.LeaseID {
 func (n *Node) register(ctx context.Context) error {
 	n.pubMu.Lock()
 	defer n.pubMu.Unlock()
-	rec := NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
+	rec := n.nodeRecord()
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
 	want[nodesPrefix+n.cfg.Name] = string(b)
@@ -226,9 +338,12 @@ func (n *Node) register(ctx context.Context) error {
 	return n.sync(ctx, want)
 }
 
-// sync makes the lease's keys match want, writing only what changed. A
-// node record whose free memory moved by less than 64 MiB counts as
-// unchanged (it moves all the time). Callers hold pubMu.
+// sync makes the lease's keys match want (plain JSON; sealed as they are
+// written), writing only what changed. A node record whose free memory
+// moved by less than 64 MiB counts as unchanged (it moves all the time).
+// Every write is fenced on the node key still being this lease's: if it
+// is gone (deleted by hand, or the lease lost), sync fails and the
+// session claims the name again. Callers hold pubMu.
 func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	lease := n.leaseID()
 	var ops []clientv3.Op
@@ -239,7 +354,7 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 			continue
 		}
 		changed[k] = v
-		ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease)))
+		ops = append(ops, clientv3.OpPut(k, n.seal.sealBytes(k, []byte(v)), clientv3.WithLease(lease)))
 	}
 	var gone []string
 	for k := range n.published {
@@ -251,10 +366,15 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	for len(ops) > 0 {
 		batch := ops[:min(len(ops), 100)]
 		ops = ops[len(batch):]
-		if _, err := n.cli.Txn(ctx).Then(batch...).Commit(); err != nil {
+		resp, err := n.cli.Txn(ctx).If(n.holdsName(lease)).Then(batch...).Commit()
+		if err != nil {
 			// published still holds the old state: the next sync sends
 			// the same (idempotent) changes again.
 			return err
+		}
+		if !resp.Succeeded {
+			n.registered.Store(false)
+			return fmt.Errorf("node record %s is no longer this node's (deleted, or the lease was lost): registering again", nodesPrefix+n.cfg.Name)
 		}
 	}
 	for _, k := range gone {
@@ -262,6 +382,12 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	}
 	maps.Copy(n.published, changed)
 	return nil
+}
+
+// holdsName is the compare that fences a write on this node's lease
+// holding its name.
+func (n *Node) holdsName(lease clientv3.LeaseID) clientv3.Cmp {
+	return clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", lease)
 }
 
 func sameNode(a, b string) bool {
@@ -290,6 +416,9 @@ func (n *Node) publishNow(ctx context.Context) error {
 func (n *Node) capacity() Capacity {
 	c := Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
 	c.MemoryMB, c.FreeMemoryMB = meminfo()
+	if n.host == nil {
+		return c // not started yet (the name's claim)
+	}
 	c.Sandboxes = len(n.host.Manager.List(sandbox.Filter{States: []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}}))
 	c.Templates = len(n.host.Templates.List())
 	c.Snapshots = len(n.host.Snapshots.ListAll())
@@ -327,7 +456,8 @@ func (n *Node) reconcile(ctx context.Context) error {
 	mine := map[string]bool{}
 	for _, kv := range resp.Kvs {
 		var r SandboxRecord
-		if json.Unmarshal(kv.Value, &r) == nil && r.Node == n.cfg.Name {
+		key := string(kv.Key)
+		if n.seal.open(key, kv.Value, &r) == nil && r.Node == n.cfg.Name && sandboxPrefix+r.Sandbox.ID == key {
 			mine[r.Sandbox.ID] = true
 		}
 	}
@@ -353,10 +483,24 @@ func (n *Node) reconcile(ctx context.Context) error {
 	}
 	removed := len(gone)
 	for id := range local {
-		if !mine[id] {
+		if mine[id] {
+			continue
+		}
+		// Killed by a client while this node was cut off: the API
+		// server left a sealed tombstone. A record that is merely
+		// missing (deleted by someone who reached etcd, or etcd restored
+		// from an old backup) kills nothing: the sandbox is recorded again.
+		if _, ok := n.tombs.read(ctx, id); ok {
 			n.host.Manager.Kill(ctx, id)
 			killed++
+			continue
 		}
+		n.log.Warn("fleet: sandbox running here had no record in etcd and no tombstone: recording it again", "sandbox", id)
+		n.recorded.Store(id, "")
+		if err := n.writeRecord(ctx, id, false); err != nil {
+			return err
+		}
+		adopted++
 	}
 	if adopted+removed+killed > 0 {
 		n.log.Info("fleet: reconciled with etcd", "adopted", adopted, "records_removed", removed, "killed_unrecorded", killed)
@@ -393,7 +537,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 		if last, ok := n.recorded.Load(id); ok && last == value {
 			return nil
 		}
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, value))
+		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, n.seal.sealBytes(sandboxPrefix+id, b)))
 	default:
 		if _, ok := n.recorded.Load(id); !ok {
 			return nil // never published (still creating, or a pooled sandbox)
@@ -485,11 +629,15 @@ func (n *Node) Handler() http.Handler {
 			w.Write([]byte(`{"status":"ok"}` + "\n"))
 			return
 		}
-		if !checkSecret(r, n.cfg.Secret) {
-			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers with the cluster secret may call it: %w", errdefs.ErrUnauthenticated))
+		if n.cfg.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
+			writeWireError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		r.Header.Del(SecretHeader)
+		if !n.auth.verify(r) {
+			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", rpcSkew, errdefs.ErrUnauthenticated))
+			return
+		}
+		r.Header.Del(AuthHeader)
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			px.ServeHTTP(w, r)
 			return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 
 	"agentenv/internal/errdefs"
@@ -62,12 +63,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Host header travels unchanged.
 	r.Header.Set("E2b-Sandbox-Id", id)
 	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
-	r.Header.Set(SecretHeader, p.remote.secret)
-	r.URL.Scheme = "http"
-	if c.tls {
-		r.URL.Scheme = "https"
+	base, err := c.url("")
+	if err != nil {
+		writeProxyError(w, id, http.StatusBadGateway, err.Error())
+		return
 	}
-	r.URL.Host = c.addr
+	u, _ := url.Parse(base)
+	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
+	c.auth.sign(r)
 	http.NewResponseController(w).EnableFullDuplex()
 	// A request to a node that is lost ends then, not when a dead link
 	// times out.

@@ -25,11 +25,15 @@ import (
 // Remote is the api.Backend of an API server: it places new sandboxes on
 // nodes and sends every other call to the node that owns the sandbox.
 type Remote struct {
-	cli    *clientv3.Client
-	cache  *Cache
-	secret string
-	log    *slog.Logger
-	http   *http.Client
+	cli   *clientv3.Client
+	cache *Cache
+	seal  *Sealer
+	auth  rpcAuth
+	// tls: nodes must serve TLS (the API server was given a CA); a node
+	// registered without it is refused, never called over plain HTTP.
+	tls  bool
+	log  *slog.Logger
+	http *http.Client
 	// Observe, if set, is told how long each placement took.
 	Observe func(op string, d time.Duration, err error)
 
@@ -40,15 +44,18 @@ type Remote struct {
 
 var _ api.Backend = (*Remote)(nil)
 
-// NewRemote returns the backend of an API server.
-// tlsConf verifies nodes that serve TLS (nil: the system's roots).
+// NewRemote returns the backend of an API server. With tlsConf (the
+// fleet's CA, and this API server's client certificate for mutual TLS)
+// nodes are reached over TLS only; nil allows plain HTTP (a fleet on one
+// host's loopback).
 func NewRemote(cli *clientv3.Client, cache *Cache, secret string, tlsConf *tls.Config, log *slog.Logger) *Remote {
-	return &Remote{cli: cli, cache: cache, secret: secret, log: log, http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{},
-		tombs: tombstones{cli: cli}}
+	seal := NewSealer(secret)
+	return &Remote{cli: cli, cache: cache, seal: seal, auth: newRPCAuth(secret), tls: tlsConf != nil, log: log,
+		http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{}, tombs: tombstones{cli: cli, seal: seal}}
 }
 
 func (r *Remote) client(n NodeRecord) *nodeClient {
-	return &nodeClient{name: n.Name, addr: n.Addr, tls: n.TLS, secret: r.secret, http: r.http, gone: r.cache.goneCh(n.Name)}
+	return &nodeClient{name: n.Name, addr: n.Addr, tls: n.TLS, needTLS: r.tls, auth: r.auth, http: r.http, gone: r.cache.goneCh(n.Name)}
 }
 
 // locate finds the node that owns a sandbox: from the cache, else (a
@@ -63,7 +70,7 @@ func (r *Remote) locate(ctx context.Context, id string) (SandboxRecord, *nodeCli
 		if err != nil {
 			return SandboxRecord{}, nil, errdefs.Unavailable("reading sandbox %s from etcd: %v", id, err)
 		}
-		if len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil {
+		if len(resp.Kvs) == 0 || r.seal.open(sandboxPrefix+id, resp.Kvs[0].Value, &rec) != nil || rec.Sandbox.ID != id {
 			return SandboxRecord{}, nil, r.notFound(ectx, id)
 		}
 	}
@@ -85,11 +92,8 @@ const etcdTimeout = 5 * time.Second
 
 // notFound explains a sandbox with no record: a tombstone says why.
 func (r *Remote) notFound(ctx context.Context, id string) error {
-	if resp, err := r.cli.Get(ctx, lostPrefix+id); err == nil && len(resp.Kvs) > 0 {
-		var t Tombstone
-		if json.Unmarshal(resp.Kvs[0].Value, &t) == nil {
-			return errdefs.NotFound("sandbox %q is gone: %s", id, t.Reason)
-		}
+	if t, ok := r.tombs.read(ctx, id); ok {
+		return errdefs.NotFound("sandbox %q is gone: %s", id, t.Reason)
 	}
 	return errdefs.NotFound("sandbox %q does not exist (it was killed, timed out, or never existed)", id)
 }
@@ -486,7 +490,11 @@ func (r *Remote) Cordon(ctx context.Context, node, mode string) error {
 	if _, err := r.nodeKnown(node); err != nil {
 		return err
 	}
-	resp, err := r.cli.Put(ctx, cordonPrefix+node, mode)
+	val, err := r.seal.seal(cordonPrefix+node, cordonMark{Node: node, Mode: mode})
+	if err != nil {
+		return err
+	}
+	resp, err := r.cli.Put(ctx, cordonPrefix+node, val)
 	if err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}

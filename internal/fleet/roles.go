@@ -9,10 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -21,21 +24,95 @@ import (
 	"agentenv/internal/server"
 )
 
-// Dial connects to etcd (comma-separated URLs).
-func Dial(urls string) (*clientv3.Client, error) {
+// EtcdAuth is how a fleet role authenticates to etcd: etcd is trusted
+// only when it knows who is calling (client certificates, or an etcd
+// user), since whoever writes there steers the fleet.
+type EtcdAuth struct {
+	// CA verifies etcd's server certificate (https:// endpoints); Cert
+	// and Key are this role's client certificate.
+	CA, Cert, Key string
+	// User and Password log in as an etcd user (with etcd auth enabled).
+	User, Password string
+}
+
+func (a EtcdAuth) authenticated() bool { return a.Cert != "" || a.User != "" }
+
+// Dial connects to etcd (comma-separated URLs). Endpoints off loopback
+// must be https:// and the connection authenticated: a fleet whose etcd
+// anyone on the network can read or write is anyone's fleet.
+func Dial(urls string, auth EtcdAuth) (*clientv3.Client, error) {
 	var eps []string
+	secure := true
 	for _, u := range strings.Split(urls, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			eps = append(eps, u)
+		if u = strings.TrimSpace(u); u == "" {
+			continue
 		}
+		pu, err := url.Parse(u)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			return nil, fmt.Errorf("--etcd %q: give URLs such as https://10.0.0.1:2379", u)
+		}
+		if pu.Scheme == "http" && !isLoopback(pu.Hostname()) {
+			return nil, fmt.Errorf("--etcd %s: etcd off this host must be reached over https:// with client certificates "+
+				"(--etcd-ca, --etcd-cert, --etcd-key; `agentenv etcd --tls-cert ... --tls-key ... --tls-ca ...` serves so): "+
+				"whoever reaches a plain etcd owns every sandbox of the fleet", u)
+		}
+		secure = secure && isLoopback(pu.Hostname())
+		eps = append(eps, u)
 	}
 	if len(eps) == 0 {
-		return nil, errors.New("--etcd: give the etcd cluster's client URLs, comma separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379)")
+		return nil, errors.New("--etcd: give the etcd cluster's client URLs, comma separated (e.g. https://10.0.0.1:2379,https://10.0.0.2:2379)")
 	}
-	return clientv3.New(clientv3.Config{
+	if !secure && !auth.authenticated() {
+		return nil, errors.New("--etcd: etcd off this host needs authentication: give this role a client certificate (--etcd-cert, --etcd-key, with --etcd-ca) or an etcd user (--etcd-user and AGENTENV_ETCD_PASSWORD)")
+	}
+	if (auth.Cert == "") != (auth.Key == "") {
+		return nil, errors.New("--etcd-cert and --etcd-key go together")
+	}
+	cfg := clientv3.Config{
 		Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 3 * time.Second,
-	})
+		Username: auth.User, Password: auth.Password,
+	}
+	if auth.CA != "" || auth.Cert != "" {
+		info := transport.TLSInfo{CertFile: auth.Cert, KeyFile: auth.Key, TrustedCAFile: auth.CA}
+		tc, err := info.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS (--etcd-ca/--etcd-cert/--etcd-key): %w", err)
+		}
+		cfg.TLS = tc
+	}
+	return clientv3.New(cfg)
+}
+
+// isLoopback reports whether host names this host's loopback.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// etcdAddrs returns the addresses of etcd's endpoints, which no sandbox
+// may reach whatever its egress policy allows.
+func etcdAddrs(urls string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, u := range strings.Split(urls, ",") {
+		pu, err := url.Parse(strings.TrimSpace(u))
+		if err != nil || pu.Hostname() == "" {
+			continue
+		}
+		ips, err := net.LookupIP(pu.Hostname())
+		if err != nil {
+			continue
+		}
+		for _, ip := range ips {
+			if a, ok := netip.AddrFromSlice(ip.To4()); ok {
+				out = append(out, netip.PrefixFrom(a, 32))
+			}
+		}
+	}
+	return out
 }
 
 // ReadSecret reads the cluster secret file.
@@ -56,12 +133,15 @@ func ReadSecret(path string) (string, error) {
 
 // NodeRun is everything `agentenv node` is told.
 type NodeRun struct {
-	Host   server.Config // the sandbox stack, as `serve` takes it
-	Node   NodeConfig
-	Etcd   string
-	Listen string
-	// TLSCert and TLSKey make the node serve HTTPS; TLSCA verifies other
-	// nodes (copies between nodes).
+	Host     server.Config // the sandbox stack, as `serve` takes it
+	Node     NodeConfig
+	Etcd     string
+	EtcdAuth EtcdAuth
+	Listen   string
+	// TLSCert and TLSKey make the node serve HTTPS and are its client
+	// certificate towards other nodes; TLSCA is the fleet's CA: it
+	// verifies other nodes, and callers must then present a certificate
+	// it signed (mutual TLS), and no node is reached over plain HTTP.
 	TLSCert, TLSKey, TLSCA string
 }
 
@@ -71,6 +151,14 @@ func LoadCA(path string) (*tls.Config, error) {
 	if path == "" {
 		return nil, nil
 	}
+	pool, err := readPool(path)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+func readPool(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-ca: %w", err)
@@ -79,7 +167,32 @@ func LoadCA(path string) (*tls.Config, error) {
 	if !pool.AppendCertsFromPEM(b) {
 		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", path)
 	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	return pool, nil
+}
+
+// peerTLS is the TLS configuration of a role calling nodes: the fleet's
+// CA, and the role's own certificate for nodes that require one. Without
+// a CA it is nil (plain HTTP allowed: a fleet on one host's loopback).
+func peerTLS(ca, cert, key string) (*tls.Config, error) {
+	if (cert == "") != (key == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	tc, err := LoadCA(ca)
+	if err != nil || tc == nil {
+		if err == nil && cert != "" {
+			err = errors.New("--tls-cert needs --tls-ca: the CA of the fleet's certificates (nodes verify callers with it)")
+		}
+		return nil, err
+	}
+	if cert == "" {
+		return nil, errors.New("--tls-ca turns on mutual TLS between the fleet's roles: give this role its certificate too (--tls-cert, --tls-key, signed by that CA for both server and client use)")
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	tc.Certificates = []tls.Certificate{pair}
+	return tc, nil
 }
 
 // RunNode runs a node agent until ctx ends.
@@ -88,11 +201,14 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	if cfg.Node.Name == "" {
 		return errors.New("--name is required: a name unique in the fleet (e.g. the host name)")
 	}
-	cli, err := Dial(cfg.Etcd)
+	cli, err := Dial(cfg.Etcd, cfg.EtcdAuth)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	if cfg.Node.PeerTLS, err = peerTLS(cfg.TLSCA, cfg.TLSCert, cfg.TLSKey); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -102,23 +218,31 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		cfg.Node.Advertise = ln.Addr().String()
 	}
 	cfg.Node.Etcd, cfg.Node.Log = cli, log
-	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return errors.New("--tls-cert and --tls-key go together")
-	}
 	cfg.Node.TLS = cfg.TLSCert != ""
+	var serverTLS *tls.Config
 	if cfg.Node.TLS {
 		// A bad pair fails now, not after the node has registered.
-		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
+		pair, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
 			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
 		}
+		serverTLS = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+		if cfg.Node.PeerTLS != nil {
+			// Callers must show a certificate of the fleet's CA; /health
+			// stays open to probes without one (Handler checks).
+			serverTLS.ClientCAs, serverTLS.ClientAuth = cfg.Node.PeerTLS.RootCAs, tls.VerifyClientCertIfGiven
+			cfg.Node.RequireClientCert = true
+		}
 	}
-	if cfg.Node.PeerTLS, err = LoadCA(cfg.TLSCA); err != nil {
-		return err
-	}
+	// Sandboxes never reach etcd, whatever their egress policy says.
+	cfg.Host.Unreachable = append(cfg.Host.Unreachable, etcdAddrs(cfg.Etcd)...)
 	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
 	reg := server.NewMetrics("node")
 	cfg.Node.Metrics = reg
 	node := NewNode(cfg.Node)
+	if err := node.check(ctx); err != nil {
+		return err
+	}
 	cfg.Host.OnPersist = node.Changed
 	host, err := server.StartHost(ctx, cfg.Host)
 	if err != nil {
@@ -135,8 +259,9 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	srv := &http.Server{Handler: server.WithMetrics(reg, node.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() {
-		if cfg.Node.TLS {
-			errc <- srv.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey)
+		if serverTLS != nil {
+			srv.TLSConfig = serverTLS
+			errc <- srv.ServeTLS(ln, "", "")
 			return
 		}
 		errc <- srv.Serve(ln)
@@ -145,12 +270,15 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runDone := make(chan struct{})
-	go func() { node.Run(runCtx, host); close(runDone) }()
+	var runErr error
+	go func() { runErr = node.Run(runCtx, host); close(runDone) }()
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 		// Nobody serves the port: leave the fleet rather than attract work.
 		log.Error("node server stopped", "err", err)
+	case <-runDone:
+		err = runErr // its name is another live node's
 	}
 	stopRun()
 	<-runDone
@@ -172,9 +300,14 @@ type APIRun struct {
 	Secret      string
 	APIKey      string
 	Domain      string
-	// TLSCA verifies nodes that serve TLS (empty: the system's roots).
-	TLSCA string
-	Log   *slog.Logger
+	// OperatorKey, if set, is the key of node operations (cordon, drain,
+	// forget); API keys cannot do them.
+	OperatorKey string
+	EtcdAuth    EtcdAuth
+	// TLSCA is the fleet's CA: nodes are then reached over mutual TLS
+	// only, with TLSCert/TLSKey as this API server's certificate.
+	TLSCA, TLSCert, TLSKey string
+	Log                    *slog.Logger
 	// Ready, if set, is called with the bound addresses.
 	Ready func(apiAddr, proxyAddr string)
 }
@@ -185,19 +318,19 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	if cfg.APIKey == "" {
 		return errors.New("no API key: set AGENTENV_API_KEY (clients send it as X-API-Key, as E2B's SDKs do)")
 	}
-	cli, err := Dial(cfg.Etcd)
+	tlsConf, err := peerTLS(cfg.TLSCA, cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return err
+	}
+	cli, err := Dial(cfg.Etcd, cfg.EtcdAuth)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	cache := NewCache(ctx, cli, log)
+	cache := NewCache(ctx, cli, NewSealer(cfg.Secret), log)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = cache.Wait(wctx)
 	cancel()
-	if err != nil {
-		return err
-	}
-	tlsConf, err := LoadCA(cfg.TLSCA)
 	if err != nil {
 		return err
 	}
@@ -216,6 +349,6 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	backend := api.Metered(remote, reg.ObserveOp)
-	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
+	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
@@ -24,11 +23,9 @@ import (
 
 // The node RPC: the api.Backend methods as JSON over HTTP, so an API
 // server runs the very same REST handlers against a node's sandboxes.
-// Every request carries the cluster secret; a node answers nothing
-// without it.
-
-// SecretHeader carries the cluster secret on API server → node requests.
-const SecretHeader = "X-Agentenv-Cluster-Secret"
+// Every request carries a proof of the cluster secret (AuthHeader); a
+// node answers nothing without it, and with mutual TLS configured nothing
+// to a caller without a certificate of the fleet's CA.
 
 const rpcPath = "/fleet/v1/"
 
@@ -76,12 +73,6 @@ type buildEvent struct {
 	Progress *template.Progress `json:"progress,omitempty"`
 	Template *api.TemplateInfo  `json:"template,omitempty"`
 	Error    *wireError         `json:"error,omitempty"`
-}
-
-// checkSecret reports whether r carries the cluster secret.
-func checkSecret(r *http.Request, secret string) bool {
-	got := r.Header.Get(SecretHeader)
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(secret)) == 1
 }
 
 func writeWireError(w http.ResponseWriter, err error) {
@@ -220,15 +211,19 @@ func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
 // nodeClient calls one node: it implements api.Backend for that node's
 // sandboxes.
 type nodeClient struct {
-	name, addr, secret string
-	tls                bool // the node serves TLS
-	http               *http.Client
+	name, addr string
+	tls        bool // the node serves TLS
+	// needTLS: this caller may not reach a node over plain HTTP.
+	needTLS bool
+	auth    rpcAuth
+	http    *http.Client
 	// gone, if set, is closed when the node is lost: calls to it end.
 	gone <-chan struct{}
 }
 
-func (c *nodeClient) url(method string) string {
-	return NodeRecord{Addr: c.addr, TLS: c.tls}.base() + rpcPath + method
+func (c *nodeClient) url(method string) (string, error) {
+	base, err := NodeRecord{Name: c.name, Addr: c.addr, TLS: c.tls}.baseURL(c.needTLS)
+	return base + rpcPath + method, err
 }
 
 // errOutcomeUnknown marks a call that may have been carried out although
@@ -306,13 +301,17 @@ func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out 
 	if err != nil {
 		return err
 	}
-	ctx, cancel := c.bound(parent, method)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(method), bytes.NewReader(body))
+	u, err := c.url(method)
 	if err != nil {
 		return err
 	}
-	req.Header.Set(SecretHeader, c.secret)
+	ctx, cancel := c.bound(parent, method)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	c.auth.sign(req)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -463,13 +462,17 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	if req.Upload != nil {
 		body = req.Upload
 	}
-	ctx, cancel := c.bound(ctx, "build")
-	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("build"), body)
+	u, err := c.url("build")
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}
-	r.Header.Set(SecretHeader, c.secret)
+	ctx, cancel := c.bound(ctx, "build")
+	defer cancel()
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
+	if err != nil {
+		return api.TemplateInfo{}, err
+	}
+	c.auth.sign(r)
 	r.Header.Set("X-Agentenv-Build", base64.StdEncoding.EncodeToString(hdr))
 	if req.Upload != nil {
 		r.Header.Set("X-Agentenv-Upload", "1")

@@ -43,6 +43,8 @@ const (
 	scaleAPIKey  = "k"
 )
 
+var scaleSeal = NewSealer(scaleSecret)
+
 func TestScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scale test: starts etcd, 100 fake nodes and 22,000 sandbox records (~5-10 s on 2 cores); run without -short")
@@ -54,7 +56,7 @@ func TestScale(t *testing.T) {
 	// learns of them only through its watch.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	t.Cleanup(cancel2)
-	other := NewCache(ctx2, f.cli, scaleLog())
+	other := NewCache(ctx2, f.cli, scaleSeal, scaleLog())
 	if err := other.Wait(scaleTimeout(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +168,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	f.seedTook = time.Since(start)
 
 	start = time.Now()
-	f.cache = NewCache(ctx, f.cli, scaleLog())
+	f.cache = NewCache(ctx, f.cli, scaleSeal, scaleLog())
 	if err := f.cache.Wait(scaleTimeout(tb, 30*time.Second)); err != nil {
 		tb.Fatal(err)
 	}
@@ -354,7 +356,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	n := &scaleNode{name: name, cli: cli}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) {
-		if !checkSecret(r, scaleSecret) {
+		if !newRPCAuth(scaleSecret).verify(r) {
 			writeWireError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
 			return
 		}
@@ -375,16 +377,16 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 		for range ka {
 		}
 	}()
-	rec, _ := json.Marshal(NodeRecord{
+	rec, _ := scaleSeal.seal(nodesPrefix+name, NodeRecord{
 		Name: name, Addr: strings.TrimPrefix(n.srv.URL, "http://"), Runtime: "fake", StartedAt: time.Now().UTC(),
 		Capacity: Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
 	})
-	tmpl, _ := json.Marshal(api.TemplateInfo{Template: template.Template{
+	tmpl, _ := scaleSeal.seal(templatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
 		Name: "busybox", Source: "docker.io/library/busybox:latest", CreatedAt: time.Now().UTC(), ImageSize: 4 << 20, EnvdHash: "fake",
 	}, Ready: true})
 	_, err = cli.Txn(ctx).Then(
-		clientv3.OpPut(nodesPrefix+name, string(rec), clientv3.WithLease(lease.ID)),
-		clientv3.OpPut(templatePrefix+"busybox/"+name, string(tmpl), clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(nodesPrefix+name, rec, clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(templatePrefix+"busybox/"+name, tmpl, clientv3.WithLease(lease.ID)),
 	).Commit()
 	if err != nil {
 		tb.Fatalf("node %s: registering: %v", name, err)
@@ -392,7 +394,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	return n
 }
 
-// record returns a running sandbox on n and its record's JSON.
+// record returns a running sandbox on n and its sealed record.
 func (n *scaleNode) record(id, tmpl string) (sandbox.Sandbox, string) {
 	now := time.Now().UTC()
 	sb := sandbox.Sandbox{
@@ -402,8 +404,8 @@ func (n *scaleNode) record(id, tmpl string) (sandbox.Sandbox, string) {
 		Metadata:    map[string]string{"user": "scale"},
 		Network:     sandbox.Network{AllowInternet: true},
 	}
-	b, _ := json.Marshal(SandboxRecord{Node: n.name, Sandbox: sb})
-	return sb, string(b)
+	val, _ := scaleSeal.seal(sandboxPrefix+id, SandboxRecord{Node: n.name, Sandbox: sb})
+	return sb, val
 }
 
 func (n *scaleNode) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {

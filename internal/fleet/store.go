@@ -8,18 +8,19 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"agentenv/internal/api"
+	"agentenv/internal/errdefs"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/snapshot"
 )
@@ -59,12 +60,17 @@ type NodeRecord struct {
 	Capacity  Capacity  `json:"capacity"`
 }
 
-// base is the URL prefix of the node.
-func (n NodeRecord) base() string {
+// baseURL is the URL prefix of the node. With needTLS (the caller was
+// given the fleet's CA) a node that registered without TLS is refused:
+// whether TLS is used never depends on what a record says.
+func (n NodeRecord) baseURL(needTLS bool) (string, error) {
 	if n.TLS {
-		return "https://" + n.Addr
+		return "https://" + n.Addr, nil
 	}
-	return "http://" + n.Addr
+	if needTLS {
+		return "", errdefs.Unavailable("node %s (%s) registered without TLS, but this fleet requires it (--tls-ca): start the node with --tls-cert, --tls-key and --tls-ca", n.Name, n.Addr)
+	}
+	return "http://" + n.Addr, nil
 }
 
 // SandboxRecord says which node runs a sandbox, with its last state.
@@ -73,8 +79,16 @@ type SandboxRecord struct {
 	Sandbox sandbox.Sandbox `json:"sandbox"`
 }
 
+// cordonMark is a cordon/<node> record: the node it is for (so that a
+// sealed mark cannot be moved to another key) and "cordon" or "drain".
+type cordonMark struct {
+	Node string `json:"node"`
+	Mode string `json:"mode"`
+}
+
 // Tombstone explains why a sandbox is gone when its node could not.
 type Tombstone struct {
+	ID     string    `json:"id"`
 	Reason string    `json:"reason"`
 	At     time.Time `json:"at"`
 }
@@ -92,8 +106,11 @@ type NodeView struct {
 // Cache is an API server's copy of the fleet's state, kept by one etcd
 // watch (no polling). Reads never wait on etcd.
 type Cache struct {
-	cli *clientv3.Client
-	log *slog.Logger
+	cli  *clientv3.Client
+	seal *Sealer
+	log  *slog.Logger
+	// refused counts records that did not open with the cluster secret.
+	refused atomic.Int64
 
 	mu        sync.RWMutex
 	nodes     map[string]NodeRecord
@@ -118,8 +135,8 @@ type Cache struct {
 
 // NewCache starts watching the fleet's state; Wait blocks until the first
 // full read is in.
-func NewCache(ctx context.Context, cli *clientv3.Client, log *slog.Logger) *Cache {
-	c := &Cache{cli: cli, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
+func NewCache(ctx context.Context, cli *clientv3.Client, seal *Sealer, log *slog.Logger) *Cache {
+	c := &Cache{cli: cli, seal: seal, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
 	c.reset()
 	go c.run(ctx)
 	return c
@@ -181,7 +198,7 @@ func (c *Cache) run(ctx context.Context) {
 // before the lock is taken: at 200,000 records that takes seconds, which
 // creates and lists must not wait for.
 func (c *Cache) load(kvs []*mvccpb.KeyValue) {
-	next := &Cache{log: slog.New(slog.DiscardHandler), known: map[string]NodeRecord{}, lostAt: map[string]time.Time{}}
+	next := &Cache{seal: c.seal, log: c.log, known: map[string]NodeRecord{}, lostAt: map[string]time.Time{}}
 	next.reset()
 	for _, kv := range kvs {
 		next.apply(string(kv.Key), kv.Value, false, kv.ModRevision)
@@ -200,6 +217,7 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 	}
 	c.nodes, c.cordon, c.cordonRev, c.sandboxes, c.perNode = next.nodes, next.cordon, next.cordonRev, next.sandboxes, next.perNode
 	c.templates, c.snaps = next.templates, next.snaps
+	c.refused.Add(next.refused.Load())
 	c.log.Info("fleet: state read from etcd", "nodes", len(c.nodes), "sandboxes", len(c.sandboxes))
 }
 
@@ -218,28 +236,43 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 			c.markGone(name)
 			return
 		}
-		var n NodeRecord
-		if json.Unmarshal(val, &n) == nil {
-			if _, ok := c.nodes[name]; !ok {
-				c.log.Info("fleet: node up", "node", name, "addr", n.Addr)
-			}
-			c.nodes[name] = n
-			c.known[name] = n
-			delete(c.lostAt, name)
+		n, ok := openRecord(c, key, val, func(n NodeRecord) bool { return n.Name == name && n.Addr != "" })
+		if !ok {
+			return
 		}
+		if _, ok := c.nodes[name]; !ok {
+			c.log.Info("fleet: node up", "node", name, "addr", n.Addr)
+		}
+		c.nodes[name] = n
+		c.known[name] = n
+		delete(c.lostAt, name)
 	case strings.HasPrefix(key, cordonPrefix):
 		name := strings.TrimPrefix(key, cordonPrefix)
 		if rev < c.cordonRev[name] {
 			return // older than a change this API server made itself
 		}
+		var mark cordonMark
+		if !deleted {
+			var ok bool
+			if mark, ok = openRecord(c, key, val, func(m cordonMark) bool { return m.Node == name && (m.Mode == "cordon" || m.Mode == "drain") }); !ok {
+				return
+			}
+		}
 		c.cordonRev[name] = rev
 		if deleted {
 			delete(c.cordon, name)
 		} else {
-			c.cordon[name] = string(val)
+			c.cordon[name] = mark.Mode
 		}
 	case strings.HasPrefix(key, sandboxPrefix):
 		id := strings.TrimPrefix(key, sandboxPrefix)
+		var r SandboxRecord
+		if !deleted {
+			var ok bool
+			if r, ok = openRecord(c, key, val, func(r SandboxRecord) bool { return r.Sandbox.ID == id && r.Node != "" }); !ok {
+				return // a record that does not open changes nothing
+			}
+		}
 		if old, ok := c.sandboxes[id]; ok {
 			c.perNode[old.Node]--
 			delete(c.sandboxes, id)
@@ -263,32 +296,63 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 			// never comes back once its record is deleted.
 			return
 		}
-		var r SandboxRecord
-		if json.Unmarshal(val, &r) == nil {
-			c.sandboxes[id] = r
-			c.perNode[r.Node]++
-		}
+		c.sandboxes[id] = r
+		c.perNode[r.Node]++
 	case strings.HasPrefix(key, templatePrefix):
 		name, node := path.Split(strings.TrimPrefix(key, templatePrefix))
 		name = strings.TrimSuffix(name, "/")
-		setNested(c.templates, name, node, val, deleted)
+		if deleted {
+			setNested(c.templates, name, node, api.TemplateInfo{}, true)
+		} else if t, ok := openRecord(c, key, val, func(t api.TemplateInfo) bool { return t.Name == name }); ok {
+			setNested(c.templates, name, node, t, false)
+		}
 	case strings.HasPrefix(key, snapPrefix):
 		id, node := path.Split(strings.TrimPrefix(key, snapPrefix))
 		id = strings.TrimSuffix(id, "/")
-		setNested(c.snaps, id, node, val, deleted)
+		if deleted {
+			setNested(c.snaps, id, node, snapshot.Snapshot{}, true)
+		} else if sn, ok := openRecord(c, key, val, func(sn snapshot.Snapshot) bool { return sn.ID == id }); ok {
+			setNested(c.snaps, id, node, sn, false)
+		}
 	}
 }
 
-func setNested[T any](m map[string]map[string]T, k1, k2 string, val []byte, deleted bool) {
+// openRecord decodes a sealed record and reports whether it opened with
+// the cluster secret and names what its key names (check). A record that
+// does not is logged and ignored: nothing is placed, routed or removed
+// because of it. Callers hold c.mu (or own c).
+func openRecord[T any](c *Cache, key string, val []byte, check func(T) bool) (T, bool) {
+	var v T
+	err := c.seal.open(key, val, &v)
+	if err == nil && !check(v) {
+		err = fmt.Errorf("record %s names another object than its key: %w", key, errUnsealed)
+	}
+	if err != nil {
+		var zero T
+		c.refuse(key, err)
+		return zero, false
+	}
+	return v, true
+}
+
+// refuse logs a record that was ignored: the first few, then one in a
+// thousand (a flood of forged keys must not flood the log).
+func (c *Cache) refuse(key string, err error) {
+	if n := c.refused.Add(1); n <= 10 || n%1000 == 0 {
+		c.log.Warn("fleet: etcd record ignored: it does not open with the cluster secret (written without it?)", "key", key, "err", err, "ignored_so_far", n)
+	}
+}
+
+// Refused returns how many etcd records this cache ignored because they
+// did not open with the cluster secret.
+func (c *Cache) Refused() int64 { return c.refused.Load() }
+
+func setNested[T any](m map[string]map[string]T, k1, k2 string, v T, deleted bool) {
 	if deleted {
 		delete(m[k1], k2)
 		if len(m[k1]) == 0 {
 			delete(m, k1)
 		}
-		return
-	}
-	var v T
-	if json.Unmarshal(val, &v) != nil {
 		return
 	}
 	if m[k1] == nil {
@@ -408,7 +472,15 @@ func (c *Cache) dropSandbox(id string) {
 func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.apply(cordonPrefix+node, []byte(mode), deleted, rev)
+	if deleted {
+		c.apply(cordonPrefix+node, nil, true, rev)
+		return
+	}
+	if rev < c.cordonRev[node] {
+		return
+	}
+	c.cordonRev[node] = rev
+	c.cordon[node] = mode
 }
 
 // putSnapshot records a snapshot a node just made, ahead of the watch.

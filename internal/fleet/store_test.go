@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"encoding/json"
 	"log/slog"
 	"testing"
 	"time"
@@ -10,7 +9,7 @@ import (
 )
 
 func newTestCache() *Cache {
-	c := &Cache{log: slog.New(slog.DiscardHandler), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
+	c := &Cache{seal: testSeal, log: slog.New(slog.DiscardHandler), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
 	c.reset()
 	return c
 }
@@ -20,12 +19,12 @@ func newTestCache() *Cache {
 // cordon event after a newer drain.
 func TestCacheKeepsOwnChangesOverLateWatchEvents(t *testing.T) {
 	c := newTestCache()
-	rec, _ := json.Marshal(SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
+	rec, _ := testSeal.seal(sandboxPrefix+"i1", SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
 
 	c.putSandbox(SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
 	c.dropSandbox("i1") // killed through this API server
 	c.mu.Lock()
-	c.apply(sandboxPrefix+"i1", rec, false, 10) // the create, late
+	c.apply(sandboxPrefix+"i1", []byte(rec), false, 10) // the create, late
 	c.mu.Unlock()
 	if _, ok := c.sandbox("i1"); ok || c.perNode["n1"] != 0 {
 		t.Fatalf("a late create event brought killed sandbox i1 back (n1 counts %d)", c.perNode["n1"])

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"time"
 
@@ -21,7 +20,8 @@ const (
 
 // tombstones grants and reuses the lease tombstones are written under.
 type tombstones struct {
-	cli *clientv3.Client
+	cli  *clientv3.Client
+	seal *Sealer
 
 	mu    sync.Mutex
 	lease clientv3.LeaseID
@@ -30,6 +30,10 @@ type tombstones struct {
 
 // put returns the operation that writes a tombstone for sandbox id.
 func (t *tombstones) put(ctx context.Context, id, reason string) (clientv3.Op, error) {
+	val, err := t.seal.seal(lostPrefix+id, Tombstone{ID: id, Reason: reason, At: time.Now().UTC()})
+	if err != nil {
+		return clientv3.Op{}, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.lease == 0 || time.Since(t.at) > tombstoneReuse {
@@ -39,8 +43,21 @@ func (t *tombstones) put(ctx context.Context, id, reason string) (clientv3.Op, e
 		}
 		t.lease, t.at = g.ID, time.Now()
 	}
-	b, _ := json.Marshal(Tombstone{Reason: reason, At: time.Now().UTC()})
-	return clientv3.OpPut(lostPrefix+id, string(b), clientv3.WithLease(t.lease)), nil
+	return clientv3.OpPut(lostPrefix+id, val, clientv3.WithLease(t.lease)), nil
+}
+
+// read returns the tombstone of sandbox id, if one that opens with the
+// cluster secret is there.
+func (t *tombstones) read(ctx context.Context, id string) (Tombstone, bool) {
+	resp, err := t.cli.Get(ctx, lostPrefix+id)
+	if err != nil || len(resp.Kvs) == 0 {
+		return Tombstone{}, false
+	}
+	var ts Tombstone
+	if t.seal.open(lostPrefix+id, resp.Kvs[0].Value, &ts) != nil || ts.ID != id {
+		return Tombstone{}, false
+	}
+	return ts, true
 }
 
 // bury removes sandbox records and leaves tombstones saying why, in

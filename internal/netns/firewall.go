@@ -44,12 +44,19 @@ func (m *Manager) InstallFirewall(ctx context.Context) error {
 		return fmt.Errorf("read the host's addresses and routes: %w", err)
 	}
 	blocked := append(append([]netip.Prefix(nil), defaultBlocked...), host...)
+	m.mu.Lock()
+	unreachable := append([]netip.Prefix{netip.MustParsePrefix("0.0.0.0/32")}, m.unreachable...)
+	m.mu.Unlock()
 	ruleset := fmt.Sprintf(`table inet %[1]s {}
 delete table inet %[1]s
 table inet %[1]s {
 	set blocked {
 		type ipv4_addr; flags interval; auto-merge;
 		elements = %[5]s
+	}
+	set unreachable {
+		type ipv4_addr; flags interval; auto-merge;
+		elements = %[7]s
 	}
 	chain input {
 		type filter hook input priority -10; policy accept;
@@ -67,6 +74,7 @@ table inet %[1]s {
 		type filter hook forward priority -10; policy accept;
 		iifname "%[2]s*" oifname "%[2]s*" drop
 		iifname "%[2]s*" ip daddr %[3]s drop
+		iifname "%[2]s*" ip daddr @unreachable drop
 		oifname "%[2]s*" ct state established,related accept
 		oifname "%[2]s*" drop
 		iifname "%[2]s*" ct state established,related accept
@@ -84,7 +92,7 @@ table inet %[1]s {
 		ip saddr %[3]s oifname != "%[2]s*" masquerade
 	}
 }
-`, m.table(), m.ifName, m.CIDR(), m.Mark(), prefixSet(blocked), os.Geteuid())
+`, m.table(), m.ifName, m.CIDR(), m.Mark(), prefixSet(blocked), os.Geteuid(), prefixSet(unreachable))
 	if err := nft(ctx, ruleset); err != nil {
 		return err
 	}
@@ -92,6 +100,14 @@ table inet %[1]s {
 	m.blocked = blocked
 	m.mu.Unlock()
 	return nil
+}
+
+// SetUnreachable names addresses no sandbox may reach whatever its
+// egress policy allows (a fleet's etcd); InstallFirewall applies them.
+func (m *Manager) SetUnreachable(p []netip.Prefix) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.unreachable = append([]netip.Prefix(nil), p...)
 }
 
 func (m *Manager) table() string {

@@ -84,6 +84,8 @@ type Manager struct {
 
 	mu      sync.Mutex
 	blocked []netip.Prefix // egress exclusions, read by InstallFirewall
+	// unreachable: dropped before any egress policy (SetUnreachable).
+	unreachable []netip.Prefix
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,10 @@ type Config struct {
 	// OnPersist, if set, is told of every persisted sandbox state (see
 	// sandbox.Deps.OnPersist); a fleet node publishes them.
 	OnPersist func(sandbox.Sandbox)
-	Log       *slog.Logger
+	// Unreachable are addresses no sandbox may reach, whatever its
+	// egress policy allows (a fleet node's etcd).
+	Unreachable []netip.Prefix
+	Log         *slog.Logger
 }
 
 // Host is this machine's sandbox stack: runtime, template and snapshot
@@ -131,6 +135,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err := nets.CheckRange(); err != nil {
 		return nil, err
 	}
+	nets.SetUnreachable(cfg.Unreachable)
 	if err := nets.InstallFirewall(ctx); err != nil {
 		return nil, err
 	}
