@@ -18,6 +18,9 @@ var (
 	ErrUnavailable       = errors.New("unavailable")
 	ErrResourceExhausted = errors.New("resource exhausted")
 	ErrUnauthenticated   = errors.New("unauthenticated")
+	// ErrPermissionDenied: the caller is known but may not do this (an
+	// API key asking for an operator's action).
+	ErrPermissionDenied = errors.New("permission denied")
 	ErrTooLarge          = errors.New("request too large")
 	// ErrInsufficientStorage: the host's disk budget (or a storage quota
 	// such as the templates') has no room for what was asked (HTTP 507).
@@ -83,6 +86,7 @@ var classes = []struct {
 	{ErrInvalid, http.StatusBadRequest, "invalid_argument"},
 	{ErrConflict, http.StatusConflict, "conflict"},
 	{ErrUnauthenticated, http.StatusUnauthorized, "unauthenticated"},
+	{ErrPermissionDenied, http.StatusForbidden, "permission_denied"},
 	{ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 	{ErrInsufficientStorage, http.StatusInsufficientStorage, "insufficient_storage"},
 	{ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
