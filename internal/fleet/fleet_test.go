@@ -37,7 +37,10 @@ func TestFleet(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(f.dir, "secret"), []byte(f.secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f.nodeHTTP = writeTLS(t, f.dir)
+	if err := os.WriteFile(filepath.Join(f.dir, "operator-key"), []byte(opKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.nodeHTTP, f.certHTTP, f.etcdTLS = writeTLS(t, f.dir)
 	f.netSetup(3)
 	t.Cleanup(f.reapSandboxes)
 	if err := os.MkdirAll(nodeData, 0o700); err != nil {
@@ -53,16 +56,18 @@ func TestFleet(t *testing.T) {
 	c1, c2 := f.clients[0], f.clients[1]
 	f.waitAlive(c1, "n1", "n2", "n3")
 
-	t.Run("node port needs TLS and the secret", func(t *testing.T) {
-		resp, err := f.nodeHTTP.Post("https://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
-		if err != nil {
-			t.Fatal(err)
+	t.Run("node port needs a client certificate and the secret", func(t *testing.T) {
+		for _, hc := range []*http.Client{f.nodeHTTP, f.certHTTP} {
+			resp, err := hc.Post("https://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("node RPC without a certificate or without the secret's proof: got HTTP %d, want 401", resp.StatusCode)
+			}
 		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("node RPC without the secret: got HTTP %d, want 401", resp.StatusCode)
-		}
-		resp, err = http.Post("http://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
+		resp, err := http.Post("http://10.231.0.11:3100/fleet/v1/List", "application/json", strings.NewReader("{}"))
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusBadRequest {
@@ -70,6 +75,8 @@ func TestFleet(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("trust", func(t *testing.T) { f.trustChecks(t) })
 
 	// 60 sandboxes through both API servers, 6 at a time.
 	sbs := make([]client.Sandbox, 60)
@@ -226,7 +233,7 @@ func TestFleet(t *testing.T) {
 	})
 
 	t.Run("a drained node gets no new sandboxes", func(t *testing.T) {
-		if err := c.NodeAction(ctx, "n3", "drain"); err != nil {
+		if err := f.op().NodeAction(ctx, "n3", "drain"); err != nil {
 			t.Fatal(err)
 		}
 		before, _ := nodeCounts(ctx, c)
@@ -245,14 +252,14 @@ func TestFleet(t *testing.T) {
 		for _, sb := range made {
 			c.KillSandbox(ctx, sb.SandboxID)
 		}
-		if err := c.NodeAction(ctx, "n3", "uncordon"); err != nil {
+		if err := f.op().NodeAction(ctx, "n3", "uncordon"); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("snapshot restored on another node keeps memory", func(t *testing.T) {
 		for _, n := range []string{"n2", "n3"} {
-			c.NodeAction(ctx, n, "cordon")
+			f.op().NodeAction(ctx, n, "cordon")
 		}
 		// A template built on n1 only: n2 copies it (and the snapshot)
 		// on first use.
@@ -268,8 +275,8 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.NodeAction(ctx, "n2", "uncordon")
-		c.NodeAction(ctx, "n1", "cordon")
+		f.op().NodeAction(ctx, "n2", "uncordon")
+		f.op().NodeAction(ctx, "n1", "cordon")
 		before, _ := nodeCounts(ctx, c)
 		child, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: snap.SnapshotID})
 		if err != nil {
@@ -283,22 +290,22 @@ func TestFleet(t *testing.T) {
 		c.KillSandbox(ctx, child.SandboxID)
 		c.KillSandbox(ctx, sb.SandboxID)
 		for _, n := range []string{"n1", "n2", "n3"} {
-			c.NodeAction(ctx, n, "uncordon")
+			f.op().NodeAction(ctx, n, "uncordon")
 		}
 	})
 
 	t.Run("fork spills over a cordoned parent node", func(t *testing.T) {
-		c.NodeAction(ctx, "n2", "cordon")
-		c.NodeAction(ctx, "n3", "cordon")
-		c.NodeAction(ctx, "n1", "uncordon")
+		f.op().NodeAction(ctx, "n2", "cordon")
+		f.op().NodeAction(ctx, "n3", "cordon")
+		f.op().NodeAction(ctx, "n1", "uncordon")
 		parent, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := holdInMemory(t, c, parent)
-		c.NodeAction(ctx, "n2", "uncordon")
-		c.NodeAction(ctx, "n3", "uncordon")
-		c.NodeAction(ctx, "n1", "cordon")
+		f.op().NodeAction(ctx, "n2", "uncordon")
+		f.op().NodeAction(ctx, "n3", "uncordon")
+		f.op().NodeAction(ctx, "n1", "cordon")
 		before, _ := nodeCounts(ctx, c)
 		kids, kidErrs, err := c.ForkSandbox(ctx, parent.SandboxID, 2)
 		if err != nil {
@@ -319,7 +326,7 @@ func TestFleet(t *testing.T) {
 			c.KillSandbox(ctx, kid.SandboxID)
 		}
 		c.KillSandbox(ctx, parent.SandboxID)
-		c.NodeAction(ctx, "n1", "uncordon")
+		f.op().NodeAction(ctx, "n1", "uncordon")
 	})
 
 	t.Run("a node cut off is reported lost and comes back whole", func(t *testing.T) {
@@ -529,10 +536,10 @@ func TestFleet(t *testing.T) {
 		}
 		f.nodes[1].stop(syscall.SIGTERM)
 		f.waitLost(c, "n2")
-		if err := c.NodeAction(ctx, "n2", "forget"); err != nil {
+		if err := f.op().NodeAction(ctx, "n2", "forget"); err != nil {
 			t.Fatalf("forget n2: %v", err)
 		}
-		if err := c.NodeAction(ctx, "n1", "forget"); err == nil {
+		if err := f.op().NodeAction(ctx, "n1", "forget"); err == nil {
 			t.Fatal("forget of a live node: got no error, want 409")
 		}
 		gone := 0

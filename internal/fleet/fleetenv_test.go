@@ -41,12 +41,18 @@ const (
 	bridge   = "aeflbr0"
 	bridgeIP = "10.231.0.1"
 	apiKey   = "fleet-test-key"
+	opKey    = "fleet-test-operator-key"
 )
 
 type fleetEnv struct {
 	t *testing.T
-	// nodeHTTP trusts the test CA that signed the nodes' certificate.
-	nodeHTTP *http.Client
+	// nodeHTTP trusts the test CA that signed the nodes' certificate
+	// (and shows none of its own); certHTTP also shows the test's
+	// client certificate.
+	nodeHTTP, certHTTP *http.Client
+	// etcdTLS is a client configuration for etcd with the test's
+	// certificate (an insider who reached etcd, without the secret).
+	etcdTLS *tls.Config
 	dir      string
 	bin      string
 	secret   string
@@ -55,6 +61,8 @@ type fleetEnv struct {
 	nodes    []*proc
 	apis     []*proc
 	clients  []*client.Client
+	// ops hold the operator's key (node operations).
+	ops []*client.Client
 	apiURLs  [][2]string
 }
 
@@ -159,8 +167,8 @@ func (f *fleetEnv) startEtcd() {
 	t := f.t
 	var peers, clients []string
 	for range 3 {
-		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")))
-		clients = append(clients, fmt.Sprintf("http://%s:%d", bridgeIP, freePort(t, bridgeIP)))
+		peers = append(peers, fmt.Sprintf("https://127.0.0.1:%d", freePort(t, "127.0.0.1")))
+		clients = append(clients, fmt.Sprintf("https://%s:%d", bridgeIP, freePort(t, bridgeIP)))
 	}
 	var members []string
 	for i, p := range peers {
@@ -170,9 +178,10 @@ func (f *fleetEnv) startEtcd() {
 	for i := range 3 {
 		f.etcd = append(f.etcd, f.start(fmt.Sprintf("etcd-m%d", i), f.bin, "etcd", "--name", fmt.Sprintf("m%d", i),
 			"--data-dir", filepath.Join(f.dir, "etcd", fmt.Sprintf("m%d", i)), "--listen", clients[i],
-			"--listen-peer", peers[i], "--initial-cluster", strings.Join(members, ",")))
+			"--listen-peer", peers[i], "--initial-cluster", strings.Join(members, ","),
+			"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 2 * time.Second, Logger: zap.NewNop(), TLS: f.etcdTLS})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +243,7 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
 		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100",
 		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
+	args = append(args, f.etcdFlags()...)
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
 	return f.start("node-"+name, append([]string{"nsenter", "--net=/run/netns/aefl-" + name,
 		"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"}, args...)...)
@@ -241,13 +251,22 @@ func (f *fleetEnv) startNode(i int) *proc {
 
 func (f *fleetEnv) startAPI(i int) {
 	ap, pp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
-	p := f.start(fmt.Sprintf("api%d", i), f.bin, "api", "--etcd", f.etcdURL,
+	args := []string{f.bin, "api", "--etcd", f.etcdURL,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
-		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--tls-ca", filepath.Join(f.dir, "ca.crt"))
+		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
+		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
+	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)
 	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
 	f.apiURLs = append(f.apiURLs, [2]string{a, x})
 	f.clients = append(f.clients, client.New(a, x, apiKey))
+	f.ops = append(f.ops, client.New(a, x, opKey))
+}
+
+// etcdFlags are a role's flags for the test's etcd: TLS with the test's
+// client certificate.
+func (f *fleetEnv) etcdFlags() []string {
+	return []string{"--etcd-ca", filepath.Join(f.dir, "ca.crt"), "--etcd-cert", filepath.Join(f.dir, "node.crt"), "--etcd-key", filepath.Join(f.dir, "node.key")}
 }
 
 // logs prints every process's log tail when the test failed.
@@ -330,10 +349,12 @@ func execOut(ctx context.Context, c *client.Client, sb client.Sandbox, script st
 	return strings.TrimSpace(out.String()), nil
 }
 
-// writeTLS writes a test CA (ca.crt) and a certificate for the nodes'
-// addresses signed by it (node.crt, node.key) into dir, and returns a
-// client that trusts the CA.
-func writeTLS(t *testing.T, dir string) *http.Client {
+// writeTLS writes a test CA (ca.crt) and a certificate for the fleet's
+// addresses signed by it (node.crt, node.key: server and client use, as
+// every role of the test shows it) into dir, and returns a client that
+// trusts the CA, one that also shows the certificate, and an etcd
+// client configuration with it.
+func writeTLS(t *testing.T, dir string) (plain, withCert *http.Client, etcd *tls.Config) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agentenv fleet test CA"},
@@ -347,8 +368,9 @@ func writeTLS(t *testing.T, dir string) *http.Client {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "agentenv node"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("10.231.0.11"), net.ParseIP("10.231.0.12"), net.ParseIP("10.231.0.13")}}
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("10.231.0.11"), net.ParseIP("10.231.0.12"), net.ParseIP("10.231.0.13"),
+			net.ParseIP(bridgeIP), net.ParseIP("127.0.0.1")}}
 	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
 	if err != nil {
 		t.Fatal(err)
@@ -365,7 +387,13 @@ func writeTLS(t *testing.T, dir string) *http.Client {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	pair, err := tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certConf := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}},
+		&http.Client{Transport: &http.Transport{TLSClientConfig: certConf}}, certConf.Clone()
 }
 
 // holdInMemory starts a process in sb that keeps a random value only in
