@@ -75,6 +75,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 		os.RemoveAll(dir)
 		return fmt.Errorf("save the files of sandbox %s (it keeps running): %w", sb.ID, err)
 	}
+	saved := time.Since(start)
 	// From here the sandbox stops: its requests end, its death is no
 	// longer unexpected.
 	e.sb.FilesOnly = true
@@ -96,7 +97,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	if err := m.move(e, StatePaused); err != nil {
 		return err
 	}
-	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond))
+	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond), "save", saved.Round(time.Millisecond))
 	return nil
 }
 
@@ -157,6 +158,7 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	if err := m.waitEnvd(ctx, next); err != nil {
 		return err
 	}
+	booted := time.Since(start)
 	if err := m.restoreFiles(ctx, next); err != nil {
 		return fmt.Errorf("could not put the sandbox's files back (it stays paused with them; retry): %w: %w", err, errdefs.ErrUnavailable)
 	}
@@ -174,7 +176,7 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	e.bootAt = start
 	// watch takes e.mu, which the caller holds.
 	go m.watch(e)
-	m.d.Log.Info("sandbox booted again with its files", "sandbox", next.ID, "took", time.Since(start).Round(time.Millisecond))
+	m.d.Log.Info("sandbox booted again with its files", "sandbox", next.ID, "took", time.Since(start).Round(time.Millisecond), "boot", booted.Round(time.Millisecond))
 	return nil
 }
 

@@ -149,10 +149,15 @@ func GNURootfs(t testing.TB, dir string) {
 }
 
 // copyFile copies the host file src (a link's target) to dst, whose
-// directories it makes.
+// directories it makes, with src's modification time: a template's files
+// are older than its sandboxes, as the packages' are.
 func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
 	t.Helper()
 	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +165,9 @@ func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(dst, b, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(dst, st.ModTime(), st.ModTime()); err != nil {
 		t.Fatal(err)
 	}
 }
