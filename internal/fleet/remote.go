@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -376,10 +375,12 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 		}
 	}
 	// Made through another API server a moment ago: ask etcd.
-	if resp, err := r.cli.Get(ctx, snapPrefix+id+"/", clientv3.WithPrefix(), clientv3.WithLimit(1)); err == nil && len(resp.Kvs) > 0 {
-		var sn snapshot.Snapshot
-		if json.Unmarshal(resp.Kvs[0].Value, &sn) == nil {
-			return sn, nil
+	if resp, err := r.cli.Get(ctx, snapPrefix+id+"/", clientv3.WithPrefix()); err == nil {
+		for _, kv := range resp.Kvs {
+			var sn snapshot.Snapshot
+			if r.seal.open(string(kv.Key), kv.Value, &sn) == nil && sn.ID == id {
+				return sn, nil
+			}
 		}
 	}
 	return snapshot.Snapshot{}, errdefs.NotFound("snapshot %q does not exist on any live node", id)
@@ -421,12 +422,15 @@ func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error
 	}
 	var out []string
 	for _, kind := range []string{snapPrefix, templatePrefix} {
-		resp, err := r.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		resp, err := r.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix())
 		if err != nil {
 			return nil, errdefs.Unavailable("reading %s from etcd: %v", name, err)
 		}
 		for _, kv := range resp.Kvs {
 			node := strings.TrimPrefix(string(kv.Key), kind+name+"/")
+			if _, err := r.seal.openBytes(string(kv.Key), kv.Value); err != nil {
+				continue // not written by a node of this fleet
+			}
 			if _, alive := r.cache.node(node); alive {
 				out = append(out, node)
 			}
