@@ -470,6 +470,9 @@ func (s *Server) postChanges(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, unix.ENOSPC):
 			status = http.StatusInsufficientStorage
 		}
+		// The host is still sending: read on (within reason), or it may
+		// see a broken connection instead of this answer.
+		io.Copy(io.Discard, io.LimitReader(r.Body, 256<<20))
 		writeError(w, status, "restore the files: "+err.Error())
 		return
 	}
