@@ -106,4 +106,6 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&cfg.TemplateOptions.DebianKeyring, "debian-keyring", template.DefaultKeyring, "keyring the Debian mirror's Release files must be signed with")
 	f.Int64Var(&h.uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
 	f.BoolVar(&h.debug, "debug", false, "log every request")
+	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
+	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 90*time.Second, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
 }

@@ -21,7 +21,7 @@ var (
 	// ErrPermissionDenied: the caller is known but may not do this (an
 	// API key asking for an operator's action).
 	ErrPermissionDenied = errors.New("permission denied")
-	ErrTooLarge          = errors.New("request too large")
+	ErrTooLarge         = errors.New("request too large")
 	// ErrInsufficientStorage: the host's disk budget (or a storage quota
 	// such as the templates') has no room for what was asked (HTTP 507).
 	ErrInsufficientStorage = errors.New("insufficient storage")

@@ -256,7 +256,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		return metrics.Capacity{CPUs: c.CPUs, MemoryMB: c.MemoryMB, FreeMemoryMB: c.FreeMemoryMB, MaxSandboxes: c.MaxSandboxes,
 			Sandboxes: c.Sandboxes, Templates: c.Templates, Snapshots: c.Snapshots}
 	})
-	srv := &http.Server{Handler: server.WithMetrics(reg, node.Handler()), ReadHeaderTimeout: 10 * time.Second}
+	srv, ln := server.NewHTTPServer(server.WithMetrics(reg, node.Handler()), cfg.Host.HTTP), server.LimitConnsPerIP(ln, cfg.Host.HTTP, log)
 	errc := make(chan error, 1)
 	go func() {
 		if serverTLS != nil {

@@ -17,6 +17,9 @@ type Front struct {
 	// Domain is what <port>-<sandboxID>.<domain> host routing uses: the
 	// configured one, else the proxy's address.
 	Domain string
+	// Limits bound what one client holds of either server (zero: the
+	// defaults of HTTPLimits).
+	Limits HTTPLimits
 }
 
 // ListenFront binds both listeners.
@@ -40,11 +43,10 @@ func ListenFront(apiAddr, proxyAddr, domain string) (*Front, error) {
 // fails, then shuts both down (10 s for requests in flight). ready, if not
 // nil, is called with the bound addresses once both accept connections.
 func (f *Front) Serve(ctx context.Context, log *slog.Logger, what string, apiH, proxyH http.Handler, ready func(apiAddr, proxyAddr string)) error {
-	apiSrv := &http.Server{Handler: apiH, ReadHeaderTimeout: 10 * time.Second}
-	proxySrv := &http.Server{Handler: proxyH, ReadHeaderTimeout: 10 * time.Second}
+	apiSrv, proxySrv := NewHTTPServer(apiH, f.Limits), NewHTTPServer(proxyH, f.Limits)
 	errc := make(chan error, 2)
-	go func() { errc <- apiSrv.Serve(f.api) }()
-	go func() { errc <- proxySrv.Serve(f.proxy) }()
+	go func() { errc <- apiSrv.Serve(LimitConnsPerIP(f.api, f.Limits, log)) }()
+	go func() { errc <- proxySrv.Serve(LimitConnsPerIP(f.proxy, f.Limits, log)) }()
 	log.Info(what+" serving", "api", f.api.Addr().String(), "proxy", f.proxy.Addr().String())
 	if ready != nil {
 		ready(f.api.Addr().String(), f.proxy.Addr().String())

@@ -66,7 +66,11 @@ type Config struct {
 	// Unreachable are addresses no sandbox may reach, whatever its
 	// egress policy allows (a fleet node's etcd).
 	Unreachable []netip.Prefix
-	Log         *slog.Logger
+	// HTTP bounds what one client holds of the API, the proxy and a fleet
+	// node's port (idle and header timeouts, header size, connections
+	// per source).
+	HTTP HTTPLimits
+	Log  *slog.Logger
 }
 
 // Host is this machine's sandbox stack: runtime, template and snapshot
@@ -210,6 +214,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
+	front.Limits = cfg.HTTP
 	reg := NewMetrics("serve")
 	reg.SetSandboxStates(SandboxStates(h.Manager))
 	backend := api.Metered(h.Backend, reg.ObserveOp)
