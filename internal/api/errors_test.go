@@ -19,6 +19,7 @@ func TestWriteErrorRetryAfter(t *testing.T) {
 	}{
 		{errdefs.Unavailable("start sandbox: the sandbox process exited before it booted"), http.StatusServiceUnavailable, "1"},
 		{fmt.Errorf("limit of 2 sandboxes reached: %w", errdefs.ErrResourceExhausted), http.StatusTooManyRequests, "1"},
+		{errdefs.InsufficientStorage("no room on the host disk for a sandbox"), http.StatusInsufficientStorage, "1"},
 		{errdefs.Invalid("memoryMB 1 out of range"), http.StatusBadRequest, ""},
 		{errdefs.NotFound("sandbox x"), http.StatusNotFound, ""},
 		{errors.New("bug"), http.StatusInternalServerError, ""},
