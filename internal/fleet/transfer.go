@@ -138,10 +138,10 @@ const (
 var errPeerData = errors.New("not what the peer declared")
 
 // fromPeer says which node sent what. What a peer sent wrong is not the
-// client's fault: an invalid description is classed unavailable (another
-// node may hold a good copy).
+// client's fault: an invalid description or a broken copy is classed
+// unavailable (another node may hold a good copy).
 func fromPeer(peer NodeRecord, what string, err error) error {
-	if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errPeerData) {
+	if !errdefs.Classified(err) || errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errPeerData) {
 		return errdefs.Unavailable("%s from node %s (%s): %v", what, peer.Name, peer.Addr, err)
 	}
 	return fmt.Errorf("%s from node %s (%s): %w", what, peer.Name, peer.Addr, err)

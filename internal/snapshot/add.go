@@ -274,6 +274,9 @@ func (s *Store) unpin(chunks map[string]bool) {
 // that no delete runs between a chunk being found present and referenced.
 // A snapshot the store holds is never replaced.
 func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
+	if err := ValidID(sn.ID); err != nil { // it names the metadata's file
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.snaps[sn.ID]; ok {
