@@ -26,18 +26,27 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err := ValidName(req.Name); err != nil {
 		return Template{}, err
 	}
-	if err := checkDiskMB(req.DiskMB); err != nil {
+	if err := s.checkDiskMB(req.DiskMB); err != nil {
 		return Template{}, err
 	}
 	source, err := s.checkSource(req)
 	if err != nil {
 		return Template{}, err
 	}
-	release, err := s.claim(req.Name, func() error { return s.inUse(req.Name) })
+	release, err := s.claim(req.Name, func() error {
+		if err := s.inUse(req.Name); err != nil {
+			return err
+		}
+		return s.quotaLocked(req.Name)
+	})
 	if err != nil {
 		return Template{}, err
 	}
 	defer release()
+	// What the build writes is charged as it goes (quota.go); given back
+	// once the template counts on its own, or its files are removed.
+	acct := s.newBuildBytes(req.Name)
+	defer acct.close()
 
 	staging, err := os.MkdirTemp(s.dir, ".build-"+req.Name+"-")
 	if err != nil {
@@ -54,15 +63,27 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		progress(Progress{Phase: "rootfs", Percent: 10, Message: "busybox"})
 		err = buildBusybox(rootfs)
 	case req.Debian != "":
-		err = s.debootstrap(ctx, req, rootfs, progress)
+		// debootstrap writes what it writes: its tree is measured as it
+		// grows, and the run stopped when a charge is refused.
+		dctx, cancel := context.WithCancelCause(ctx)
+		stop := acct.watch(rootfs, 2*time.Second, cancel)
+		err = s.debootstrap(dctx, req, rootfs, progress)
+		if werr := stop(); werr != nil {
+			err = werr
+		}
+		cancel(nil)
 	case req.Upload != nil:
 		progress(Progress{Phase: "rootfs", Percent: 10, Message: "unpacking the uploaded rootfs"})
-		err = s.extract(ctx, req.Upload, rootfs, progress)
+		err = s.extract(ctx, req.Upload, rootfs, progress, acct)
 	default:
 		progress(Progress{Phase: "rootfs", Percent: 10, Message: "importing " + req.Rootfs})
-		err = s.importRootfs(ctx, req.Rootfs, rootfs, progress)
+		err = s.importRootfs(ctx, req.Rootfs, rootfs, progress, acct)
 	}
 	if err != nil {
+		return Template{}, err
+	}
+	// The tree as written, with envd, before the image about doubles it.
+	if err := acct.chargeTo(imageFactor * (DiskUsage(rootfs) + fileSize(s.envd))); err != nil {
 		return Template{}, err
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
@@ -70,6 +91,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
+	size := DiskUsage(staging)
 
 	final := filepath.Join(s.dir, req.Name)
 	// The previous build moves aside under a name no template can have
@@ -89,6 +111,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	}
 	s.mu.Lock()
 	s.templates[t.Name] = &t
+	s.bytes[t.Name] = size
 	s.mu.Unlock()
 	progress(Progress{Phase: "done", Percent: 100, Message: fmt.Sprintf("image %d MiB", t.ImageSize>>20)})
 	return t, nil
@@ -332,9 +355,11 @@ func buildBusybox(rootfs string) error {
 	return nil
 }
 
-// extract unpacks an uploaded rootfs tar stream.
-func (s *Store) extract(ctx context.Context, r io.Reader, rootfs string, progress func(Progress)) error {
-	skipped, err := ExtractTar(ctx, r, rootfs, s.opts.MaxUploadBytes)
+// extract unpacks an uploaded rootfs tar stream, charging what it writes
+// (with its image to come) to acct.
+func (s *Store) extract(ctx context.Context, r io.Reader, rootfs string, progress func(Progress), acct *buildBytes) error {
+	charge := func(n int64) error { return acct.charge(imageFactor * n) }
+	skipped, err := extractTar(ctx, r, rootfs, s.opts.MaxUploadBytes, charge)
 	if err != nil {
 		return err
 	}
@@ -346,7 +371,7 @@ func (s *Store) extract(ctx context.Context, r io.Reader, rootfs string, progres
 
 // importRootfs reads a directory or tarball from the operator's import
 // directory through the same extraction as an upload.
-func (s *Store) importRootfs(ctx context.Context, p, rootfs string, progress func(Progress)) error {
+func (s *Store) importRootfs(ctx context.Context, p, rootfs string, progress func(Progress), acct *buildBytes) error {
 	src, err := s.importPath(p)
 	if err != nil {
 		return err
@@ -356,7 +381,7 @@ func (s *Store) importRootfs(ctx context.Context, p, rootfs string, progress fun
 		return errdefs.Invalid("rootfs %q: %v", p, err)
 	}
 	defer r.Close()
-	return s.extract(ctx, r, rootfs, progress)
+	return s.extract(ctx, r, rootfs, progress, acct)
 }
 
 // debootstrap builds a Debian rootfs from the operator's mirror and turns
@@ -524,7 +549,7 @@ func (s *Store) Validate(req BuildRequest) error {
 	if err := ValidName(req.Name); err != nil {
 		return err
 	}
-	if err := checkDiskMB(req.DiskMB); err != nil {
+	if err := s.checkDiskMB(req.DiskMB); err != nil {
 		return err
 	}
 	_, err := s.checkSource(req)
@@ -532,15 +557,29 @@ func (s *Store) Validate(req BuildRequest) error {
 }
 
 // CanBuild reports, before a build starts, why it would be refused (the
-// template is being built, or sandboxes use it), so that an API can answer
-// with a plain error status instead of a failed stream.
+// template is being built, sandboxes use it, the template quotas or the
+// disk budget have no room for it), so that an API can answer with a plain
+// error status instead of a failed stream.
 func (s *Store) CanBuild(name string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	err := s.inUse(name)
 	if s.building[name] {
-		return errdefs.Conflict("template %q is already being built", name)
+		err = errdefs.Conflict("template %q is already being built", name)
 	}
-	return s.inUse(name)
+	if err == nil {
+		err = s.quotaLocked(name)
+	}
+	s.mu.Unlock()
+	if err != nil || s.opts.Reserve == nil {
+		return err
+	}
+	// Room for the least a build writes: envd, in its tree and image.
+	release, err := s.opts.Reserve(fmt.Sprintf("template %q", name), imageFactor*fileSize(s.envd))
+	if err != nil {
+		return err
+	}
+	release()
+	return nil
 }
 
 // inUse refuses to replace a template sandboxes run on. Callers hold s.mu.

@@ -27,6 +27,13 @@ import (
 // API client: an error leaves a partial tree in dst for the caller to
 // remove.
 func ExtractTar(ctx context.Context, r io.Reader, dst string, maxBytes int64) (skipped int, err error) {
+	return extractTar(ctx, r, dst, maxBytes, nil)
+}
+
+// extractTar is ExtractTar that, when charge is set, charges each entry's
+// disk cost (entryCost) before writing it and stops at the first refusal:
+// the limit holds while the stream expands, whatever its headers promise.
+func extractTar(ctx context.Context, r io.Reader, dst string, maxBytes int64, charge func(int64) error) (skipped int, err error) {
 	root, err := os.OpenRoot(dst)
 	if err != nil {
 		return 0, err
@@ -68,6 +75,20 @@ func ExtractTar(ctx context.Context, r io.Reader, dst string, maxBytes int64) (s
 			continue
 		}
 		mode := fs.FileMode(hdr.Mode & 0o7777)
+		if charge != nil {
+			var size int64
+			switch hdr.Typeflag {
+			case tar.TypeChar, tar.TypeBlock, tar.TypeFifo, tar.TypeXGlobalHeader:
+				// Skipped: nothing written.
+			case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+				size = max(hdr.Size, 0)
+				fallthrough
+			default:
+				if err := charge(entryCost(hdr.Typeflag, size)); err != nil {
+					return skipped, err
+				}
+			}
+		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if err := mkdirIn(root, name); err != nil {

@@ -79,13 +79,20 @@ type BuildRequest struct {
 	DiskMB int `json:"diskMB,omitempty"`
 }
 
-// MaxDiskMB bounds a template's write layer (1 TiB): the layer is a sparse
-// file, so the bound is about the host's disk, not its memory.
+// MaxDiskMB bounds any write layer (1 TiB), the operator's --disk-mb and
+// --max-disk-mb included: the layer is a sparse file, so the bound is about
+// the host's disk, not its memory.
 const MaxDiskMB = 1 << 20
 
-func checkDiskMB(mb int) error {
-	if mb < 0 || (mb > 0 && mb < 64) || mb > MaxDiskMB {
-		return errdefs.Invalid("diskMB %d out of range: give 64..%d MiB, or 0 for the server's default", mb, MaxDiskMB)
+// DefaultMaxDiskMB is the default cap on a client's diskMB (10 GiB, the
+// default --disk-mb): every sandbox's layer counts at its full size
+// against the disk budget, so a client's choice is the operator's to bound.
+const DefaultMaxDiskMB = 10 << 10
+
+// checkDiskMB checks a client's diskMB against the operator's cap.
+func (s *Store) checkDiskMB(mb int) error {
+	if mb < 0 || (mb > 0 && mb < 64) || mb > s.opts.MaxDiskMB {
+		return errdefs.Invalid("diskMB %d out of range: give 64..%d MiB (this server's --max-disk-mb), or 0 for the server's default", mb, s.opts.MaxDiskMB)
 	}
 	return nil
 }
@@ -103,6 +110,20 @@ type Options struct {
 	DebianKeyring string
 	// MaxUploadBytes bounds the file data of an uploaded rootfs (0: 8 GiB).
 	MaxUploadBytes int64
+	// MaxDiskMB caps the diskMB a build request may set (0:
+	// DefaultMaxDiskMB; at most MaxDiskMB).
+	MaxDiskMB int
+	// MaxTemplates caps how many templates the store holds, builds of new
+	// names included (0: no limit).
+	MaxTemplates int
+	// MaxTemplateBytes caps the disk all templates take together (root
+	// trees and images; 0: no limit). A build that would pass it is
+	// stopped while it writes.
+	MaxTemplateBytes int64
+	// Reserve, if set, admits bytes a build is about to write against the
+	// host's disk budget and holds them until release (see
+	// sandbox.Disk.Reserve); a refusal stops the build.
+	Reserve func(what string, bytes int64) (release func(), err error)
 }
 
 // DefaultKeyring is Debian's archive keyring (package debian-archive-keyring).
@@ -130,6 +151,10 @@ type Store struct {
 	templates map[string]*Template
 	refs      map[string]int
 	building  map[string]bool
+	// bytes is the disk each stored template takes; pending what builds
+	// in progress have charged (see buildBytes).
+	bytes   map[string]int64
+	pending int64
 }
 
 // Open loads the templates stored under dir with the default Options (no
@@ -158,6 +183,10 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 	if opts.MaxUploadBytes <= 0 {
 		opts.MaxUploadBytes = 8 << 30
 	}
+	if opts.MaxDiskMB <= 0 {
+		opts.MaxDiskMB = DefaultMaxDiskMB
+	}
+	opts.MaxDiskMB = min(opts.MaxDiskMB, MaxDiskMB)
 	if opts.ImportDir != "" {
 		d, err := filepath.EvalSymlinks(opts.ImportDir)
 		if err != nil {
@@ -172,7 +201,7 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		return nil, fmt.Errorf("envd binary %s: %w (run `make build`)", envd, err)
 	}
 	s := &Store{dir: dir, envd: envd, envdHash: hash, opts: opts, log: log,
-		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}}
+		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}, bytes: map[string]int64{}}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -197,8 +226,25 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 			return nil, fmt.Errorf("template %s metadata: %w", e.Name(), err)
 		}
 		s.templates[t.Name] = &t
+		s.bytes[t.Name] = DiskUsage(filepath.Join(dir, e.Name()))
 	}
 	return s, nil
+}
+
+// DiskBytes is the disk the stored templates take (root trees and images;
+// builds in progress hold reservations of their own).
+func (s *Store) DiskBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.storedLocked()
+}
+
+func (s *Store) storedLocked() int64 {
+	var n int64
+	for _, b := range s.bytes {
+		n += b
+	}
+	return n
 }
 
 // ImagePath is the EROFS image of a template.
@@ -266,6 +312,7 @@ func (s *Store) Delete(name string) error {
 		return errdefs.Conflict("template %q is being built", name)
 	}
 	delete(s.templates, name)
+	delete(s.bytes, name)
 	return os.RemoveAll(filepath.Join(s.dir, name))
 }
 
@@ -296,8 +343,10 @@ func (s *Store) RefreshEnvd(ctx context.Context) error {
 			return fmt.Errorf("update envd in template %s: %w", t.Name, err)
 		}
 		t.InUse = 0
+		n := DiskUsage(filepath.Join(s.dir, t.Name))
 		s.mu.Lock()
 		s.templates[t.Name] = &t
+		s.bytes[t.Name] = n
 		s.mu.Unlock()
 	}
 	return nil
