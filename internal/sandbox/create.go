@@ -99,6 +99,17 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if err != nil {
 		return Sandbox{}, err
 	}
+	// The write layer counts at its full size against the disk budget
+	// from here (bound to the sandbox's ID below) until its teardown.
+	diskMB := m.diskMB(req.Template)
+	if src != nil {
+		diskMB = src.snap.DiskMB
+	}
+	layer, err := m.d.Disk.claimLayer(diskMB, fmt.Sprintf("a sandbox of template %q (%d MiB write layer)", req.Template, diskMB))
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer layer.release()
 	if err := m.admit(); err != nil {
 		return Sandbox{}, err
 	}
@@ -123,13 +134,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		sb.TrafficToken = newToken()
 	}
 	sb.Nproc = m.d.Limits.nproc(sb.MemoryMB)
-	sb.DiskMB = m.diskMB(req.Template)
+	sb.DiskMB = diskMB
 	if src != nil {
 		// A restore must run with the snapshot's process limit and disk
 		// size: gVisor refuses a spec whose rlimits or annotations differ
 		// from the checkpoint's.
 		sb.Nproc = src.snap.Nproc
-		sb.DiskMB = src.snap.DiskMB
 	}
 	var restoreDir string
 	if src != nil {
@@ -197,6 +207,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	m.mu.Lock()
 	m.boxes[sb.ID] = e
 	m.mu.Unlock()
+	layer.bind(sb.ID)
 	cl.add(func(context.Context) error {
 		m.mu.Lock()
 		delete(m.boxes, sb.ID)

@@ -31,6 +31,9 @@ type Deps struct {
 	Slots *netns.Pool
 	// Snapshots stores snapshots; nil disables snapshots and fork.
 	Snapshots *snapshot.Store
+	// Disk admits write layers and checkpoints against the host's disk
+	// budget (admission.go); nil admits everything.
+	Disk *Disk
 	// ReadyTemplates makes creates restore a snapshot of a booted
 	// template instead of booting (see MakeReady).
 	ReadyTemplates bool

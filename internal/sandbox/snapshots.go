@@ -96,6 +96,13 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	if e.sb.State != StateRunning {
 		return snapshot.Snapshot{}, errdefs.Conflict("sandbox %q is %s: only a running sandbox can be snapshotted (resume it first)", id, e.sb.State)
 	}
+	// The checkpoint holds at most the sandbox's memory and what its
+	// write layer holds; once stored, the snapshot store counts it.
+	release, err := m.d.Disk.Reserve(fmt.Sprintf("a snapshot of sandbox %s", id), int64(e.sb.MemoryMB)<<20+m.LayerBytes(id))
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	defer release()
 	dir, err := m.d.Snapshots.TempDir()
 	if err != nil {
 		return snapshot.Snapshot{}, err
