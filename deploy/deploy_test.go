@@ -30,12 +30,19 @@ type command struct {
 // too.
 var commands = map[string]command{
 	"node": {
-		flags:    []string{"name", "etcd", "listen", "advertise", "data-dir", "cluster-secret-file", "network-cidr", "max-sandboxes"},
-		required: []string{"name", "etcd", "listen", "advertise", "data-dir", "cluster-secret-file"},
+		flags: []string{"name", "etcd", "etcd-ca", "etcd-cert", "etcd-key", "listen", "advertise", "data-dir",
+			"cluster-secret-file", "tls-cert", "tls-key", "tls-ca", "network-cidr", "max-sandboxes"},
+		// A secure fleet: etcd with client certificates, mutual TLS
+		// between the roles.
+		required: []string{"name", "etcd", "etcd-ca", "etcd-cert", "etcd-key", "listen", "advertise", "data-dir",
+			"cluster-secret-file", "tls-cert", "tls-key", "tls-ca"},
 	},
 	"api": {
-		flags:    []string{"etcd", "listen", "proxy-listen", "cluster-secret-file"},
-		required: []string{"etcd", "listen", "proxy-listen", "cluster-secret-file"},
+		flags: []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "listen", "proxy-listen", "cluster-secret-file",
+			"tls-ca", "tls-cert", "tls-key", "operator-key-file"},
+		// Without --operator-key-file nobody may cordon or drain a node.
+		required: []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "listen", "proxy-listen", "cluster-secret-file",
+			"tls-ca", "tls-cert", "tls-key", "operator-key-file"},
 	},
 	"serve": {
 		flags:    []string{"data-dir", "listen", "proxy-listen"},
@@ -43,16 +50,27 @@ var commands = map[string]command{
 	},
 }
 
+// fileFlags are the flags that name a file a deployment must deliver
+// (a secret, a key, a certificate): the tests check where each comes from.
+var fileFlags = []string{"cluster-secret-file", "operator-key-file", "etcd-ca", "etcd-cert", "etcd-key", "tls-ca", "tls-cert", "tls-key"}
+
 // flagValues checks the value of each flag, after the deployment's
 // variables are filled in with their example values.
 var flagValues = map[string]func(string) error{
 	"name":                nonEmpty,
-	"etcd":                urlList,
+	"etcd":                httpsURLList,
+	"etcd-ca":             absPath,
+	"etcd-cert":           absPath,
+	"etcd-key":            absPath,
 	"listen":              hostPort,
 	"proxy-listen":        hostPort,
 	"advertise":           advertiseAddr,
 	"data-dir":            absPath,
 	"cluster-secret-file": absPath,
+	"operator-key-file":   absPath,
+	"tls-cert":            absPath,
+	"tls-key":             absPath,
+	"tls-ca":              absPath,
 	"network-cidr":        cidr,
 	"max-sandboxes":       positiveInt,
 }
@@ -148,14 +166,17 @@ func nonEmpty(s string) error {
 	return nil
 }
 
-func urlList(s string) error {
+// httpsURLList is etcd's endpoints as a deployment gives them: https://
+// only, since the fleet's etcd is reached from other hosts and must see
+// the roles' client certificates.
+func httpsURLList(s string) error {
 	for u := range strings.SplitSeq(s, ",") {
 		p, err := url.Parse(u)
 		if err != nil {
 			return err
 		}
-		if (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.Port() == "" {
-			return fmt.Errorf("%q is not an http(s)://host:port URL", u)
+		if p.Scheme != "https" || p.Host == "" || p.Port() == "" {
+			return fmt.Errorf("%q is not an https://host:port URL: a deployed fleet reaches etcd over TLS with client certificates", u)
 		}
 	}
 	return nil
@@ -227,6 +248,12 @@ func TestCheckersRejectMistakes(t *testing.T) {
 	binary := func(s string) error { return cliAccepts(strings.Fields(s)) }
 
 	const daemonSet = "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: n\nspec:\n  template:\n    spec:\n"
+	const (
+		etcdAuth = " --etcd-ca /e/ca --etcd-cert /e/c --etcd-key /e/k"
+		mtls     = " --tls-ca /t/ca --tls-cert /t/c --tls-key /t/k"
+		node     = "node --name n --etcd https://e:2379" + etcdAuth + mtls + " --listen :3100 --data-dir /d --cluster-secret-file /s"
+		api      = "api --etcd https://e:2379" + etcdAuth + mtls + " --listen :3000 --proxy-listen :3001 --cluster-secret-file /s"
+	)
 	tests := []struct {
 		name    string
 		check   func(string) error
@@ -248,17 +275,24 @@ func TestCheckersRejectMistakes(t *testing.T) {
 		{"unit misspelled option", unitFile, "[Service]\nRestrat=on-failure\n", `unknown option Restrat= in [Service]`},
 		{"unit misspelled section", unitFile, "[Servce]\nRestart=on-failure\n", "unknown section [Servce]"},
 		{"unit option in the wrong section", unitFile, "[Service]\nWantedBy=multi-user.target\n", "unknown option WantedBy= in [Service]"},
-		{"node command line", args, "node --name n --etcd http://e:2379 --listen :3100 --advertise 10.0.0.1:3100 --data-dir /d --cluster-secret-file /s", ""},
+		{"node command line", args, node + " --advertise 10.0.0.1:3100", ""},
+		{"api command line", args, api + " --operator-key-file /o", ""},
 		{"unknown subcommand", args, "nodes --name n", `unknown subcommand "nodes"`},
-		{"misspelled flag", args, "api --etc http://e:2379 --listen :3000 --proxy-listen :3001 --cluster-secret-file /s", "unknown flag --etc"},
-		{"missing required flag", args, "api --listen :3000 --proxy-listen :3001 --cluster-secret-file /s", "missing --etcd"},
+		{"misspelled flag", args, api + " --operator-key-flie /o", "unknown flag --operator-key-flie"},
+		{"missing required flag", args, strings.Replace(api, " --etcd https://e:2379", "", 1) + " --operator-key-file /o", "missing --etcd"},
+		{"api without the operator key", args, api, "missing --operator-key-file"},
+		{"node without mutual TLS", args, strings.Replace(node, mtls, " --tls-cert /t/c --tls-key /t/k", 1) + " --advertise 10.0.0.1:3100", "missing --tls-ca"},
+		{"node without etcd's client certificate", args, strings.Replace(node, etcdAuth, " --etcd-ca /e/ca", 1) + " --advertise 10.0.0.1:3100", "missing --etcd-cert"},
+		{"plain etcd", args, strings.Replace(node, "https://e:2379", "https://e:2379,http://f:2379", 1) + " --advertise 10.0.0.1:3100", "not an https://host:port URL"},
+		{"relative certificate path", args, strings.Replace(api, "--tls-ca /t/ca", "--tls-ca t/ca", 1) + " --operator-key-file /o", "not a clean absolute path"},
 		{"positional argument", args, "serve --data-dir /d extra", `unexpected argument "extra"`},
 		{"bad flag value", args, "serve --data-dir var/lib", "not a clean absolute path"},
-		{"binary accepts", binary, "node --etcd http://e:2379 --max-sandboxes 10", ""},
-		{"binary lacks the flag", binary, "api --etcd http://e:2379 --proxy-listn :3001", "unknown flag: --proxy-listn"},
+		{"binary accepts", binary, "node --etcd https://e:2379 --max-sandboxes 10", ""},
+		{"binary accepts the secure api", binary, api + " --operator-key-file /o", ""},
+		{"binary lacks the flag", binary, "api --etcd https://e:2379 --proxy-listn :3001", "unknown flag: --proxy-listn"},
 		{"binary rejects the value", binary, "node --max-sandboxes many", "invalid argument"},
-		{"binary lacks the command", binary, "nodes --etcd http://e:2379", `no command "nodes"`},
-		{"wildcard advertise address", args, "node --name n --etcd http://e:2379 --listen :3100 --advertise 0.0.0.0:3100 --data-dir /d --cluster-secret-file /s", "other machines"},
+		{"binary lacks the command", binary, "nodes --etcd https://e:2379", `no command "nodes"`},
+		{"wildcard advertise address", args, node + " --advertise 0.0.0.0:3100", "other machines"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -193,31 +193,6 @@ func (c *cluster) configMapValue(name, key string) (string, error) {
 	return "", fmt.Errorf("no ConfigMap %s in %s", name, kubeDir)
 }
 
-// secret returns a Secret of secrets.example.yaml, the secrets a
-// deployment is told to create.
-func (c *cluster) secret(name string) (*corev1.Secret, error) {
-	for _, o := range c.files[secretExample] {
-		if s, ok := o.(*corev1.Secret); ok && s.Name == name {
-			return s, nil
-		}
-	}
-	return nil, fmt.Errorf("no Secret %s in %s", name, secretExample)
-}
-
-func (c *cluster) secretValue(name, key string) (string, error) {
-	s, err := c.secret(name)
-	if err != nil {
-		return "", err
-	}
-	if v, ok := s.StringData[key]; ok {
-		return v, nil
-	}
-	if v, ok := s.Data[key]; ok {
-		return string(v), nil
-	}
-	return "", fmt.Errorf("Secret %s in %s has no key %q", name, secretExample, key)
-}
-
 func TestKubernetesObjectsShareNamespaceAndNames(t *testing.T) {
 	c := loadCluster(t)
 	if len(c.namespaces) != 1 {
@@ -329,20 +304,24 @@ func podCommandLine(t *testing.T, c *cluster, sub string, selector *metav1.Label
 		t.FailNow()
 	}
 	checkVolumes(t, c, spec, ctr)
-	secretFile := flags["cluster-secret-file"]
-	vol, file := mountedAt(spec, ctr, secretFile)
-	if vol == nil || vol.Secret == nil || vol.Secret.SecretName != "agentenv-cluster" || secretItemKey(vol.Secret, file) != "secret" {
-		t.Errorf("--cluster-secret-file %s is not key \"secret\" of Secret agentenv-cluster mounted in the container", secretFile)
-	}
+	checkPodFiles(t, c, sub, spec, ctr, flags)
 	for _, name := range []string{"listen", "proxy-listen"} {
 		if v, ok := flags[name]; ok && containerPort(ctr, portOf(t, v)) == nil {
 			t.Errorf("--%s %s: the container declares no port %d", name, v, portOf(t, v))
 		}
 	}
 	// Both roles answer GET /health on --listen without credentials.
+	// A node with --tls-cert serves HTTPS only; the API server serves
+	// plain HTTP (TLS ends at the load balancer).
+	scheme := corev1.URISchemeHTTP
+	if sub == "node" && flags["tls-cert"] != "" {
+		scheme = corev1.URISchemeHTTPS
+	}
 	probe := ctr.ReadinessProbe
 	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/health" {
 		t.Errorf("readiness probe %+v, want GET /health", probe)
+	} else if got := probe.HTTPGet.Scheme; got != scheme && (got != "" || scheme != corev1.URISchemeHTTP) {
+		t.Errorf("readiness probe scheme %q, want %s", got, scheme)
 	} else if p := probe.HTTPGet.Port; (p.IntVal != 0 && p.IntVal != portOf(t, flags["listen"])) ||
 		(p.StrVal != "" && !slices.ContainsFunc(ctr.Ports, func(cp corev1.ContainerPort) bool {
 			return cp.Name == p.StrVal && cp.ContainerPort == portOf(t, flags["listen"])
@@ -418,19 +397,6 @@ func mountedAt(spec corev1.PodSpec, ctr *corev1.Container, p string) (*corev1.Vo
 	}
 	rel := strings.TrimPrefix(strings.TrimPrefix(p, best.MountPath), "/")
 	return volume(spec, best.Name), path.Join(best.SubPath, rel)
-}
-
-// secretItemKey returns the secret key a secret volume shows at file.
-func secretItemKey(s *corev1.SecretVolumeSource, file string) string {
-	if len(s.Items) == 0 {
-		return file
-	}
-	for _, it := range s.Items {
-		if it.Path == file {
-			return it.Key
-		}
-	}
-	return ""
 }
 
 func containerPort(ctr *corev1.Container, port int32) *corev1.ContainerPort {
@@ -522,11 +488,17 @@ func TestAPIDeployment(t *testing.T) {
 		ctr.Env[i].ValueFrom.SecretKeyRef.Name != "agentenv-api" || ctr.Env[i].ValueFrom.SecretKeyRef.Key != "api-key" {
 		t.Errorf("AGENTENV_API_KEY does not come from key api-key of Secret agentenv-api")
 	}
-	// A non-root server must still be able to read the mounted secret.
+	// A non-root server must still be able to read the mounted secrets.
 	if sc := spec.SecurityContext; sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot {
-		vol, _ := mountedAt(spec, ctr, flags["cluster-secret-file"])
-		if sc.FSGroup == nil || vol == nil || vol.Secret.DefaultMode == nil || *vol.Secret.DefaultMode&0o040 == 0 {
-			t.Errorf("runs as non-root, but the cluster secret is not group-readable by an fsGroup")
+		for _, name := range fileFlags {
+			file, ok := flags[name]
+			if !ok {
+				continue
+			}
+			vol, _ := mountedAt(spec, ctr, file)
+			if sc.FSGroup == nil || vol == nil || vol.Secret == nil || vol.Secret.DefaultMode == nil || *vol.Secret.DefaultMode&0o040 == 0 {
+				t.Errorf("runs as non-root, but --%s %s is not group-readable by an fsGroup", name, file)
+			}
 		}
 	}
 }

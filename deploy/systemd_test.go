@@ -21,6 +21,7 @@ import (
 const (
 	systemdDir    = "systemd"
 	agentenvBin   = "/usr/local/bin/agentenv"
+	configDir     = "/etc/agentenv"
 	clusterSecret = "/etc/agentenv/cluster-secret"
 )
 
@@ -176,10 +177,12 @@ func parseEnvExample(r io.Reader) (envExample, error) {
 }
 
 // expandExecStart splits an ExecStart= value into words as systemd does
-// for the subset used here (no quotes or escapes): ${VAR} is replaced
-// inside a word, a word $VAR becomes the value's words, %d is the unit's
-// credentials directory. used collects the variables referenced.
+// for the subset used here (no quotes or escapes): a backslash ending a
+// line joins it to the next, ${VAR} is replaced inside a word, a word $VAR
+// becomes the value's words, %d is the unit's credentials directory. used
+// collects the variables referenced.
 func expandExecStart(cmdline, unitName string, env map[string]string, used map[string]bool) ([]string, error) {
+	cmdline = strings.ReplaceAll(cmdline, "\\\n", " ")
 	cmdline = strings.TrimLeft(cmdline, "-@:+!")
 	if strings.ContainsAny(cmdline, `"'\`) {
 		return nil, errors.New("quotes and escapes are not supported by this test")
@@ -344,29 +347,62 @@ func checkUnitCommand(t *testing.T, sections []*unit.UnitSection, unitName, sub,
 	if adopts && flags["data-dir"] != dataDir {
 		t.Errorf("--data-dir %s, want %s (StateDirectory=agentenv)", flags["data-dir"], dataDir)
 	}
-	if secret, ok := flags["cluster-secret-file"]; ok {
-		checkClusterSecret(t, sections, unitName, secret)
-	}
+	checkDeliveredFiles(t, sections, unitName, flags)
 }
 
-// checkClusterSecret checks that the unit reads /etc/agentenv/cluster-secret,
-// directly or as a credential, and refuses to start without it.
-func checkClusterSecret(t *testing.T, sections []*unit.UnitSection, unitName, file string) {
+// checkDeliveredFiles checks the files the command reads (secrets, keys,
+// certificates): each comes from /etc/agentenv, directly or through
+// LoadCredential= (the only way for a DynamicUser= service, which cannot
+// read root's files), and the unit refuses to start without it. The
+// cluster secret is the same file on every host.
+func checkDeliveredFiles(t *testing.T, sections []*unit.UnitSection, unitName string, flags map[string]string) {
 	t.Helper()
-	source := file
-	if name, ok := strings.CutPrefix(file, "/run/credentials/"+unitName+"/"); ok {
-		source = ""
-		for _, lc := range values(sections, "Service", "LoadCredential") {
-			if id, path, _ := strings.Cut(lc, ":"); id == name {
-				source = path
+	dynamic := value(t, sections, "Service", "DynamicUser") == "yes"
+	credentials := map[string]string{}
+	for _, lc := range values(sections, "Service", "LoadCredential") {
+		id, source, ok := strings.Cut(lc, ":")
+		if !ok {
+			t.Errorf("LoadCredential=%s: want ID:PATH", lc)
+		}
+		if _, dup := credentials[id]; dup {
+			t.Errorf("LoadCredential= loads %s twice", id)
+		}
+		credentials[id] = source
+	}
+	asserted := values(sections, "Unit", "AssertPathExists")
+	sources := map[string]string{}
+	for _, name := range fileFlags {
+		file, ok := flags[name]
+		if !ok {
+			continue
+		}
+		source := file
+		if id, ok := strings.CutPrefix(file, "/run/credentials/"+unitName+"/"); ok {
+			if source, ok = credentials[id]; !ok {
+				t.Errorf("--%s %s: no LoadCredential=%s:PATH", name, file, id)
+				continue
 			}
+		} else if dynamic {
+			t.Errorf("--%s %s: a DynamicUser= service reads root's files only as credentials (LoadCredential=, %%d/ID)", name, file)
+		}
+		if dir, _ := filepath.Split(source); filepath.Clean(dir) != configDir {
+			t.Errorf("--%s: %s is not a file in %s", name, source, configDir)
+		}
+		if name == "cluster-secret-file" && source != clusterSecret {
+			t.Errorf("--cluster-secret-file %s: want %s, directly or through LoadCredential=", file, clusterSecret)
+		}
+		if other, dup := sources[source]; dup {
+			t.Errorf("--%s and --%s both read %s", name, other, source)
+		}
+		sources[source] = name
+		if !slices.Contains(asserted, source) {
+			t.Errorf("--%s: no AssertPathExists=%s: a missing file should stop the start with a clear message", name, source)
 		}
 	}
-	if source != clusterSecret {
-		t.Errorf("--cluster-secret-file %s: want %s, directly or through LoadCredential=", file, clusterSecret)
-	}
-	if !slices.Contains(values(sections, "Unit", "AssertPathExists"), clusterSecret) {
-		t.Errorf("no AssertPathExists=%s: a missing secret should stop the start with a clear message", clusterSecret)
+	for id, source := range credentials {
+		if _, used := sources[source]; !used {
+			t.Errorf("LoadCredential=%s:%s: no flag reads that credential", id, source)
+		}
 	}
 }
 
