@@ -77,8 +77,10 @@ func etcdCmd() *cobra.Command {
 			defer e.Close()
 			select {
 			case <-e.Server.ReadyNotify():
+			case <-cmd.Context().Done():
+				return nil // stopped before its cluster formed
 			case <-time.After(60 * time.Second):
-				return fmt.Errorf("etcd not ready after 60 s")
+				return fmt.Errorf("etcd not ready after 60 s (do the members reach each other at their --listen-peer URLs, with certificates for those addresses?)")
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "etcd serving at %s (data in %s)\n", listen, dir)
 			select {

@@ -27,7 +27,8 @@ func nodeCmd(g *globals) *cobra.Command {
 		Use:   "node",
 		Short: "Run a fleet node agent (sandboxes on this host, registered in etcd); or list and cordon nodes",
 		Long: "With --etcd, runs this host's sandboxes for a fleet: it registers in etcd under a lease and serves\n" +
-			"API servers (agentenv api) over its --listen address, which only answers with the cluster secret.\n" +
+			"API servers (agentenv api) over its --listen address, which answers only callers that prove the cluster\n" +
+			"secret (and, with --tls-ca, show a certificate of the fleet's CA).\n" +
 			"The subcommands talk to an API server (--server) to list, cordon, uncordon and drain nodes.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if run.Etcd == "" {
