@@ -20,6 +20,9 @@ type hostFlags struct {
 	debug      bool
 	maxTimeout time.Duration
 	uploadMB   int64
+	// diskBudget and maxTemplateBytes are sizes as given (see config).
+	diskBudget       string
+	maxTemplateBytes string
 }
 
 // config finishes the host's configuration from the flags.
@@ -38,6 +41,21 @@ func (h *hostFlags) config(g *globals) (server.Config, error) {
 	}
 	if d := cfg.Limits.DefaultDiskMB; d != 0 && (d < 64 || d > template.MaxDiskMB) {
 		return cfg, fmt.Errorf("--disk-mb %d: give 64..%d MiB, or 0 to keep sandboxes' writes in memory", d, template.MaxDiskMB)
+	}
+	var err error
+	if cfg.DiskBudget, err = sandbox.ParseDiskBudget(h.diskBudget); err != nil {
+		return cfg, err
+	}
+	if m := &cfg.TemplateOptions.MaxDiskMB; *m == 0 {
+		*m = max(template.DefaultMaxDiskMB, cfg.Limits.DefaultDiskMB)
+	} else if *m < 64 || *m > template.MaxDiskMB {
+		return cfg, fmt.Errorf("--max-disk-mb %d: give 64..%d MiB", *m, template.MaxDiskMB)
+	}
+	if cfg.TemplateOptions.MaxTemplates < 0 {
+		return cfg, fmt.Errorf("--max-templates %d: give a count, or 0 for no limit", cfg.TemplateOptions.MaxTemplates)
+	}
+	if cfg.TemplateOptions.MaxTemplateBytes, err = sandbox.ParseSize(h.maxTemplateBytes); err != nil {
+		return cfg, fmt.Errorf("--max-template-bytes: %w", err)
 	}
 	return cfg, nil
 }
@@ -106,6 +124,10 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&cfg.TemplateOptions.DebianKeyring, "debian-keyring", template.DefaultKeyring, "keyring the Debian mirror's Release files must be signed with")
 	f.Int64Var(&h.uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
 	f.BoolVar(&h.debug, "debug", false, "log every request")
+	f.StringVar(&h.diskBudget, "disk-budget", sandbox.DefaultDiskBudget, "most disk the data dir may hold, counting every sandbox's write layer at its full size (--disk-mb or its template's), templates and snapshots; creates, restores, builds and snapshots beyond it get 507. A share (90%: of the data dir's filesystem's free space plus what the data dir holds, measured at start), a size (500G), or 0 for none")
+	f.IntVar(&cfg.TemplateOptions.MaxDiskMB, "max-disk-mb", 0, "largest write layer, in MiB, a client may ask for in a template build (diskMB; above it 400) (default: 10240, or --disk-mb if larger)")
+	f.IntVar(&cfg.TemplateOptions.MaxTemplates, "max-templates", 100, "most templates this server stores (builds of new names count; 0: no limit)")
+	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-budget)")
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 90*time.Second, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
 }

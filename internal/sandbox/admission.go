@@ -140,7 +140,7 @@ func checkDisk(budget int64, u DiskUse, need int64, what string) error {
 	if budget <= 0 || need <= 0 || u.Total() <= budget-need {
 		return nil
 	}
-	return errdefs.InsufficientStorage("no room on the host disk for %s (%s): agentenv uses %s of its %s disk budget "+
+	return errdefs.InsufficientStorage("no room on the host disk for %s: it needs %s more, and agentenv uses %s of its %s disk budget "+
 		"(sandbox write layers at full size %s, templates %s, snapshots %s, in progress %s): "+
 		"kill sandboxes, delete snapshots or templates, or ask the operator to raise --disk-budget",
 		what, FormatBytes(need), FormatBytes(u.Total()), FormatBytes(budget),

@@ -105,7 +105,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	if src != nil {
 		diskMB = src.snap.DiskMB
 	}
-	layer, err := m.d.Disk.claimLayer(diskMB, fmt.Sprintf("a sandbox of template %q (%d MiB write layer)", req.Template, diskMB))
+	layer, err := m.d.Disk.claimLayer(diskMB, fmt.Sprintf("the write layer of a sandbox of template %q", req.Template))
 	if err != nil {
 		return Sandbox{}, err
 	}

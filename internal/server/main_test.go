@@ -46,6 +46,11 @@ const (
 // startServer starts an in-process server on free ports with its own data
 // dir, network range and network tag.
 func startServer(t testing.TB, dataDir, cidr, tag string) *env {
+	return startServerWith(t, dataDir, cidr, tag, nil)
+}
+
+// startServerWith is startServer with changes to its configuration.
+func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*server.Config)) *env {
 	envdDir := filepath.Join(dataDir, "bin")
 	os.MkdirAll(envdDir, 0o755)
 	cfg := server.Config{
@@ -53,6 +58,9 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
 		APIKey: testKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if change != nil {
+		change(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &env{cfg: cfg, key: testKey, cancel: cancel, done: make(chan error, 1), dataDir: dataDir}

@@ -54,6 +54,10 @@ type Config struct {
 	SlotPool int
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
 	SnapshotPolicy snapshot.Policy
+	// DiskBudget bounds what the data directory holds: every sandbox's
+	// write layer at its full size, templates and snapshots. Creates,
+	// restores, builds and snapshots beyond it get 507. Zero: no budget.
+	DiskBudget sandbox.DiskBudget
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
 	// cgroups cannot be managed).
 	NoCgroups bool
@@ -128,7 +132,16 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		h.closers = append(h.closers, func() { c.Close() })
 	}
 	log.Info("runtime", "driver", cfg.Runtime, "runsc", rt.Version())
-	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, cfg.TemplateOptions, log)
+	budget, how, err := cfg.DiskBudget.Resolve(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	// Builds reserve through disk, made once the stores it counts are open
+	// (none runs before: a nil Disk admits everything).
+	var disk *sandbox.Disk
+	topts := cfg.TemplateOptions
+	topts.Reserve = func(what string, n int64) (func(), error) { return disk.Reserve(what, n) }
+	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, topts, log)
 	if err != nil {
 		return nil, err
 	}
@@ -147,9 +160,10 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
+	disk = sandbox.NewDisk(budget, templates.DiskBytes, snaps.StoredBytes)
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
-		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
+		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, Disk: disk, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
 		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log, OnPersist: cfg.OnPersist,
 	})
 	if err != nil {
@@ -163,6 +177,14 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	if len(adopted)+len(lost) > 0 {
 		log.Info("recovered after restart", "adopted", len(adopted), "lost", len(lost))
+	}
+	disk.Attach(mgr)
+	if budget > 0 {
+		u := disk.Use()
+		log.Info("disk budget", "budget", sandbox.FormatBytes(budget), "from", how, "used", sandbox.FormatBytes(u.Total()),
+			"layers", sandbox.FormatBytes(u.Layers), "templates", sandbox.FormatBytes(u.Templates), "snapshots", sandbox.FormatBytes(u.Snapshots))
+	} else {
+		log.Warn("no disk budget (--disk-budget 0): sandboxes, builds and snapshots can fill the data filesystem")
 	}
 	if err := templates.RefreshEnvd(ctx); err != nil {
 		return nil, err

@@ -29,7 +29,7 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 		if _, ok := s.templates[t.Name]; ok {
 			return errExists
 		}
-		return nil
+		return s.quotaLocked(t.Name)
 	})
 	if errors.Is(err, errExists) {
 		return s.Get(t.Name) // a copy made meanwhile
@@ -38,6 +38,9 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 		return Template{}, err
 	}
 	defer release()
+	// The copy is charged as it arrives, as a build's files are.
+	acct := s.newBuildBytes(t.Name)
+	defer acct.close()
 	staging, err := os.MkdirTemp(s.dir, ".build-"+t.Name+"-")
 	if err != nil {
 		return Template{}, err
@@ -48,7 +51,7 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 		return Template{}, err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), image)
+	n, err := io.Copy(io.MultiWriter(chargeWriter{acct}, f, h), image)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -63,6 +66,7 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	if err := os.WriteFile(filepath.Join(staging, "template.json"), b, 0o644); err != nil {
 		return Template{}, err
 	}
+	size := DiskUsage(staging)
 	if err := os.Rename(staging, filepath.Join(s.dir, t.Name)); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return s.Get(t.Name)
@@ -72,6 +76,7 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	s.mu.Lock()
 	c := t
 	s.templates[t.Name] = &c
+	s.bytes[t.Name] = size
 	s.mu.Unlock()
 	return t, nil
 }

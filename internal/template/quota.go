@@ -220,6 +220,17 @@ func (b *buildBytes) watch(dir string, interval time.Duration, cancel context.Ca
 	}
 }
 
+// chargeWriter charges what passes through it (a copied image) before it
+// is written.
+type chargeWriter struct{ b *buildBytes }
+
+func (w chargeWriter) Write(p []byte) (int, error) {
+	if err := w.b.charge(int64(len(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
 // fileSize is the size of a host file (0 if it cannot be read).
 func fileSize(p string) int64 {
 	st, err := os.Stat(p)
