@@ -3,12 +3,16 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"agentenv/internal/errdefs"
+	"agentenv/internal/template"
 )
 
 const (
@@ -196,5 +200,37 @@ func TestDiskLedgerConcurrent(t *testing.T) {
 	}
 	if got := d.Use(); got.Total() != 10*gib {
 		t.Errorf("use %+v, want 10 GiB", got)
+	}
+}
+
+// TestResolveDiskBudget: a size is taken as it is; a share is of the free
+// space plus what the data directory holds already.
+func TestResolveDiskBudget(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "held"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := (DiskBudget{Bytes: 5 * gib}).Resolve(dir); err != nil || got != 5*gib {
+		t.Errorf("Resolve of 5 GiB = %d, %v", got, err)
+	}
+	if got, _, err := (DiskBudget{}).Resolve(dir); err != nil || got != 0 {
+		t.Errorf("Resolve of no budget = %d, %v; want 0", got, err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	got, how, err := (DiskBudget{Percent: 50}).Resolve(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other writers on the host change the free space meanwhile: 1 %.
+	want := (free + template.DiskUsage(dir)) / 2
+	if diff := got - want; diff > want/100 || diff < -want/100 {
+		t.Errorf("Resolve of 50%% = %d, want about %d (%s)", got, want, how)
+	}
+	if !strings.Contains(how, "50%") || !strings.Contains(how, dir) {
+		t.Errorf("Resolve says %q, want the share and the directory", how)
 	}
 }

@@ -43,7 +43,10 @@ func (p *process) start(t *testing.T) *client.Client {
 	}
 	defer log.Close()
 	p.cmd = exec.Command(p.bin, "serve", "--data-dir", p.dataDir, "--listen", p.api, "--proxy-listen", p.proxy,
-		"--network-cidr", "10.121.0.0/20", "--network-tag", "rst")
+		"--network-cidr", "10.121.0.0/20", "--network-tag", "rst",
+		// Its sandboxes' layers (10 GiB each) are counted, whatever the
+		// free disk of the host running the test.
+		"--disk-budget", "1T")
 	p.cmd.Env = append(os.Environ(), "AGENTENV_API_KEY="+testKey)
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	// If the test binary dies (timeout), the server goes with it.
