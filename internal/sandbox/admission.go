@@ -266,6 +266,16 @@ func (d *Disk) Reserve(what string, bytes int64) (release func(), err error) {
 	}, nil
 }
 
+// fits says whether bytes more fit in the budget now, reserving nothing.
+func (d *Disk) fits(bytes int64, what string) error {
+	if d == nil || d.budget <= 0 || bytes <= 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return checkDisk(d.budget, d.useLocked(), bytes, what)
+}
+
 // layerClaim is a new sandbox's write layer, admitted: pending until the
 // sandbox is known by its ID (bind), then counted as long as it lives.
 type layerClaim struct {

@@ -148,7 +148,8 @@ type Limits struct {
 	// HotPool is how many booted, idle sandboxes per template wait to be
 	// handed out (0: none).
 	HotPool int
-	// MaxFork caps the children of one fork (restored all at once).
+	// MaxFork caps the children of one fork (restored all at once); RL
+	// groups of 64 continuations are the default's reason.
 	MaxFork int
 }
 
@@ -168,7 +169,7 @@ func DefaultLimits() Limits {
 		DefaultDiskMB:  DefaultDiskMB,
 		MaxSandboxes:   2000,
 		Nproc:          1024,
-		MaxFork:        16,
+		MaxFork:        64,
 	}
 }
 

@@ -145,6 +145,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err != nil {
 		return nil, err
 	}
+	if err := m.admitFork(parent, count); err != nil {
+		return nil, err
+	}
 	sn, err := m.Snapshot(ctx, id, SnapshotRequest{internal: true})
 	if err != nil {
 		return nil, err
@@ -181,6 +184,22 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 		return results, fmt.Errorf("every fork child failed: %w", errors.Join(errs...))
 	}
 	return results, nil
+}
+
+// admitFork refuses, as a whole, a fork whose children do not all fit on
+// this node (sandbox count, disk budget): a group of continuations is
+// wanted whole, and a part of it would only cost restores. Creates racing
+// the fork can still take the room; then single children fail.
+func (m *Manager) admitFork(parent Sandbox, count int) error {
+	m.mu.Lock()
+	used := len(m.boxes) + len(m.dying)
+	m.mu.Unlock()
+	if free := m.d.Limits.MaxSandboxes - used; count > free {
+		return fmt.Errorf("fork of %d children refused: this node runs %d of its %d sandboxes (--max-sandboxes), room for %d: fork fewer, or kill sandboxes first: %w",
+			count, used, m.d.Limits.MaxSandboxes, max(free, 0), errdefs.ErrResourceExhausted)
+	}
+	return m.d.Disk.fits(int64(count)*int64(parent.DiskMB)<<20,
+		fmt.Sprintf("the write layers of %d fork children (%d MiB each)", count, parent.DiskMB))
 }
 
 // DeleteSnapshot deletes a snapshot that nothing needs.
