@@ -155,57 +155,42 @@ func insideAny(p netip.Prefix, nets []netip.Prefix) bool {
 
 // SetEgress installs (or replaces) the egress policy of a slot. The slot's
 // own chain also drops anything not sent from the slot's address, so a
-// sandbox cannot pass for another.
-func (m *Manager) SetEgress(ctx context.Context, slot Slot, e Egress) error {
-	chain := "slot" + fmt.Sprint(slot.Index)
-	var b strings.Builder
-	fmt.Fprintf(&b, "add chain inet %s %s\nflush chain inet %s %s\n", m.table(), chain, m.table(), chain)
-	rule := func(format string, args ...any) {
-		fmt.Fprintf(&b, "add rule inet %s %s %s\n", m.table(), chain, fmt.Sprintf(format, args...))
+// sandbox cannot pass for another. It runs no program: one netlink batch
+// (atomic) changes what differs from the slot's current policy, nothing
+// when the slot has this policy already.
+func (m *Manager) SetEgress(_ context.Context, slot Slot, e Egress) error {
+	want := m.egressSets(e)
+	m.fw.RLock()
+	defer m.fw.RUnlock()
+	r := m.slotRules(slot.Index)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := m.update(slot, r, want, true); err != nil {
+		return fmt.Errorf("apply the egress policy of slot %d (is the firewall installed?): %w", slot.Index, err)
 	}
-	// Other sandboxes and the host are dropped before this chain (see
-	// InstallFirewall); blocked networks open only to Allow entries
-	// inside them.
-	blocked := m.Blocked()
-	var explicit, other []netip.Prefix
-	for _, p := range e.Allow {
-		if insideAny(p, blocked) {
-			explicit = append(explicit, p)
-		} else {
-			other = append(other, p)
-		}
-	}
-	rule("ip saddr != %s drop", slot.SandboxIP)
-	if len(explicit) > 0 {
-		rule("ip daddr %s accept", prefixSet(explicit))
-	}
-	rule("ip daddr @blocked drop")
-	if len(other) > 0 {
-		rule("ip daddr %s accept", prefixSet(other))
-	}
-	if len(e.Deny) > 0 {
-		rule("ip daddr %s drop", prefixSet(e.Deny))
-	}
-	if e.Internet {
-		rule("accept")
-	} else {
-		rule("drop")
-	}
-	// Jumped to through the slots map: one nft call per create, no lookup.
-	fmt.Fprintf(&b, "add element inet %s slots { \"%s\" : jump %s }\n", m.table(), slot.HostIf, chain)
-	return nft(ctx, b.String())
+	return nil
 }
 
-// ClearEgress removes a slot's policy (when its sandbox is gone). It is
-// idempotent: without the map element (a half-made slot), only the chain
-// is removed, if there is one.
-func (m *Manager) ClearEgress(ctx context.Context, slot Slot) error {
-	chain := "slot" + fmt.Sprint(slot.Index)
-	t := m.table()
-	dropChain := fmt.Sprintf("add chain inet %[1]s %[2]s\ndelete chain inet %[1]s %[2]s\n", t, chain)
-	err := nft(ctx, fmt.Sprintf("delete element inet %s slots { \"%s\" }\n", t, slot.HostIf)+dropChain)
-	if err != nil {
-		return nft(ctx, dropChain)
+// ClearEgress removes a slot's policy (when its sandbox is gone): its
+// traffic is dropped. The slot's chain and sets stay for its next sandbox.
+// It is idempotent.
+func (m *Manager) ClearEgress(_ context.Context, slot Slot) error {
+	m.fw.RLock()
+	defer m.fw.RUnlock()
+	r := m.slotRules(slot.Index)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.applied {
+		return nil
 	}
+	b, err := m.newBatch()
+	if err == nil {
+		b.jump(slot, false)
+		err = b.flush()
+	}
+	if err != nil {
+		return fmt.Errorf("remove the egress policy of slot %d: %w", slot.Index, err)
+	}
+	r.applied = false
 	return nil
 }

@@ -27,7 +27,8 @@ const firewallTable = "agentenv"
 //     range, whatever their egress policy says;
 //   - what a sandbox may reach beyond the host is its egress policy
 //     (SetEgress), jumped to from the forward chain per slot; by default it
-//     excludes the host's networks and private ranges (see Blocked);
+//     excludes the host's networks and private ranges (see Blocked); the
+//     slots' chains are added later, through netlink (rules.go);
 //   - its traffic leaves the host masqueraded.
 //
 // Each server has its own table (by tag); replacing it is atomic, so calling
@@ -57,6 +58,10 @@ table inet %[1]s {
 	set unreachable {
 		type ipv4_addr; flags interval; auto-merge;
 		elements = %[7]s
+	}
+	# The slots whose policy lets them reach the internet (rules.go).
+	set internet {
+		type ifname;
 	}
 	chain input {
 		type filter hook input priority -10; policy accept;
@@ -93,11 +98,15 @@ table inet %[1]s {
 	}
 }
 `, m.table(), m.ifName, m.CIDR(), m.Mark(), prefixSet(blocked), os.Geteuid(), prefixSet(unreachable))
+	m.fw.Lock()
+	defer m.fw.Unlock()
 	if err := nft(ctx, ruleset); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	m.blocked = blocked
+	// The slots' chains went with the old table.
+	m.rules, m.installed = map[int]*slotRules{}, true
 	m.mu.Unlock()
 	return nil
 }
@@ -116,7 +125,13 @@ func (m *Manager) table() string {
 
 // RemoveFirewall deletes the host rules.
 func (m *Manager) RemoveFirewall(ctx context.Context) error {
-	return nft(ctx, fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\n", m.table()))
+	m.fw.Lock()
+	defer m.fw.Unlock()
+	err := nft(ctx, fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\n", m.table()))
+	m.mu.Lock()
+	m.rules, m.installed = nil, false
+	m.mu.Unlock()
+	return err
 }
 
 // Mark is the socket mark (SO_MARK) of this server's own connections to

@@ -82,10 +82,18 @@ type Manager struct {
 	ifName string // host interface name prefix
 	tag    string
 
+	// fw is held for writing while the firewall table is replaced, for
+	// reading while a slot's rules in it change.
+	fw sync.RWMutex
+
 	mu      sync.Mutex
 	blocked []netip.Prefix // egress exclusions, read by InstallFirewall
 	// unreachable: dropped before any egress policy (SetUnreachable).
 	unreachable []netip.Prefix
+	// rules records each slot's objects in the table (rules.go);
+	// installed: by this manager's InstallFirewall.
+	rules     map[int]*slotRules
+	installed bool
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr
@@ -209,7 +217,11 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 			return slot, err
 		}
 	}
-	return slot, addressSandboxSide(h)
+	if err := addressSandboxSide(h); err != nil {
+		return slot, err
+	}
+	m.prepareEgress(slot)
+	return slot, nil
 }
 
 // addressSandboxSide gives eth0 the internal address and default route the
@@ -389,6 +401,9 @@ func (m *Manager) CheckRange() error {
 // error, so Delete is safe to call on a half-made slot.
 func (m *Manager) Delete(_ context.Context, slot Slot) error {
 	var errs []error
+	if err := m.removeEgress(slot); err != nil {
+		errs = append(errs, err)
+	}
 	if l, err := netlink.LinkByName(slot.HostIf); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", slot.HostIf, err))
