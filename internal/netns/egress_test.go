@@ -101,7 +101,7 @@ type ruleset struct {
 
 func listTable(t *testing.T, m *netns.Manager) ruleset {
 	t.Helper()
-	out, err := exec.Command("nft", "-j", "list", "table", "inet", "agentenv"+testTag).Output()
+	out, err := exec.Command(realNft, "-j", "list", "table", "inet", "agentenv"+testTag).Output()
 	if err != nil {
 		t.Fatalf("nft -j list table: %v", err)
 	}
@@ -314,6 +314,15 @@ func TestEgressRules(t *testing.T) {
 	}
 }
 
+// realNft is the nft that tests read the ruleset with, found before a test
+// puts a fake one first in PATH.
+var realNft = func() string {
+	if p, err := exec.LookPath("nft"); err == nil {
+		return p
+	}
+	return "nft"
+}()
+
 // fakeNft puts an nft first in PATH that records its calls and fails.
 func fakeNft(t *testing.T) (calls func() string) {
 	t.Helper()
@@ -331,16 +340,14 @@ func fakeNft(t *testing.T) (calls func() string) {
 }
 
 // After InstallFirewall, a sandbox's create and kill (a slot from the
-// pool, its policy, its release, a slot deleted when the pool is full)
-// run no nft.
+// pool or a new one, its policy, its release, a slot deleted when the pool
+// is full) run no nft.
 func TestEgressRunsNoNft(t *testing.T) {
 	m := installed(t)
 	ctx := context.Background()
 	pool := netns.NewPool(m, 1, nil)
 	ready := createSlot(t, m, 13)
-	extra := createSlot(t, m, 14)
 	pool.MarkUsed(ready.Index)
-	pool.MarkUsed(extra.Index)
 	if err := pool.Put(ctx, ready); err != nil {
 		t.Fatalf("Put: %v", err)
 	}
@@ -369,19 +376,37 @@ func TestEgressRunsNoNft(t *testing.T) {
 			t.Fatalf("cycle %d: Put: %v", i, err)
 		}
 	}
-	// The pool is full: this slot is deleted, its rules with it.
-	if err := m.SetEgress(ctx, extra, policies[1]); err != nil {
-		t.Fatal(err)
+	// Two at once: the pool makes a slot for the second, and has room
+	// for only one of them back (the other is deleted, its rules with
+	// it).
+	var got []netns.Slot
+	for range 2 {
+		slot, err := pool.Get(ctx)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		t.Cleanup(func() { m.Delete(context.Background(), slot) })
+		if err := m.SetEgress(ctx, slot, policies[1]); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, slot)
 	}
-	if err := pool.Put(ctx, extra); err != nil {
-		t.Fatalf("Put of a slot the pool has no room for: %v", err)
+	for _, slot := range got {
+		if err := pool.Put(ctx, slot); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
 	}
-	if got := calls(); got != "" {
-		t.Errorf("create/kill cycles ran nft:\n%s", got)
+	if c := calls(); c != "" {
+		t.Errorf("create/kill cycles ran nft:\n%s", c)
 	}
-	if _, err := os.Stat(extra.Path()); !os.IsNotExist(err) {
+	if _, err := os.Stat(got[1].Path()); !os.IsNotExist(err) {
 		t.Errorf("the slot Put into a full pool is still there: %v", err)
 	}
+	rs := listTable(t, m)
+	if _, ok := rs.rules[fmt.Sprintf("slot%d", got[1].Index)]; ok {
+		t.Errorf("the deleted slot %d keeps its chain", got[1].Index)
+	}
+	rs.checkSlot(t, got[0], nil)
 }
 
 // 16 sandboxes created and killed at once, on distinct slots: every slot
@@ -443,4 +468,33 @@ func TestEgressConcurrent(t *testing.T) {
 	if len(rs.slots) != n-n/4 {
 		t.Errorf("slots map has %d elements, want %d: %v", len(rs.slots), n-n/4, rs.slots)
 	}
+}
+
+// BenchmarkSlot measures making and deleting a slot (what the pool does
+// off the create path, and a create does when the pool is empty).
+func BenchmarkSlot(b *testing.B) {
+	testenv.NeedRoot(b)
+	m, err := netns.NewManager(testCIDR, testTag)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.InstallFirewall(ctx); err != nil {
+		b.Fatalf("InstallFirewall: %v", err)
+	}
+	b.Cleanup(func() { m.RemoveFirewall(context.Background()) })
+	m.Delete(ctx, m.SlotFor(21))
+	start := cpuTime(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		slot, err := m.Create(ctx, 21)
+		if err != nil {
+			b.Fatalf("Create: %v", err)
+		}
+		if err := m.Delete(ctx, slot); err != nil {
+			b.Fatalf("Delete: %v", err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-us/op")
 }

@@ -161,7 +161,7 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 		return Slot{}, fmt.Errorf("slot %d outside the range (capacity %d)", index, m.max)
 	}
 	slot = m.SlotFor(index)
-	ns, err := newNamed(slot.Namespace, func() error { return setupInside(ctx, slot) })
+	ns, err := newNamed(slot.Namespace, func() error { return setupInside(slot) })
 	if err != nil {
 		// Nothing was made; an existing slot of that index is not ours to
 		// remove.
@@ -324,8 +324,8 @@ func (m *Manager) Activate(_ context.Context, slot Slot) error {
 
 // setupInside runs inside the new namespace (on a locked thread): it turns
 // on forwarding and installs the NAT between the fixed internal address
-// and the slot's address, plus anti-spoofing.
-func setupInside(ctx context.Context, slot Slot) error {
+// and the slot's address, plus anti-spoofing (addSlotTable).
+func setupInside(slot Slot) error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("enable forwarding in the namespace: %w", err)
 	}
@@ -339,34 +339,12 @@ func setupInside(ctx context.Context, slot Slot) error {
 			return fmt.Errorf("disable IPv6 in the namespace: %w", err)
 		}
 	}
-	ruleset := fmt.Sprintf(`table ip slot {
-	chain raw {
-		type filter hook prerouting priority raw; policy accept;
-		# eth0 belongs to the sandbox's own stack; the kernel must ignore it.
-		iifname "%[1]s" drop
+	// Through netlink from this thread, which is in the namespace: one
+	// batch, no nft process.
+	if err := addSlotTable(slot); err != nil {
+		return fmt.Errorf("install the namespace's firewall: %w", err)
 	}
-	chain forward {
-		type filter hook forward priority filter; policy drop;
-		iifname "%[2]s" oifname "%[3]s" ip saddr %[4]s accept
-		iifname "%[3]s" oifname "%[2]s" ct state established,related accept
-		iifname "%[3]s" oifname "%[2]s" ip daddr %[4]s ct status dnat accept
-	}
-	chain input {
-		type filter hook input priority filter; policy drop;
-		iifname "lo" accept
-		ct state established,related accept
-	}
-	chain prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		iifname "%[3]s" ip daddr %[5]s dnat to %[4]s
-	}
-	chain postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		oifname "%[3]s" ip saddr %[4]s snat to %[5]s
-	}
-}
-`, SandboxIf, gatewayIf, uplinkIf, InternalIP, slot.SandboxIP)
-	return nft(ctx, ruleset)
+	return nil
 }
 
 // CheckRange fails if a route outside this manager's own interfaces covers
@@ -485,8 +463,7 @@ func newNamed(name string, inside func() error) (vnetns.NsHandle, error) {
 		mounted = err == nil
 	}
 	if err == nil && inside != nil {
-		// Child processes started here (nft) inherit this thread's
-		// namespace.
+		// Sockets opened here (netlink) belong to the new namespace.
 		err = inside()
 	}
 	if serr := vnetns.Set(orig); serr != nil {
