@@ -88,10 +88,14 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		sb.Reason = reason
 		tomb = lostRecord(sb)
 	}
+	now := time.Now()
 	m.mu.Lock()
 	delete(m.boxes, id)
 	if reason != "" {
 		m.lost[id] = tomb
+	} else if was != StatePooled {
+		// Past its end while running: its timer (or a kill racing it).
+		m.ended.add(id, was == StateRunning && !now.Before(sb.EndAt), now)
 	}
 	if was == StatePooled {
 		// No longer waiting in the hot pool: let it refill.

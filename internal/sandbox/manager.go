@@ -69,6 +69,7 @@ type Manager struct {
 	hotKick  chan struct{}
 	slots    map[int]bool
 	lost     map[string]Sandbox
+	ended    ended // how the last killed and timed-out sandboxes ended
 	closed   bool
 	inflight sync.WaitGroup
 
@@ -270,6 +271,9 @@ func (m *Manager) entry(id string) (*entry, error) {
 	}
 	if sb, ok := m.lost[id]; ok {
 		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
+	}
+	if how, ok := m.ended.how(id); ok {
+		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)
 	}
 	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
 }
