@@ -129,5 +129,5 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.IntVar(&cfg.TemplateOptions.MaxTemplates, "max-templates", 100, "most templates this server stores (builds of new names count; 0: no limit)")
 	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-budget)")
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
-	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 90*time.Second, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
+	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
 }

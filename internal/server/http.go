@@ -17,7 +17,9 @@ type HTTPLimits struct {
 	// a new connection that sends nothing is closed after it.
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes a keep-alive connection that sends no next
-	// request for this long (default 90 s). Without it (Go's zero) an idle
+	// request for this long (default 2 min: longer than the 90 s our own
+	// clients keep idle connections, so that they close first and never
+	// send on one the server is closing). Without it (Go's zero) an idle
 	// connection stays open for ever, holding a descriptor.
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers (default 64 KiB); larger
@@ -32,7 +34,7 @@ type HTTPLimits struct {
 
 const (
 	defaultReadHeaderTimeout = 10 * time.Second
-	defaultIdleTimeout       = 90 * time.Second
+	defaultIdleTimeout       = 2 * time.Minute
 	defaultMaxHeaderBytes    = 64 << 10
 	// maxConnsPerIPCeiling is the default cap on a host with many
 	// descriptors: a client driving the default --max-sandboxes (2000)
