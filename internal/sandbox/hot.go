@@ -118,14 +118,21 @@ func (m *Manager) RunHot(ctx context.Context) {
 				if n >= m.d.Limits.HotPool {
 					break
 				}
-				sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
+				ran, err := m.makeSpare(&m.hotBoot, t.Name, func() error {
+					sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
+					if err == nil {
+						m.mu.Lock()
+						m.hot[t.Name] = append(m.hot[t.Name], sb.ID)
+						m.mu.Unlock()
+					}
+					return err
+				})
 				if err != nil {
 					m.d.Log.Warn("boot a sandbox for the hot pool", "template", t.Name, "err", err)
+				}
+				if !ran || err != nil {
 					break
 				}
-				m.mu.Lock()
-				m.hot[t.Name] = append(m.hot[t.Name], sb.ID)
-				m.mu.Unlock()
 			}
 		}
 		select {

@@ -73,8 +73,12 @@ type Manager struct {
 	closed   bool
 	inflight sync.WaitGroup
 
+	// warmPrep and hotBoot are held while a spare is made (spares.go).
+	warmPrep, hotBoot sync.Mutex
+
 	// preparing counts, per template, the builds and MakeReady calls at
-	// work on it (under mu): the hot pool leaves it alone until they end.
+	// work on it (under mu), and deletes: the hot and warm pools leave it
+	// alone until they end.
 	preparing map[string]int
 
 	// dying holds the IDs being torn down behind an answered kill (or a

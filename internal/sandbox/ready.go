@@ -83,9 +83,10 @@ func (m *Manager) MakeReady(ctx context.Context, template string, force bool) er
 	return nil
 }
 
-// DeleteTemplate deletes a template and its ready snapshot.
+// DeleteTemplate deletes a template, its ready snapshot and its spares
+// (warm containers, pooled sandboxes): only sandboxes keep it.
 func (m *Manager) DeleteTemplate(name string) error {
-	m.settle(func(sb Sandbox) bool { return sb.Template == name })
+	defer m.dropSpares(name)()
 	if err := m.d.Templates.Delete(name); err != nil {
 		return err
 	}

@@ -210,8 +210,11 @@ func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
 				}
 				continue
 			}
-			if err := m.prepareWarm(ctx, prep, t.Name); err != nil {
+			ran, err := m.makeSpare(&m.warmPrep, t.Name, func() error { return m.prepareWarm(ctx, prep, t.Name) })
+			if err != nil {
 				m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
+			}
+			if !ran || err != nil {
 				break
 			}
 		}
