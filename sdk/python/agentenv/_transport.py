@@ -185,7 +185,8 @@ def _send(conn: http.client.HTTPConnection, method: str, target: str, headers: D
 _BY_STATUS = {
     400: exc.InvalidArgumentException,
     401: exc.AuthenticationException,
-    403: exc.AuthenticationException,
+    # 403 (a user's file permission, a sandbox's traffic token) stays a
+    # plain SandboxException, as in E2B: only a bad key is authentication.
     404: exc.NotFoundException,
     409: exc.ConflictException,
     413: exc.InvalidArgumentException,
@@ -200,7 +201,6 @@ _BY_CONNECT_CODE = {
     "failed_precondition": exc.InvalidArgumentException,
     "out_of_range": exc.InvalidArgumentException,
     "unauthenticated": exc.AuthenticationException,
-    "permission_denied": exc.AuthenticationException,
     "not_found": exc.NotFoundException,
     "already_exists": exc.ConflictException,
     "deadline_exceeded": exc.TimeoutException,
@@ -230,13 +230,14 @@ def error_from_http(status: int, raw: bytes, what: str) -> Exception:
         cls = _BY_STATUS.get(status, exc.SandboxException)
     if status == 502 and not message:
         message = "the sandbox is not running (it was killed or timed out)"
-    return cls(f"{what}: {message} (HTTP {status})", status_code=status, error_code=code)
+    return cls(f"{what}: {message} (HTTP {status})", status_code=status, error_code=code, reason=message)
 
 
 def error_from_connect(err: Dict[str, Any], what: str) -> Exception:
     code = str(err.get("code", "unknown"))
     cls = _BY_CONNECT_CODE.get(code, exc.SandboxException)
-    return cls(f"{what}: {err.get('message', code)} ({code})", error_code=code)
+    reason = str(err.get("message") or code)
+    return cls(f"{what}: {reason} ({code})", error_code=code, reason=reason)
 
 
 def read_json(resp: Response, what: str) -> Any:

@@ -20,7 +20,7 @@ from .filesystem import Filesystem, WatchHandle
 from .models import (CommandResult, EntryInfo, FilesystemEvent, ProcessInfo, SandboxInfo, SandboxMetrics, SnapshotInfo,
                      WriteInfo)
 from .pty import Pty, PtySize
-from .sandbox import Paginator, Sandbox
+from .sandbox import Paginator, Sandbox, _fork_timeout_warning
 
 T = TypeVar("T")
 A = TypeVar("A", bound="AsyncSandbox")
@@ -330,10 +330,11 @@ class AsyncSandbox:
     async def delete_snapshot(snapshot_id: str, **opts: Any) -> bool:
         return await _run(Sandbox.delete_snapshot, snapshot_id, **opts)
 
+    @_fork_timeout_warning(1)
     async def fork(self, timeout: Optional[int] = None, count: Optional[int] = None,
                    metadata: Optional[Dict[str, str]] = None) -> List[Union["AsyncSandbox", Exception]]:
         """As ``Sandbox.fork``: one entry per child, an ``AsyncSandbox`` or an exception."""
-        out = await _run(self._s.fork, timeout, count, metadata)
+        out = await _run(self._s.fork, timeout=timeout, count=count, metadata=metadata)
         return [AsyncSandbox(c) if isinstance(c, Sandbox) else c for c in out]
 
 

@@ -1,8 +1,14 @@
 """Typed exceptions, named as in E2B's Python SDK (``e2b.exceptions``).
 
 Every exception carries the server's message; those raised for an HTTP or
-Connect-RPC answer also carry its status (``status_code``) and the server's
-machine-readable class (``error_code``), when there was one.
+Connect-RPC answer also carry its status (``status_code``), the server's
+machine-readable class (``error_code``), when there was one, and the
+server's own words without the SDK's context (``reason``).
+
+The hierarchy is E2B's: every class is a ``SandboxException`` except
+``AuthenticationException`` (a missing or wrong API key or access token).
+A user's file or directory permission error is a plain ``SandboxException``
+(``error_code`` "permission_denied", ``status_code`` 403), as E2B raises it.
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ from typing import Optional
 
 
 class _ServerError(Exception):
-    def __init__(self, message: str = "", status_code: Optional[int] = None, error_code: Optional[str] = None):
+    def __init__(self, message: str = "", status_code: Optional[int] = None, error_code: Optional[str] = None,
+                 reason: Optional[str] = None):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.error_code = error_code
+        self.reason = reason or message
 
 
 class SandboxException(_ServerError):
@@ -47,8 +55,8 @@ class SandboxNotFoundException(NotFoundException):
 
 
 class AuthenticationException(_ServerError):
-    """The API key (or the sandbox's access token, or a user's file
-    permission) is missing or wrong. Not a ``SandboxException``, as in E2B."""
+    """The API key (or the sandbox's access token) is missing or wrong (HTTP
+    401). Not a ``SandboxException``, as in E2B."""
 
 
 class RateLimitException(SandboxException):

@@ -171,7 +171,7 @@ def _check_metadata(md: Optional[Dict[str, str]]) -> None:
 def _file_not_found(e: exc.NotFoundException) -> exc.NotFoundException:
     if isinstance(e, exc.FileNotFoundException):
         return e
-    return exc.FileNotFoundException(e.message, status_code=e.status_code, error_code=e.error_code)
+    return exc.FileNotFoundException(e.message, status_code=e.status_code, error_code=e.error_code, reason=e.reason)
 
 
 def _binary(f: Any) -> Iterator[bytes]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import inspect
 import json
 import urllib.parse
+import warnings
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import exceptions as exc
@@ -39,6 +41,38 @@ class _either:
         if obj is None:
             return functools.partial(self._cls, owner)
         return self._inst.__get__(obj, owner)
+
+
+def _fork_timeout_warning(positional: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Wraps a fork whose first argument (at ``positional`` in the call) is
+    the children's timeout, as in E2B: ``fork(8)`` asks for one child that
+    lives 8 s. A positional timeout under 10 s warns that ``count=`` was
+    probably meant."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def acall(*args: Any, **kwargs: Any) -> Any:
+                if len(args) > positional:
+                    warn_fork_timeout(args[positional])
+                return await fn(*args, **kwargs)
+            return acall  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> T:
+            if len(args) > positional:
+                warn_fork_timeout(args[positional])
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+def warn_fork_timeout(timeout: Any, stacklevel: int = 3) -> None:
+    """The warning of a positional ``fork`` timeout under 10 s."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout < 10:
+        warnings.warn(f"fork({timeout}) gives the children a timeout of {timeout} s (the first argument is "
+                      f"E2B's timeout); for {timeout} children write fork(count={timeout}), or "
+                      f"fork(timeout={timeout}) to keep this timeout", UserWarning, stacklevel=stacklevel)
 
 
 class Paginator(Generic[T]):
@@ -110,7 +144,7 @@ def _q(s: str) -> str:
 
 def _not_found(e: exc.NotFoundException, sandbox_id: str) -> exc.SandboxNotFoundException:
     return exc.SandboxNotFoundException(f"sandbox {sandbox_id} not found: {e.message}", status_code=404,
-                                        error_code=e.error_code)
+                                        error_code=e.error_code, reason=e.reason)
 
 
 def _list_params(query: Optional[SandboxQuery], order: Optional[str]) -> Dict[str, str]:
@@ -437,6 +471,7 @@ class Sandbox:
             return False
         return True
 
+    @_fork_timeout_warning(1)
     def _fork(self: S, timeout: Optional[int] = None, count: Optional[int] = None,
               metadata: Optional[Dict[str, str]] = None, **opts: Any) -> List[Union[S, Exception]]:
         """Forks the running sandbox into ``count`` children (default 1), as E2B's ``fork``.
@@ -445,11 +480,13 @@ class Sandbox:
         files) and is isolated from it and from the others; the parent goes
         on. Returns one entry per child: a ``Sandbox``, or the exception
         saying why that child failed. Note the order: ``fork(count=8)``,
-        since the first argument is the children's ``timeout`` in seconds.
+        since the first argument is the children's ``timeout`` in seconds
+        (a positional one under 10 s warns).
         """
-        return Sandbox._cls_fork(type(self), self._sandbox_id, timeout, count, metadata,
+        return Sandbox._cls_fork(type(self), self._sandbox_id, timeout=timeout, count=count, metadata=metadata,
                                  _config_obj=self._connection_config)
 
+    @_fork_timeout_warning(2)
     def _cls_fork(cls: Type[S], sandbox_id: str, timeout: Optional[int] = None, count: Optional[int] = None,
                   metadata: Optional[Dict[str, str]] = None, _config_obj: Optional[ConnectionConfig] = None,
                   **opts: Any) -> List[Union[S, Exception]]:

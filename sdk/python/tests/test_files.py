@@ -5,7 +5,7 @@ import time
 import unittest
 
 from agentenv import (AuthenticationException, EntryInfo, FileNotFoundException, FilesystemEventType, FileType, InvalidArgumentException,
-                      NotFoundException, WriteEntry, WriteInfo)
+                      NotFoundException, SandboxException, WriteEntry, WriteInfo)
 
 from .support import SandboxTest
 
@@ -81,9 +81,12 @@ class FileTests(SandboxTest):
             self.files.get_info("/tmp/does-not-exist")
         with self.assertRaises(NotFoundException):
             self.files.list("/tmp/does-not-exist")
-        # A user's file operation the system refuses: root's home.
-        with self.assertRaises(AuthenticationException):
+        # A user's file operation the system refuses (root's home): a plain
+        # SandboxException, as E2B raises it; not an AuthenticationException.
+        with self.assertRaises(SandboxException) as cm:
             self.files.write("/root/x", "no", user="user")
+        self.assertEqual(cm.exception.status_code, 403)
+        self.assertNotIsInstance(cm.exception, AuthenticationException)
 
     def test_watch_dir(self):
         self.files.make_dir("/tmp/w")

@@ -1,25 +1,60 @@
 """Parts of the SDK that need no server: error mapping, configuration and
 the in-tree build backend."""
 
+import asyncio
 import os
 import sys
 import tempfile
 import unittest
+import warnings
 import zipfile
 from unittest import mock
 
-from agentenv import (AuthenticationException, ConflictException, ConnectionConfig, InvalidArgumentException,
-                      NotFoundException, RateLimitException, SandboxException, TimeoutException)
+import agentenv
+from agentenv import (AsyncSandbox, AuthenticationException, ConflictException, ConnectionConfig,
+                      InvalidArgumentException, NotFoundException, RateLimitException, Sandbox, SandboxException,
+                      TimeoutException)
 from agentenv._transport import error_from_connect, error_from_http
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ErrorMappingTests(unittest.TestCase):
+    def test_hierarchy_is_e2bs(self):
+        # e2b.exceptions: every class is a SandboxException but
+        # AuthenticationException, a plain Exception.
+        parents = {
+            "SandboxException": Exception, "TimeoutException": "SandboxException",
+            "InvalidArgumentException": "SandboxException", "NotEnoughSpaceException": "SandboxException",
+            "NotFoundException": "SandboxException", "FileNotFoundException": "NotFoundException",
+            "SandboxNotFoundException": "NotFoundException", "AuthenticationException": Exception,
+            "TemplateException": "SandboxException", "RateLimitException": "SandboxException",
+            "ConflictException": "SandboxException",  # agentenv's own (HTTP 409)
+        }
+        for name, parent in parents.items():
+            cls = getattr(agentenv, name)
+            want = getattr(agentenv, parent) if isinstance(parent, str) else parent
+            self.assertTrue(issubclass(cls, want), f"{name} is not a {want.__name__}")
+            if want is Exception and cls is not SandboxException:
+                self.assertFalse(issubclass(cls, SandboxException), f"{name} is a SandboxException")
+        self.assertTrue(issubclass(agentenv.CommandExitException, SandboxException))
+
+    def test_permission_is_not_authentication(self):
+        # A user's file permission error: E2B raises a plain SandboxException.
+        e = error_from_http(403, b'{"code": 403, "message": "permission denied: user \\"user\\" cannot write"}',
+                            "write /etc/x")
+        self.assertIs(type(e), SandboxException)
+        self.assertEqual(e.status_code, 403)
+        self.assertEqual(e.reason, 'permission denied: user "user" cannot write')
+        e = error_from_connect({"code": "permission_denied", "message": "no"}, "filesystem.Filesystem/Remove")
+        self.assertIs(type(e), SandboxException)
+        self.assertEqual((e.error_code, e.reason), ("permission_denied", "no"))
+
     def test_rest_errors(self):
         cases = [
             (404, NotFoundException), (401, AuthenticationException), (400, InvalidArgumentException),
             (409, ConflictException), (429, RateLimitException), (502, TimeoutException), (500, SandboxException),
+            (403, SandboxException),
         ]
         for status, cls in cases:
             e = error_from_http(status, b'{"code": %d, "error_code": "x", "message": "what went wrong"}' % status, "op")
@@ -39,6 +74,43 @@ class ErrorMappingTests(unittest.TestCase):
         e = error_from_http(503, b"upstream down", "op")
         self.assertIs(type(e), SandboxException)
         self.assertIn("upstream down", str(e))
+
+
+class ForkWarningTests(unittest.TestCase):
+    """fork's first argument is the children's timeout (E2B's order): a
+    positional one under 10 s warns that count= was probably meant."""
+
+    def setUp(self):
+        self.bodies = []
+        api = mock.patch.object(ConnectionConfig, "api", lambda _c, _m, _p, body=None, **_: self.bodies.append(body) or [])
+        api.start()
+        self.addCleanup(api.stop)
+        self.sbx = Sandbox("sbx-1", None, ConnectionConfig(api_key="k", api_url="http://127.0.0.1:9"))
+
+    def calls(self, fn):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            fn()
+        return [str(x.message) for x in w], [x.filename for x in w]
+
+    def test_positional_timeout_warns(self):
+        async def fork_async():
+            await AsyncSandbox(self.sbx).fork(3)
+
+        for call in (lambda: self.sbx.fork(8), lambda: Sandbox.fork("sbx-1", 5, api_key="k"),
+                     lambda: asyncio.run(fork_async())):
+            msgs, files = self.calls(call)
+            self.assertEqual(len(msgs), 1, msgs)
+            self.assertIn("count=", msgs[0])
+            self.assertEqual(files, [__file__])  # points at the caller's line
+        self.assertEqual(self.bodies[0], {"count": 1, "timeout": 8})
+
+    def test_keywords_and_long_timeouts_do_not_warn(self):
+        for call in (lambda: self.sbx.fork(count=8), lambda: self.sbx.fork(timeout=5, count=2),
+                     lambda: self.sbx.fork(60, 4), lambda: Sandbox.fork("sbx-1", count=3, api_key="k"),
+                     lambda: asyncio.run(AsyncSandbox(self.sbx).fork(count=2))):
+            self.assertEqual(self.calls(call)[0], [])
+        self.assertEqual(self.bodies[0], {"count": 8, "timeout": 300})
 
 
 class ConfigTests(unittest.TestCase):
