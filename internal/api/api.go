@@ -229,6 +229,10 @@ type sandboxJSON struct {
 	AllowInternet   bool              `json:"allowInternetAccess"`
 	Network         *networkJSON      `json:"network,omitempty"`
 	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
+	// Lineage (agentenv's): the snapshot the sandbox was restored from,
+	// and the sandbox its memory came from (a fork's parent).
+	SnapshotID      string `json:"snapshotID,omitempty"`
+	ParentSandboxID string `json:"parentSandboxID,omitempty"`
 }
 
 // lifecycleJSON is E2B's SandboxLifecycle.
@@ -242,7 +246,7 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
 		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State),
-		AllowInternet: sb.Network.AllowInternet,
+		AllowInternet: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}
 	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {
 		public := !sb.Network.PrivateTraffic

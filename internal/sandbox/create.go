@@ -150,6 +150,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		}
 		defer done()
 		restoreDir = dir
+		if !src.ready {
+			sb.Parent = src.snap.Sandbox
+		}
 		if src.ready {
 			defer releaseSnap()
 		} else if src.hold {

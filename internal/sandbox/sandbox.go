@@ -74,6 +74,9 @@ type Sandbox struct {
 	Slot         netns.Slot `json:"slot"`
 	// Snapshot is the snapshot the sandbox was restored from, if any.
 	Snapshot string `json:"snapshotID,omitempty"`
+	// Parent is the sandbox its memory came from: the one a restored
+	// snapshot was taken of, or a fork's parent.
+	Parent string `json:"parentSandboxID,omitempty"`
 	// Remaining is the time left when the sandbox was paused.
 	Remaining time.Duration `json:"remaining,omitempty"`
 	// Network is the sandbox's egress policy.
