@@ -43,10 +43,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="parallel rollouts with E2B's API names")
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=32)
-    ap.add_argument("--template", default="python")
+    ap.add_argument("--template", help="a template with python3 (default: base, else python built from this host's)")
     a = ap.parse_args()
-    if a.template == "python":
-        python_template.ensure(quiet=True)
+    a.template = python_template.pick(a.template)
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
         results = list(pool.map(lambda i: rollout(i, a.template), range(a.rollouts)))

@@ -7,8 +7,9 @@ command (the test suite), reward = fraction of tests passed.
 
     python3 parallel_rollouts.py --rollouts 256 --parallel 32
 
-Needs a template with python3 (default ``python``, built from this host's
-python3 by python_template.py when missing) and the server in E2B_API_URL /
+Needs a template with python3 (default ``base``, the Debian template ``make
+demo`` builds; without it, ``python``, built from this host's python3 by
+python_template.py) and the server in E2B_API_URL /
 E2B_SANDBOX_URL / E2B_API_KEY (or AGENTENV_SERVER / AGENTENV_PROXY /
 AGENTENV_API_KEY).
 """
@@ -61,10 +62,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="parallel rollouts on agentenv")
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=32, help="rollouts in flight")
-    ap.add_argument("--template", default="python", help="a template with python3")
+    ap.add_argument("--template", help="a template with python3 (default: base, else python built from this host's)")
     a = ap.parse_args()
-    if a.template == "python":
-        python_template.ensure(quiet=True)
+    a.template = python_template.pick(a.template)
 
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:

@@ -1,11 +1,13 @@
-"""Builds the examples' ``python`` template: busybox plus this host's Debian
-python3 (interpreter, its few shared libraries and the standard library).
+"""Builds the examples' fallback ``python`` template: busybox plus this
+host's Debian python3 (interpreter, its few shared libraries and the
+standard library).
 
-The examples run a real ``python3 -m unittest`` inside each sandbox, and the
-busybox template has no Python. Building a Debian template with python3
-(``agentenv template build py --debian bookworm --packages python3``) takes
-minutes of debootstrap; this takes seconds, so ``make test`` can use it.
-Pass ``--template`` to the examples to use any other template with python3.
+The examples run a real ``python3 -m unittest`` inside each sandbox, in the
+template ``base`` by default: the Debian template with python3 that ``make
+demo`` builds (``agentenv template build base --debian bookworm --packages
+python3,git,curl,ca-certificates,procps``, minutes of debootstrap). On a
+server without it (``make test``'s), they build this one instead, in
+seconds. Pass ``--template`` to the examples to use any template with python3.
 
     python3 python_template.py [--name python] [--force]
 """
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import tarfile
 import threading
-from typing import Iterator
+from typing import Iterator, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk", "python"))
 
@@ -161,6 +163,19 @@ def ensure(name: str = "python", force: bool = False, quiet: bool = False, **opt
             elif ev.get("template"):
                 return name
     raise SandboxException(f"template build {name}: the build stream ended without a result")
+
+
+def pick(template: Optional[str] = None) -> str:
+    """The template an example runs in: the one named, else ``base``, else
+    ``python`` built here (said on stderr)."""
+    if template and template != "python":
+        return template
+    if not template and exists(ConnectionConfig(), "base"):
+        return "base"
+    if not template:
+        print("examples: this server has no template 'base' (make demo builds it); using 'python', "
+              "busybox plus this host's python3 (examples/python_template.py)", file=sys.stderr)
+    return ensure(quiet=True)
 
 
 def main() -> None:

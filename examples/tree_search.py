@@ -36,10 +36,9 @@ def try_patch(env, patch):
 def main() -> int:
     ap = argparse.ArgumentParser(description="fork-based tree search on agentenv")
     ap.add_argument("--branches", type=int, default=8)
-    ap.add_argument("--template", default="python", help="a template with python3")
+    ap.add_argument("--template", help="a template with python3 (default: base, else python built from this host's)")
     a = ap.parse_args()
-    if a.template == "python":
-        python_template.ensure(quiet=True)
+    a.template = python_template.pick(a.template)
 
     t0 = time.monotonic()
     root = SandboxEnv(a.template, setup=copy_repo, reward_fn=reward, workdir=REPO_DIR)
