@@ -141,7 +141,7 @@ var errPeerData = errors.New("not what the peer declared")
 // client's fault: an invalid description or a broken copy is classed
 // unavailable (another node may hold a good copy).
 func fromPeer(peer NodeRecord, what string, err error) error {
-	if !errdefs.Classified(err) || errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errPeerData) {
+	if !errdefs.Classified(err) || errors.Is(err, errdefs.ErrInvalid) {
 		return errdefs.Unavailable("%s from node %s (%s): %v", what, peer.Name, peer.Addr, err)
 	}
 	return fmt.Errorf("%s from node %s (%s): %w", what, peer.Name, peer.Addr, err)
@@ -256,8 +256,11 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string,
 		if err != nil {
 			return err
 		}
-		if off == size { // the last attempt broke after the last byte
+		switch {
+		case off == size: // the last attempt broke after the last byte
 			return f.Close()
+		case off > size: // cannot be: nothing is written past size
+			return fmt.Errorf("copying snapshot %s chunk %s: %d bytes, past the declared %d", id, chunk, off, size)
 		}
 		resp, err := n.peerGet(ctx, peer, "snapshots/"+id+"/files/"+chunk, off, true)
 		if err != nil {
@@ -273,7 +276,7 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string,
 		// keep them so here too (and, from a peer that can, receive the
 		// holes as lengths, not zeros).
 		if resp.Header.Get(sparseHeader) == "1" {
-			err = readSparse(f, resp.Body, off, size)
+			err = snapshot.ReadSparse(f, resp.Body, off, size)
 		} else {
 			_, err = snapshot.CopySparse(f, &sizedBody{r: resp.Body, left: size - off}, off)
 		}
@@ -281,7 +284,7 @@ func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string,
 		if err == nil {
 			return f.Close()
 		}
-		if errors.Is(err, errPeerData) {
+		if errors.Is(err, errPeerData) || errors.Is(err, snapshot.ErrBadStream) {
 			return fromPeer(peer, fmt.Sprintf("snapshot %s chunk %s (%d bytes declared)", id, chunk, size), err)
 		}
 		last = err
