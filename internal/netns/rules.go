@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -37,10 +38,10 @@ import (
 // when InstallFirewall replaces the table); mu serializes a slot's updates.
 type slotRules struct {
 	mu      sync.Mutex
-	made    bool       // chain, its rules and its sets exist
-	filled  bool       // the sets hold sets
-	sets    egressSets //
-	applied bool       // the slots map jumps to the chain
+	made    bool // chain, its rules and its sets exist
+	filled  bool // the sets hold sets
+	sets    egressSets
+	applied bool // the slots map jumps to the chain
 }
 
 // egressSets is an Egress as a slot's sets hold it.
@@ -73,10 +74,7 @@ func ranges(ps []netip.Prefix) []ipRange {
 		out = append(out, ipRange{first, last})
 	}
 	slices.SortFunc(out, func(x, y ipRange) int {
-		if x.first != y.first {
-			return int(int64(x.first) - int64(y.first))
-		}
-		return int(int64(x.last) - int64(y.last))
+		return cmp.Or(cmp.Compare(x.first, y.first), cmp.Compare(x.last, y.last))
 	})
 	merged := out[:0]
 	for _, r := range out {
