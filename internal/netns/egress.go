@@ -159,9 +159,9 @@ func insideAny(p netip.Prefix, nets []netip.Prefix) bool {
 // (atomic) changes what differs from the slot's current policy, nothing
 // when the slot has this policy already.
 func (m *Manager) SetEgress(_ context.Context, slot Slot, e Egress) error {
-	want := m.egressSets(e)
 	m.fw.RLock()
 	defer m.fw.RUnlock()
+	want := m.egressSets(e) // against the blocked networks of this table
 	r := m.slotRules(slot.Index)
 	r.mu.Lock()
 	defer r.mu.Unlock()
