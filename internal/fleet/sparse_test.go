@@ -70,7 +70,7 @@ func TestSparseChunkCopy(t *testing.T) {
 	var calls, wire atomic.Int64
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !checkSecret(r, secret) {
+		if !newRPCAuth(secret).verify(r) {
 			http.Error(w, "no secret", http.StatusUnauthorized)
 			return
 		}
@@ -85,7 +85,7 @@ func TestSparseChunkCopy(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	n := &Node{cfg: NodeConfig{Secret: secret}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
+	n := &Node{cfg: NodeConfig{Secret: secret}, auth: newRPCAuth(secret), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 	peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 	dst := filepath.Join(t.TempDir(), "copy")
 	if err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", "w-x", size, dst); err != nil {

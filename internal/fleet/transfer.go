@@ -87,7 +87,7 @@ func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, 
 			continue
 		}
 		var rec NodeRecord
-		if json.Unmarshal(nr.Kvs[0].Value, &rec) == nil {
+		if n.seal.open(nodesPrefix+peer, nr.Kvs[0].Value, &rec) == nil && rec.Name == peer && n.seal.open(string(kv.Key), kv.Value, &json.RawMessage{}) == nil {
 			return rec, true, nil
 		}
 	}
@@ -97,11 +97,15 @@ func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, 
 // peerGet asks a peer for path from offset; with sparse, it asks for the
 // sparse encoding (sparse.go), which the answer may or may not use.
 func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.base()+rpcPath+path, nil)
+	base, err := peer.baseURL(n.cfg.PeerTLS != nil)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set(SecretHeader, n.cfg.Secret)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+rpcPath+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	n.auth.sign(req)
 	if sparse {
 		req.Header.Set(sparseHeader, "1")
 	}

@@ -26,7 +26,7 @@ func flakyPeer(t *testing.T, data []byte, secret string, corrupt bool) (*httptes
 	var calls atomic.Int32
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !checkSecret(r, secret) {
+		if !newRPCAuth(secret).verify(r) {
 			writeWireError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
 			return
 		}
@@ -67,7 +67,7 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, calls, lastRange := flakyPeer(t, data, "s3cret-s3cret-s3cret", tc.corrupt)
-			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
+			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, auth: newRPCAuth("s3cret-s3cret-s3cret"), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
 			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
 			err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", hash, int64(len(data)), dst)
