@@ -161,9 +161,10 @@ func (l *Local) DeleteSnapshot(ctx context.Context, id string) error {
 }
 
 func (l *Local) info(t template.Template) TemplateInfo {
-	// In use by sandboxes: the server's spares (warm containers, pooled
-	// sandboxes) hold it too, but go with it.
-	t.InUse = max(t.InUse-l.Manager.Spares(t.Name), 0)
+	// In use by the sandboxes a user sees: the server's spares (warm
+	// containers, pooled sandboxes) and sandboxes being torn down hold it
+	// too, but are not in use.
+	t.InUse = max(t.InUse-l.Manager.Unlisted(t.Name), 0)
 	return TemplateInfo{Template: t, Ready: l.Manager.IsReady(t.Name)}
 }
 

@@ -73,8 +73,10 @@ type Manager struct {
 	closed   bool
 	inflight sync.WaitGroup
 
-	// warmPrep and hotBoot are held while a spare is made (spares.go).
+	// warmPrep and hotBoot are held while a spare is made (spares.go);
+	// making counts those being made, per template (under mu).
 	warmPrep, hotBoot sync.Mutex
+	making            map[string]int
 
 	// preparing counts, per template, the builds and MakeReady calls at
 	// work on it (under mu), and deletes: the hot and warm pools leave it

@@ -12,11 +12,19 @@ import (
 // keep it from being deleted (they go with it), and a template's "in use"
 // leaves them out.
 
-// Spares is how many holders of the template are spares, not sandboxes.
-func (m *Manager) Spares(template string) int {
+// Unlisted is how many holders of the template are not sandboxes a user
+// sees: its spares (and those being made), and sandboxes killed but still
+// being torn down.
+func (m *Manager) Unlisted(template string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.warm[template]) + len(m.hot[template])
+	n := len(m.warm[template]) + len(m.hot[template]) + m.making[template]
+	for _, t := range m.dying {
+		if t != nil && t.sb.Template == template {
+			n++
+		}
+	}
+	return n
 }
 
 // makeSpare runs make, which makes one spare of template and lists it,
@@ -28,6 +36,19 @@ func (m *Manager) makeSpare(mu *sync.Mutex, template string, make func() error) 
 	if m.isPreparing(template) {
 		return false, nil
 	}
+	m.mu.Lock()
+	if m.making == nil {
+		m.making = map[string]int{}
+	}
+	m.making[template]++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		if m.making[template]--; m.making[template] <= 0 {
+			delete(m.making, template)
+		}
+		m.mu.Unlock()
+	}()
 	return true, make()
 }
 

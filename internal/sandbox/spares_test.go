@@ -64,8 +64,8 @@ func TestDeleteTemplateDropsSpares(t *testing.T) {
 	m, store := sparesManager(t)
 	pooled := holding(t, m, store, StatePooled)
 	user := holding(t, m, store, StateRunning)
-	if got := m.Spares("img"); got != 1 {
-		t.Errorf("got %d spares, want 1 (the pooled sandbox)", got)
+	if got := m.Unlisted("img"); got != 1 {
+		t.Errorf("got %d unlisted holders, want 1 (the pooled sandbox)", got)
 	}
 	err := m.DeleteTemplate("img")
 	if !errors.Is(err, errdefs.ErrConflict) {
@@ -97,6 +97,9 @@ func TestDropSparesWaitsForOneBeingMade(t *testing.T) {
 		return nil
 	})
 	<-making
+	if got := m.Unlisted("img"); got != 1 {
+		t.Errorf("while a spare is being made: %d unlisted holders, want 1", got)
+	}
 	dropped := make(chan func(), 1)
 	go func() { dropped <- m.dropSpares("img") }()
 	select {
