@@ -15,11 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"agentenv/internal/envd"
-	"agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/envd/gen/processpb/processpbconnect"
 )
 
 // Client talks to one agentenv server.
@@ -58,6 +54,11 @@ type Sandbox struct {
 	DiskSizeMB      int               `json:"diskSizeMB,omitempty"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
 	State           string            `json:"state"`
+	// SnapshotID is the snapshot the sandbox was restored from (for a
+	// fork's child: its parent's), ParentSandboxID the sandbox that
+	// snapshot was taken of (a fork's parent).
+	SnapshotID      string `json:"snapshotID,omitempty"`
+	ParentSandboxID string `json:"parentSandboxID,omitempty"`
 }
 
 // CreateRequest is the body of POST /sandboxes.
@@ -400,87 +401,11 @@ type ExecResult struct {
 // Exec runs cmd with args in the sandbox through envd and waits for it.
 // stdout/stderr, when not nil, receive the output as it streams.
 func (c *Client) Exec(ctx context.Context, sb Sandbox, cmd string, args []string, stdout, stderr io.Writer) (ExecResult, error) {
-	hc, base := c.Envd(sb)
-	pc := processpbconnect.NewProcessClient(hc, base)
-	no := false
-	stream, err := pc.Start(ctx, connect.NewRequest(&processpb.StartRequest{
-		Process: &processpb.ProcessConfig{Cmd: cmd, Args: args},
-		Stdin:   &no,
-	}))
+	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: cmd, Args: args})
 	if err != nil {
 		return ExecResult{}, err
 	}
-	defer stream.Close()
-	var res ExecResult
-	var outBuf, errBuf bytes.Buffer
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			if b := d.GetStdout(); b != nil {
-				outBuf.Write(b)
-				if stdout != nil {
-					stdout.Write(b)
-				}
-			}
-			if b := d.GetStderr(); b != nil {
-				errBuf.Write(b)
-				if stderr != nil {
-					stderr.Write(b)
-				}
-			}
-		}
-		if end := ev.GetEnd(); end != nil {
-			res.ExitCode = int(end.GetExitCode())
-			res.Stdout, res.Stderr = outBuf.Bytes(), errBuf.Bytes()
-			if end.Error != nil && end.GetError() != "" {
-				return res, fmt.Errorf("process error: %s", end.GetError())
-			}
-			return res, nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return res, err
-	}
-	return res, fmt.Errorf("process stream ended without an exit code")
-}
-
-// WriteFile writes data to path in the sandbox (POST /files).
-func (c *Client) WriteFile(ctx context.Context, sb Sandbox, path string, data io.Reader) error {
-	hc, base := c.Envd(sb)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape(path), data)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("write %s: HTTP %d", path, resp.StatusCode)
-	}
-	return nil
-}
-
-// ReadFile reads a file from the sandbox (GET /files).
-func (c *Client) ReadFile(ctx context.Context, sb Sandbox, path string) ([]byte, error) {
-	hc, base := c.Envd(sb)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/files?path="+url.QueryEscape(path), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("read %s: HTTP %d: %s", path, resp.StatusCode, strings.TrimSpace(string(b)))
-	}
-	return b, err
+	return p.Wait(stdout, stderr)
 }
 
 // Snapshot is the API's view of a snapshot.
@@ -550,6 +475,29 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapsho
 	}
 	err := c.do(ctx, http.MethodGet, path, nil, &out)
 	return out, err
+}
+
+// SnapshotByName returns the snapshot named name; ok is false when none
+// is, and two or more are an error that lists their IDs.
+func (c *Client) SnapshotByName(ctx context.Context, name string) (sn Snapshot, ok bool, err error) {
+	if name == "" {
+		return Snapshot{}, false, nil
+	}
+	all, err := c.ListSnapshots(ctx, "")
+	if err != nil {
+		return Snapshot{}, false, err
+	}
+	var ids []string
+	for _, s := range all {
+		if s.Name == name {
+			sn = s
+			ids = append(ids, s.SnapshotID)
+		}
+	}
+	if len(ids) > 1 {
+		return Snapshot{}, false, fmt.Errorf("%d snapshots are named %q (%s): give one's ID", len(ids), name, strings.Join(ids, ", "))
+	}
+	return sn, len(ids) == 1, nil
 }
 
 // DeleteSnapshot deletes a snapshot.

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -53,13 +52,10 @@ func (c *Client) StartPTY(ctx context.Context, sb Sandbox, r PTYRequest) (*PTY, 
 		Process: cfg,
 		Pty:     &processpb.PTY{Size: &processpb.PTY_Size{Cols: r.Cols, Rows: r.Rows}},
 	})
-	if r.User != "" {
-		// envd reads the user as E2B's SDK sends it: Basic auth, no password.
-		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(r.User+":")))
-	}
+	basicUser(req.Header(), r.User)
 	stream, err := pc.Start(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, c.explain(ctx, sb, err)
 	}
 	if !stream.Receive() {
 		err := stream.Err()
@@ -67,7 +63,7 @@ func (c *Client) StartPTY(ctx context.Context, sb Sandbox, r PTYRequest) (*PTY, 
 		if err == nil {
 			err = errors.New("the PTY stream ended before its start event")
 		}
-		return nil, err
+		return nil, c.explain(ctx, sb, err)
 	}
 	pid := stream.Msg().GetEvent().GetStart().GetPid()
 	if pid == 0 {

@@ -1,0 +1,142 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"agentenv/internal/envd"
+)
+
+// fakeSandboxes serves an envd in-process behind a stand-in for the
+// proxy (502 for the sandboxes states names as not running, as the real
+// one answers) and for the API's GET /sandboxes/{id}. It returns a client,
+// a running sandbox and the current user's name (envd runs commands as
+// that user here).
+func fakeSandboxes(t *testing.T, states map[string]string) (*Client, Sandbox, string) {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := envd.New(envd.Config{AccessToken: "tok"}).Handler()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st, ok := states[r.Header.Get("E2b-Sandbox-Id")]; ok && st != "running" {
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprint(w, `{"message":"The sandbox was not found","code":502}`)
+			return
+		}
+		e.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := strings.TrimPrefix(r.URL.Path, "/sandboxes/")
+		st, ok := states[id]
+		if !ok || st == "gone" {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"code":404,"message":"sandbox %q does not exist: it was killed at 2030-01-02 03:04:05 UTC"}`, id)
+			return
+		}
+		fmt.Fprintf(w, `{"sandboxID":%q,"state":%q}`, id, st)
+	}))
+	t.Cleanup(api.Close)
+	return New(api.URL, proxy.URL, "key"), Sandbox{SandboxID: "sb", EnvdAccessToken: "tok"}, u.Username
+}
+
+// Stdin streams to the process and ends with end-of-file; Kill ends it.
+func TestProcessStdinAndKill(t *testing.T) {
+	c, sb, me := fakeSandboxes(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: "wc", Args: []string{"-c"}, User: me, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := strings.Repeat("x", 300_000) // several input messages
+	go p.CopyStdin(ctx, strings.NewReader(in))
+	res, err := p.Wait(nil, nil)
+	if err != nil || strings.TrimSpace(string(res.Stdout)) != fmt.Sprint(len(in)) {
+		t.Errorf("wc -c of piped input: %q, %v; want %d", res.Stdout, err, len(in))
+	}
+	p, err = c.StartProcess(ctx, sb, ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Wait(nil, nil); err != nil || res.ExitCode != -1 {
+		t.Errorf("after Kill: exit %d, %v; want -1 (a signal)", res.ExitCode, err)
+	}
+	p, err = c.StartProcess(ctx, sb, ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(nil, nil); !errors.Is(err, ErrProcessTimeout) {
+		t.Errorf("past its timeout: %v, want ErrProcessTimeout", err)
+	}
+}
+
+// CopyTo then CopyFrom gives the tree back; symlinks are skipped with a
+// warning; modes come back out.
+func TestCopyRoundTrip(t *testing.T) {
+	c, sb, me := fakeSandboxes(t, nil)
+	ctx := context.Background()
+	src, remote, back := t.TempDir(), t.TempDir(), t.TempDir()
+	files := map[string]string{"a": "alpha", "d/b": strings.Repeat("b", 100_000), "d/e/c": ""}
+	for name, content := range files {
+		p := filepath.Join(src, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte(content), 0o644)
+	}
+	os.Symlink("a", filepath.Join(src, "link"))
+	var warnings []string
+	warn := func(s string) { warnings = append(warnings, s) }
+	fs := c.Files(sb, me)
+	if err := fs.CopyTo(ctx, src, remote+"/", warn); err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "link") {
+		t.Errorf("warnings %q, want one about the symlink", warnings)
+	}
+	into := filepath.Join(remote, filepath.Base(src))
+	os.Chmod(filepath.Join(into, "d/e/c"), 0o750)
+	if err := fs.CopyFrom(ctx, into, filepath.Join(back, "copy"), warn); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if b, err := os.ReadFile(filepath.Join(back, "copy", name)); err != nil || string(b) != content {
+			t.Errorf("%s after the round trip: %d bytes, %v; want %d", name, len(b), err, len(content))
+		}
+	}
+	if st, err := os.Stat(filepath.Join(back, "copy", "d/e/c")); err != nil || st.Mode().Perm() != 0o750 {
+		t.Errorf("mode copied out: %v, %v; want 0750", st.Mode(), err)
+	}
+	if err := fs.CopyTo(ctx, src, filepath.Join(into, "a"), warn); err == nil {
+		t.Error("copying a directory onto a file: no error")
+	}
+}
+
+// An envd request to a sandbox that is not running says why.
+func TestNotRunningExplained(t *testing.T) {
+	c, _, me := fakeSandboxes(t, map[string]string{"sb-paused": "paused", "sb-gone": "gone"})
+	ctx := context.Background()
+	_, err := c.StartProcess(ctx, Sandbox{SandboxID: "sb-paused"}, ProcessRequest{Cmd: "true", User: me})
+	var nr *NotRunningError
+	if !errors.As(err, &nr) || nr.State != "paused" || err.Error() != "sandbox sb-paused is paused: resume it with `agentenv sandbox resume sb-paused`" {
+		t.Errorf("paused: got %v", err)
+	}
+	_, err = c.Files(Sandbox{SandboxID: "sb-gone"}, me).Open(ctx, "/etc/hostname")
+	var ae *Error
+	if !errors.As(err, &nr) || !errors.As(err, &ae) || ae.Status != 404 || !strings.Contains(err.Error(), "it was killed at") {
+		t.Errorf("gone: got %v, want the API's 404 saying it was killed", err)
+	}
+}
