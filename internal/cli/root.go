@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"text/tabwriter"
 
@@ -49,6 +50,7 @@ func Root() *cobra.Command {
 	pf.StringVar(&g.dataDir, "data-dir", envOr("AGENTENV_DATA_DIR", "/var/lib/agentenv"), "data directory (env AGENTENV_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.AddCommand(serveCmd(g), nodeCmd(g), apiCmd(g), etcdCmd(), sandboxCmd(g), templateCmd(g), snapshotCmd(g), benchCmd(g))
+	strict(root)
 	return root
 }
 
@@ -80,6 +82,10 @@ func (g *globals) client() (*client.Client, error) {
 }
 
 func (g *globals) printJSON(w io.Writer, v any) error {
+	// An empty list is [], never null: scripts iterate over it.
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice && rv.IsNil() {
+		v = []any{}
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
@@ -105,6 +111,16 @@ func Main(ctx context.Context, args []string) int {
 	var ee ExitError
 	if errors.As(err, &ee) {
 		return ee.Code
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		if ue.dashDash {
+			if line := dashDashLine(ue.cmd, args); line != "" {
+				ue.hint = dashDashHint + line
+			}
+		}
+		fmt.Fprintln(os.Stderr, "error:", ue)
+		return 2
 	}
 	fmt.Fprintln(os.Stderr, "error:", err)
 	var ce *client.Error
