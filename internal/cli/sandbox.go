@@ -1,19 +1,24 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"agentenv/internal/client"
 )
 
 func sandboxCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, inspect, use and kill sandboxes"}
-	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxGet(g), sandboxExec(g), sandboxShell(g), sandboxKill(g))
+	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxGet(g), sandboxExec(g), sandboxShell(g), sandboxCp(g), sandboxKill(g))
 	cmd.AddCommand(sandboxStateCmds(g)...)
 	return cmd
 }
@@ -41,19 +46,30 @@ func sandboxRows(sbs []client.Sandbox) [][]string {
 			md = append(md, k+"="+v)
 		}
 		rows = append(rows, []string{sb.SandboxID, sb.TemplateID, sb.State,
-			sb.StartedAt.Local().Format(time.DateTime), time.Until(sb.EndAt).Round(time.Second).String(), strings.Join(md, ",")})
+			sb.StartedAt.Local().Format(time.DateTime), time.Until(sb.EndAt).Round(time.Second).String(),
+			orDash(sb.SnapshotID), orDash(sb.ParentSandboxID), strings.Join(md, ",")})
 	}
 	return rows
 }
 
-const sandboxHeader = "ID\tTEMPLATE\tSTATE\tSTARTED\tREMAINING\tMETADATA"
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// SNAPSHOT and PARENT are a sandbox's lineage: the snapshot it was
+// restored from and the sandbox that snapshot was taken of (a fork's
+// parent).
+const sandboxHeader = "ID\tTEMPLATE\tSTATE\tSTARTED\tREMAINING\tSNAPSHOT\tPARENT\tMETADATA"
 
 func sandboxCreate(g *globals) *cobra.Command {
 	var req client.CreateRequest
 	var env, meta []string
 	cmd := &cobra.Command{
-		Use:   "create TEMPLATE|SNAPSHOT_ID",
-		Short: "Create a sandbox from a template (or restore a snapshot) and print its ID",
+		Use:   "create TEMPLATE|SNAPSHOT_ID|SNAPSHOT_NAME",
+		Short: "Create a sandbox from a template (or restore a snapshot, by ID or name) and print its ID",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -67,7 +83,7 @@ func sandboxCreate(g *globals) *cobra.Command {
 			if req.Metadata, err = parsePairs(meta, "--metadata"); err != nil {
 				return err
 			}
-			sb, err := c.CreateSandbox(cmd.Context(), req)
+			sb, err := createSandbox(cmd.Context(), c, req)
 			if err != nil {
 				return err
 			}
@@ -85,6 +101,26 @@ func sandboxCreate(g *globals) *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&meta, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	return cmd
+}
+
+// createSandbox creates a sandbox from the template or snapshot (ID) that
+// req names, or else from the snapshot of that name.
+func createSandbox(ctx context.Context, c *client.Client, req client.CreateRequest) (client.Sandbox, error) {
+	sb, err := c.CreateSandbox(ctx, req)
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+		return sb, err
+	}
+	sn, ok, serr := c.SnapshotByName(ctx, req.TemplateID)
+	if serr != nil {
+		return sb, serr
+	}
+	if !ok {
+		return sb, &client.Error{Status: ae.Status, ErrorCode: ae.ErrorCode,
+			Message: fmt.Sprintf("no template, snapshot ID or snapshot name %q (see `agentenv template list` and `agentenv snapshot list`)", req.TemplateID)}
+	}
+	req.TemplateID = sn.SnapshotID
+	return c.CreateSandbox(ctx, req)
 }
 
 func sandboxList(g *globals) *cobra.Command {
@@ -143,36 +179,117 @@ func sandboxGet(g *globals) *cobra.Command {
 }
 
 func sandboxExec(g *globals) *cobra.Command {
+	var req client.ProcessRequest
+	var env []string
+	var stdin bool
 	cmd := &cobra.Command{
-		Use:   "exec ID -- COMMAND [ARGS...]",
+		Use:   "exec [FLAGS] ID [--] COMMAND [ARGS...]",
 		Short: "Run a command in a sandbox; exits with the command's exit code",
-		Long: "Runs COMMAND in the sandbox through envd, streaming its stdout and stderr.\n" +
-			"With one argument, COMMAND is run by `/bin/bash -l -c` (like the E2B SDK); with more, it is run directly.",
-		Args: cobra.MinimumNArgs(2),
+		Long: "Runs COMMAND in the sandbox through envd, streaming its stdout and stderr, and input that is\n" +
+			"not a terminal to its stdin (then end-of-file). With one argument, COMMAND is run by\n" +
+			"`/bin/bash -l -c` (like the E2B SDK); with more, it is run directly. Flags after the ID are\n" +
+			"agentenv's: put a command with flags of its own after `--`. Ctrl-C kills the command in the\n" +
+			"sandbox and exits with status 130; a command killed at its --timeout exits with 124.",
+		Example:     "  agentenv sandbox exec ID 'echo hi; exit 3'\n  echo 'print(1)' | agentenv sandbox exec ID python3 -\n  agentenv sandbox exec --cwd /tmp -e A=1 ID -- ls -la",
+		Args:        cobra.MinimumNArgs(2),
+		Annotations: map[string]string{passesCommand: "1"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
+			if req.Envs, err = parsePairs(env, "--env"); err != nil {
+				return err
+			}
+			if req.Timeout < 0 {
+				return &usageError{err: fmt.Errorf("--timeout %s: give a positive duration, or 0 for none", req.Timeout), cmd: cmd}
+			}
 			sb, err := c.GetSandbox(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			prog, pargs := "/bin/bash", []string{"-l", "-c", args[1]}
+			req.Cmd, req.Args = "/bin/bash", []string{"-l", "-c", args[1]}
 			if len(args) > 2 {
-				prog, pargs = args[1], args[2:]
+				req.Cmd, req.Args = args[1], args[2:]
 			}
-			res, err := c.Exec(cmd.Context(), sb, prog, pargs, os.Stdout, os.Stderr)
+			req.Stdin = stdin
+			if !cmd.Flags().Changed("stdin") {
+				req.Stdin = !term.IsTerminal(int(os.Stdin.Fd()))
+			}
+			code, err := runExec(cmd.Context(), c, sb, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if errors.Is(err, client.ErrProcessTimeout) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "error:", err)
+				return ExitError{Code: 124}
+			}
 			if err != nil {
 				return err
 			}
-			if res.ExitCode != 0 {
-				return ExitError{Code: res.ExitCode}
+			if code != 0 {
+				return ExitError{Code: code}
 			}
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&req.Cwd, "cwd", "", "working directory (default: the user's home, or the template's workdir)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringVarP(&req.User, "user", "u", "", "user to run the command as (default: the sandbox's default user)")
+	f.DurationVar(&req.Timeout, "timeout", 0, "kill the command after this long (e.g. 30s, 5m; 0: no limit)")
+	f.BoolVarP(&stdin, "stdin", "i", false, "send this terminal's input to the command (input that is not a terminal is sent unless --stdin=false)")
 	return cmd
+}
+
+// interrupted is the exit status after Ctrl-C (or SIGTERM) ended a command.
+const interrupted = 130
+
+// runExec runs req in sb until it ends, streaming in to its stdin (when
+// req.Stdin) and its output to stdout and stderr, and returns its exit
+// code. When ctx ends first (Ctrl-C, SIGTERM), the command is killed in
+// the sandbox, not left running there, and the code is 130.
+func runExec(ctx context.Context, c *client.Client, sb client.Sandbox, req client.ProcessRequest, in io.Reader, stdout, stderr io.Writer) (int, error) {
+	// The command's stream outlives ctx: it carries the end event of the
+	// kill below.
+	bg := context.WithoutCancel(ctx)
+	p, err := c.StartProcess(bg, sb, req)
+	if err != nil {
+		return 0, err
+	}
+	if req.Stdin {
+		// Errors are the command's end (it stopped reading) or will show
+		// as its own failure.
+		go p.CopyStdin(bg, in)
+	}
+	type result struct {
+		res client.ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := p.Wait(stdout, stderr)
+		done <- result{res, err}
+	}()
+	select {
+	case r := <-done:
+		return r.res.ExitCode, r.err
+	case <-ctx.Done():
+	}
+	kctx, cancel := context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	// SIGTERM lets the command clean up; SIGKILL after a grace period.
+	p.Terminate(kctx)
+	select {
+	case <-done:
+		return interrupted, nil
+	case <-time.After(2 * time.Second):
+	}
+	if err := p.Kill(kctx); err != nil {
+		return interrupted, fmt.Errorf("interrupted, and could not kill the command (PID %d) in sandbox %s: %w", p.PID, sb.SandboxID, err)
+	}
+	select {
+	case <-done:
+	case <-kctx.Done():
+	}
+	return interrupted, nil
 }
 
 func sandboxKill(g *globals) *cobra.Command {

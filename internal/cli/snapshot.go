@@ -55,7 +55,7 @@ func sandboxStateCmds(g *globals) []*cobra.Command {
 			return nil
 		},
 	}
-	snap.Flags().StringVar(&name, "name", "", "snapshot name")
+	snap.Flags().StringVar(&name, "name", "", "snapshot name (`sandbox create NAME` restores it)")
 	snap.Flags().StringArrayVarP(&meta, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	var n int
 	fork := &cobra.Command{
@@ -92,7 +92,7 @@ func sandboxStateCmds(g *globals) []*cobra.Command {
 }
 
 func snapshotCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "snapshot", Aliases: []string{"snap"}, Short: "List and delete snapshots (create sandboxes from them with `sandbox create SNAPSHOT_ID`)"}
+	cmd := &cobra.Command{Use: "snapshot", Aliases: []string{"snap"}, Short: "List and delete snapshots (create sandboxes from them with `sandbox create SNAPSHOT_ID|NAME`)"}
 	var sandboxID string
 	list := &cobra.Command{
 		Use: "list", Aliases: []string{"ls"}, Short: "List snapshots", Args: cobra.NoArgs,

@@ -96,7 +96,7 @@ func templateBuild(g *globals) *cobra.Command {
 			if g.json {
 				return g.printJSON(cmd.OutOrStdout(), t)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "built template %s (%s, image %.1f MiB)\n", t.TemplateID, t.Source, float64(t.ImageSize)/(1<<20))
+			fmt.Fprintf(cmd.OutOrStdout(), "built template %s (%s, image %.1f MiB): %s\n", t.TemplateID, t.Source, float64(t.ImageSize)/(1<<20), startWord(t, true))
 			return nil
 		},
 	}
@@ -135,18 +135,35 @@ func templateList(g *globals) *cobra.Command {
 					disk = fmt.Sprintf("%d MiB", t.DiskSizeMB)
 				}
 				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)), disk,
-					fmt.Sprint(t.InUse), fmt.Sprint(t.Ready), t.CreatedAt.Local().Format("2006-01-02 15:04")})
+					fmt.Sprint(t.InUse), startWord(t, false), t.CreatedAt.Local().Format("2006-01-02 15:04")})
 			}
-			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tDISK\tIN USE\tREADY\tCREATED", rows)
+			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tDISK\tIN USE\tSTART\tCREATED", rows)
 			return nil
 		},
 	}
 }
 
+// startWord says how the template's sandboxes start: "snapshot" when the
+// server restores a snapshot of it booted once (the API's ready: fast
+// creates), else "boot". Every template listed can create sandboxes; the
+// column used to read READY false for all of them on a server without
+// --ready-templates, though their builds had said "ready".
+func startWord(t client.Template, long bool) string {
+	switch {
+	case t.Ready && long:
+		return "sandboxes start from a snapshot of it booted once"
+	case t.Ready:
+		return "snapshot"
+	case long:
+		return "sandboxes boot it (agentenv serve --ready-templates restores a snapshot instead: faster)"
+	}
+	return "boot"
+}
+
 func templateDelete(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "delete NAME",
-		Short: "Delete a template no sandbox uses",
+		Short: "Delete a template no sandbox uses (the server's warm containers of it go with it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
