@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -234,9 +235,29 @@ func sandboxExec(g *globals) *cobra.Command {
 	f.StringVar(&req.Cwd, "cwd", "", "working directory (default: the user's home, or the template's workdir)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringVarP(&req.User, "user", "u", "", "user to run the command as (default: the sandbox's default user)")
-	f.DurationVar(&req.Timeout, "timeout", 0, "kill the command after this long (e.g. 30s, 5m; 0: no limit)")
+	f.Var((*seconds)(&req.Timeout), "timeout", "kill the command after this long: seconds, or a duration such as 90s or 5m (0: no limit)")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send this terminal's input to the command (input that is not a terminal is sent unless --stdin=false)")
 	return cmd
+}
+
+// seconds is a duration flag that also takes a plain number of seconds,
+// as create's --timeout does.
+type seconds time.Duration
+
+func (s *seconds) String() string { return time.Duration(*s).String() }
+func (s *seconds) Type() string   { return "duration" }
+
+func (s *seconds) Set(v string) error {
+	if n, err := strconv.ParseFloat(v, 64); err == nil {
+		*s = seconds(time.Duration(n * float64(time.Second)))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("give seconds (30) or a duration (90s, 5m)")
+	}
+	*s = seconds(d)
+	return nil
 }
 
 // interrupted is the exit status after Ctrl-C (or SIGTERM) ended a command.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // run executes the command tree on args and returns its error and output.
@@ -106,5 +107,18 @@ func TestEmptyJSONList(t *testing.T) {
 	var none []struct{}
 	if err := g.printJSON(&b, none); err != nil || strings.TrimSpace(b.String()) != "[]" {
 		t.Errorf("got %q (%v), want []", b.String(), err)
+	}
+}
+
+// TestExecTimeoutFlag: seconds or a duration.
+func TestExecTimeoutFlag(t *testing.T) {
+	for in, want := range map[string]time.Duration{"30": 30 * time.Second, "1.5": 1500 * time.Millisecond, "2m": 2 * time.Minute, "0": 0} {
+		var s seconds
+		if err := s.Set(in); err != nil || time.Duration(s) != want {
+			t.Errorf("--timeout %s: got %v, %v; want %v", in, time.Duration(s), err, want)
+		}
+	}
+	if err := new(seconds).Set("soon"); err == nil {
+		t.Error("--timeout soon: no error")
 	}
 }
