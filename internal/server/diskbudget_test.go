@@ -110,7 +110,7 @@ func TestDiskBudget(t *testing.T) {
 		}
 		logFile.Close()
 	})
-	e := startServerWith(t, data, "10.122.0.0/20", "dsk", func(c *server.Config) {
+	e := startServerWith(t, data, "10.127.0.0/20", "dsk", func(c *server.Config) {
 		c.Log = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		c.DiskBudget = sandbox.DiskBudget{Percent: 90} // the CLI's default
 		c.Limits.DefaultDiskMB = layerMB
