@@ -184,7 +184,7 @@ func sandboxExec(g *globals) *cobra.Command {
 	var env []string
 	var stdin bool
 	cmd := &cobra.Command{
-		Use:   "exec [FLAGS] ID [--] COMMAND [ARGS...]",
+		Use:   "exec [flags] ID [--] COMMAND [ARGS...]",
 		Short: "Run a command in a sandbox; exits with the command's exit code",
 		Long: "Runs COMMAND in the sandbox through envd, streaming its stdout and stderr, and input that is\n" +
 			"not a terminal to its stdin (then end-of-file). With one argument, COMMAND is run by\n" +
