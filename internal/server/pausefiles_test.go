@@ -27,24 +27,26 @@ import (
 // the host keeps a capped stream. The lifecycle tests (lifecycle_test.go)
 // run on busybox and on gnuTemplate.
 
-var gnuOnce sync.Once
+var (
+	gnuOnce sync.Once
+	gnuErr  error
+)
 
 // gnuTemplate uploads (once per server) a template of the host's GNU tools
 // (testenv.GNURootfs) and returns its name.
 func gnuTemplate(t *testing.T, e *env) string {
 	t.Helper()
 	const name = "gnu"
-	var err error
 	gnuOnce.Do(func() {
 		src := t.TempDir()
 		testenv.GNURootfs(t, src)
 		ctx := context.Background()
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(template.WriteTar(ctx, pw, src)) }()
-		_, err = e.client.UploadTemplate(ctx, name, pr, func(client.BuildProgress) {})
+		_, gnuErr = e.client.UploadTemplate(ctx, name, pr, func(client.BuildProgress) {})
 	})
-	if err != nil {
-		t.Fatalf("upload the GNU template: %v", err)
+	if gnuErr != nil {
+		t.Fatalf("upload the GNU template: %v", gnuErr)
 	}
 	return name
 }
