@@ -156,9 +156,14 @@ type Limits struct {
 	MaxFork int
 }
 
-// DefaultDiskMB is the default write-layer size of a sandbox (10 GiB). The
-// layer is a sparse file: only what a sandbox writes takes host disk.
-const DefaultDiskMB = 10 << 10
+// DefaultDiskMB is the default write-layer size of a sandbox (2 GiB). The
+// layer is a sparse file: only what a sandbox writes takes host disk; but
+// the disk budget counts every layer at its full size (nothing else stops a
+// sandbox from filling the host), so this size is also what each sandbox
+// costs the budget: 2 GiB lets a host with 100 GB free hold ~45 sandboxes
+// by default. More needs a larger --disk-budget (an explicit overcommit)
+// or smaller layers (--disk-mb, a template's diskMB).
+const DefaultDiskMB = 2 << 10
 
 // DefaultLimits are E2B's defaults where E2B has one.
 func DefaultLimits() Limits {
