@@ -29,7 +29,7 @@ import (
 
 // Config says what to measure.
 type Config struct {
-	// Client reaches the agentenv server under test.
+	// Client reaches the agentenv server under test; not used with Serve.
 	Client *client.Client
 	// Template is the agentenv template sandboxes are created from.
 	Template string
@@ -59,6 +59,17 @@ type Config struct {
 	DensitySandboxes int
 	// DensityParallel is how many of those creates run at once.
 	DensityParallel int
+	// CPURounds is the number of batches per target of each CPU row;
+	// CPUOps the operations in one batch.
+	CPURounds int
+	CPUOps    int
+	// RolloutLevels are the numbers of agents the rollout group runs in
+	// parallel, one run per level and target, for RolloutDuration each.
+	RolloutLevels   []int
+	RolloutDuration time.Duration
+	// Serve, when its Binary is set, makes Run start its own server (and
+	// count its CPU) instead of using Client.
+	Serve ServeOptions
 	// Only, when not empty, limits the run to these groups (see Groups).
 	Only map[string]bool
 	// SkipRaw measures agentenv only (no runsc, no crun; no root needed).
@@ -130,6 +141,14 @@ type Report struct {
 	// Storage holds, per target and storage row, what a snapshot added to
 	// disk.
 	Storage map[string]map[Operation]Storage `json:"storage,omitempty"`
+	// CPU holds, per target and CPU row, the CPU time of one operation;
+	// CPUIdle each target's idle use in ms per second, subtracted from
+	// every batch; CPURounds the batches per row.
+	CPU       map[string]map[Operation]CPUCost `json:"cpu,omitempty"`
+	CPUIdle   map[string]float64               `json:"cpu_idle_ms_per_s,omitempty"`
+	CPURounds int                              `json:"cpu_rounds,omitempty"`
+	// Rollout is the outcome of the rollout group.
+	Rollout *RolloutReport `json:"rollout,omitempty"`
 	// Notes explain targets that were skipped and how each was set up.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -158,8 +177,8 @@ type targets struct {
 
 // Run measures, writes the table to out and returns the report.
 func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error) {
-	if cfg.Client == nil {
-		return Report{}, errors.New("bench: no client")
+	if cfg.Client == nil && cfg.Serve.Binary == "" {
+		return Report{}, errors.New("bench: no client and no server to start")
 	}
 	if cfg.Iterations < 1 || cfg.Warmup < 0 || cfg.HeavyIterations < 1 {
 		return Report{}, fmt.Errorf("need at least 1 iteration, 1 heavy iteration and no negative warm-up, got -n %d --heavy-n %d --warmup %d", cfg.Iterations, cfg.HeavyIterations, cfg.Warmup)
@@ -191,6 +210,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
+	if cfg.CPURounds < 1 {
+		cfg.CPURounds = 3
+	}
+	if cfg.CPUOps < 1 {
+		cfg.CPUOps = 8
+	}
+	if len(cfg.RolloutLevels) == 0 {
+		cfg.RolloutLevels = DefaultRolloutLevels
+	}
+	if cfg.RolloutDuration <= 0 {
+		cfg.RolloutDuration = 5 * time.Second
+	}
 	rep = Report{
 		Template: cfg.Template, Iterations: cfg.Iterations, Warmup: cfg.Warmup, HeavyIterations: cfg.HeavyIterations,
 		ChurnSeconds: cfg.ChurnDuration.Seconds(), ChurnInFlight: cfg.ChurnInFlight, Density: cfg.Density,
@@ -209,21 +240,37 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 			err = errors.Join(err, cerr)
 		}
 	}()
+	groups, notes := setUpCgroups(cfg, &cl)
+	if cfg.Serve.Binary != "" {
+		srv, err := startServer(ctx, cfg.Serve, cfg.Template, groups.get(TargetAgentenv), cfg.Progress)
+		if err != nil {
+			return rep, err
+		}
+		cl.push(srv.stop)
+		cfg.Client = srv.client
+		notes = append(notes, strings.TrimSpace("agentenv: a server the bench started (--serve), with the serve defaults "+strings.Join(cfg.Serve.Flags, " ")))
+	}
 	if rep.ReadyTemplate, err = templateReady(ctx, cfg.Client, cfg.Template); err != nil {
 		return rep, err
 	}
 	payload := make([]byte, PayloadSize)
 	rand.Read(payload)
-	ts, notes, err := setUp(ctx, cfg, payload, &cl)
+	ts, tnotes, err := setUp(ctx, cfg, payload, &cl)
 	if err != nil {
 		return rep, err
 	}
-	rep.Notes = notes
+	if ts.runsc != nil {
+		ts.runsc.tool.cg = groups.get(TargetRunsc)
+	}
+	if ts.crun != nil {
+		ts.crun.tool.cg = groups.get(TargetCrun)
+	}
+	rep.Notes = append(notes, tnotes...)
 	for _, t := range ts.all {
 		rep.Targets = append(rep.Targets, t.name())
 	}
 
-	r := &runner{cfg: cfg, ts: ts, rep: &rep, payload: payload, samples: map[string]map[Operation][]time.Duration{}}
+	r := &runner{cfg: cfg, ts: ts, groups: groups, rep: &rep, payload: payload, samples: map[string]map[Operation][]time.Duration{}}
 	err = r.run(ctx)
 	rep.Stats = r.stats()
 	if err != nil {
@@ -252,6 +299,7 @@ func templateReady(ctx context.Context, c *client.Client, name string) (bool, er
 type runner struct {
 	cfg     Config
 	ts      targets
+	groups  *cpuGroups // nil: no CPU is counted
 	rep     *Report
 	payload []byte // what the raw targets' payload file holds
 	samples map[string]map[Operation][]time.Duration
@@ -270,6 +318,8 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupDirty, r.dirtySnapshots},
 		{GroupMemory, r.memory},
 		{GroupChurn, r.churn},
+		{GroupCPU, r.cpu},
+		{GroupRollout, r.rollout},
 		{GroupNetwork, r.network},
 		{GroupDisk, r.diskWrite},
 		{GroupDensity, r.density},

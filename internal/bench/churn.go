@@ -15,14 +15,14 @@ import (
 // default: from one at a time to twice the slot pool, far past two cores.
 var DefaultChurnLevels = []int{1, 2, 4, 8, 16}
 
-// ParseLevels turns "1,2,4,8,16" into levels: positive, without
-// duplicates, in ascending order.
+// ParseLevels turns "1,2,4,8,16" into levels (churn cycles in flight,
+// rollout agents): positive, without duplicates, in ascending order.
 func ParseLevels(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("churn level %q: give comma-separated numbers of cycles in flight, each at least 1 (e.g. 1,2,4,8,16)", strings.TrimSpace(f))
+			return nil, fmt.Errorf("level %q: give comma-separated numbers, each at least 1 (e.g. 1,2,4,8,16)", strings.TrimSpace(f))
 		}
 		if !slices.Contains(out, n) {
 			out = append(out, n)

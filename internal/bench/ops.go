@@ -117,6 +117,8 @@ const (
 	GroupChurn    = "churn"    // create+exec+kill throughput
 	GroupNetwork  = "network"  // HTTP through the proxy to a server in a sandbox
 	GroupDisk     = "disk"     // write throughput into the write layer
+	GroupCPU      = "cpu"      // CPU per operation, all processes of the target
+	GroupRollout  = "rollout"  // the RL rollout workload by parallelism
 	// GroupDensity starts a thousand idle sandboxes per target and probes
 	// the host limits they approach; it takes minutes, so it runs only when
 	// asked for.
@@ -124,10 +126,10 @@ const (
 )
 
 // Groups lists every group in the order they run.
-var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork, GroupDisk, GroupDensity}
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupDensity}
 
 // DefaultGroups are the groups a run without --only runs: all but density.
-var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupNetwork, GroupDisk}
+var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk}
 
 // ParseGroups turns a comma-separated list of groups into a set; empty
 // means DefaultGroups.

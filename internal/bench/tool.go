@@ -29,6 +29,9 @@ type tool struct {
 	// start starts a command; crun's starts it from a thread in a private
 	// mount namespace. Nil means cmd.Start.
 	start func(*exec.Cmd) error
+	// cg, when not nil, is the cgroup every command starts in, so that its
+	// CPU and that of what it leaves running is counted.
+	cg *cpuGroup
 }
 
 func newTool(bin, logPath string, global ...string) (*tool, error) {
@@ -61,6 +64,7 @@ func (t *tool) run(ctx context.Context, stdin, stdout *os.File, args ...string) 
 	// Own process group: Ctrl-C in the terminal reaches only us, and we
 	// tear down in order instead of racing half-dead children.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	t.cg.attach(cmd.SysProcAttr)
 	start := t.start
 	if start == nil {
 		start = (*exec.Cmd).Start

@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"agentenv/internal/client"
+	"agentenv/internal/netns"
+)
+
+// ServeOptions make Run start its own agentenv server, in a cgroup of its
+// own so that its CPU and that of everything it starts can be counted, and
+// stop it at the end.
+type ServeOptions struct {
+	// Binary is the agentenv binary to run `serve` with; empty means Run
+	// measures the server Config.Client reaches.
+	Binary string
+	// NetworkCIDR and NetworkTag are the server's --network-cidr and
+	// --network-tag (default serveNetworkCIDR and serveNetworkTag): the
+	// bench removes the firewall table of that tag, which a server leaves
+	// behind when it stops, and which would refuse the connections of a
+	// later server in the same range.
+	NetworkCIDR, NetworkTag string
+	// Flags are added to serve's command line after the bench's own
+	// (--data-dir, --listen, --proxy-listen, --network-cidr, --network-tag,
+	// --disk-budget 0): a flag given again wins.
+	Flags []string
+}
+
+// The network range and tag of the server the bench starts by default:
+// apart from serve's defaults and from the ranges the tests use.
+const (
+	serveNetworkCIDR = "10.226.0.0/20"
+	serveNetworkTag  = "bnc"
+)
+
+// ownServer is a server the bench started.
+type ownServer struct {
+	cmd    *exec.Cmd
+	net    *netns.Manager
+	dir    string
+	log    string
+	done   chan error
+	client *client.Client
+}
+
+// startServer starts `agentenv serve` with a fresh data dir on free
+// loopback ports, in g when g is not nil, and returns once it lists the
+// template.
+func startServer(ctx context.Context, o ServeOptions, template string, g *cpuGroup, progress io.Writer) (_ *ownServer, err error) {
+	if o.NetworkCIDR == "" {
+		o.NetworkCIDR = serveNetworkCIDR
+	}
+	if o.NetworkTag == "" {
+		o.NetworkTag = serveNetworkTag
+	}
+	nm, err := netns.NewManager(o.NetworkCIDR, o.NetworkTag)
+	if err != nil {
+		return nil, err
+	}
+	// A table left by an earlier run that was killed.
+	nm.RemoveFirewall(ctx)
+	dir, err := os.MkdirTemp("", "agentenv-bench-serve-")
+	if err != nil {
+		return nil, err
+	}
+	s := &ownServer{net: nm, dir: dir, log: filepath.Join(dir, "server.log"), done: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.stop(context.WithoutCancel(ctx)))
+		}
+	}()
+	api, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	proxy, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 16)
+	rand.Read(b)
+	key := hex.EncodeToString(b)
+	args := append([]string{"serve", "--data-dir", filepath.Join(dir, "data"), "--listen", api, "--proxy-listen", proxy,
+		"--network-cidr", o.NetworkCIDR, "--network-tag", o.NetworkTag,
+		// Admission counts each write layer at its full size (10 GiB by
+		// default): the rollout group's 30-odd sandboxes at once, which
+		// write a few KiB each, would not fit this host's disk.
+		"--disk-budget", "0"}, o.Flags...)
+	fmt.Fprintf(progress, "starting %s %s\n", o.Binary, strings.Join(args, " "))
+	log, err := os.Create(s.log)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	// Not CommandContext: Ctrl-C must not kill the server before the
+	// bench has killed its sandboxes (it would leave them running).
+	s.cmd = exec.Command(o.Binary, args...)
+	s.cmd.Env = append(withoutEnv(os.Environ(), "AGENTENV_API_KEY"), "AGENTENV_API_KEY="+key)
+	s.cmd.Stdout, s.cmd.Stderr = log, log
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	g.attach(s.cmd.SysProcAttr)
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s serve: %w", o.Binary, err)
+	}
+	go func() { s.done <- s.cmd.Wait() }()
+	s.client = client.New("http://"+api, "http://"+proxy, key)
+	return s, s.waitReady(ctx, template)
+}
+
+// waitReady polls until the server lists template.
+func (s *ownServer) waitReady(ctx context.Context, template string) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		tpls, err := s.client.ListTemplates(ctx)
+		for _, t := range tpls {
+			if err == nil && t.TemplateID == template {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the server did not list template %q within 3 minutes (last error: %v)%s", template, err, s.logTail())
+		}
+		select {
+		case werr := <-s.done:
+			s.done <- werr
+			return fmt.Errorf("the server exited: %v%s", werr, s.logTail())
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// stop stops the server (SIGTERM, then SIGKILL after a minute) and removes
+// its firewall table and data dir. Its sandboxes must be gone first: a
+// server stopping leaves them running.
+func (s *ownServer) stop(ctx context.Context) error {
+	var errs []error
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(time.Minute):
+			s.cmd.Process.Kill()
+			<-s.done
+			errs = append(errs, fmt.Errorf("the server did not stop within a minute of SIGTERM; killed%s", s.logTail()))
+		case <-ctx.Done():
+			s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+	if err := s.net.RemoveFirewall(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("remove the server's firewall table: %w", err))
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove the server's data dir: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// logTail is the end of the server's log, for error messages.
+func (s *ownServer) logTail() string {
+	b, err := os.ReadFile(s.log)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return "; server log ends with:\n" + strings.Join(lines[max(0, len(lines)-10):], "\n")
+}
+
+// freePort returns a loopback address whose port was free a moment ago.
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func withoutEnv(env []string, name string) []string {
+	var out []string
+	for _, e := range env {
+		if !strings.HasPrefix(e, name+"=") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
