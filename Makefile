@@ -38,15 +38,21 @@ fuzz:
 test-short:
 	$(GO) test -short ./...
 
+# Every group but density, with fewer samples (--quick), against a server
+# the bench starts and stops (--serve), so that its CPU is counted too.
 bench: build
-	bin/agentenv bench
+	bin/agentenv bench --serve --quick
 
-# Churn alone, at 1, 2, 4, 8 and 16 in flight; and the density group with
-# the limits probe (DENSITY idle sandboxes per target: minutes, so not in
-# `make bench`). Like `make bench`, they measure the server the environment
-# names (AGENTENV_SERVER, AGENTENV_PROXY, AGENTENV_API_KEY).
+# The rollout benchmark alone at 1, 2, 4, 8 and 16 agents, plotted into
+# docs/rollout.svg; churn alone, at 1, 2, 4, 8 and 16 in flight; and the
+# density group with the limits probe (DENSITY idle sandboxes per target:
+# minutes, so not in `make bench`). The last two measure the server the
+# environment names (AGENTENV_SERVER, AGENTENV_PROXY, AGENTENV_API_KEY).
 DENSITY ?= 1000
-.PHONY: bench-churn bench-density
+.PHONY: bench-rollout bench-churn bench-density
+bench-rollout: build
+	bin/agentenv bench --serve rollout --plot docs/rollout.svg
+
 bench-churn: build
 	bin/agentenv bench --only churn
 
