@@ -29,14 +29,23 @@ func (m *Manager) expire(e *entry) {
 	id, lc := e.sb.ID, e.sb.Lifecycle
 	if lc.AutoPause {
 		var err error
+		keptMemory := !lc.DropMemory
 		if lc.DropMemory {
 			err = m.pauseFilesLocked(ctx, e)
+			if err != nil && e.sb.State == StateRunning && !e.sb.FilesOnly {
+				// Its files could not be saved (more than its layer's
+				// worth, or envd not answering) and it still runs as it
+				// was: keep it whole, with its memory, rather than kill it
+				// and lose the files.
+				m.d.Log.Warn("pause on timeout without memory failed; pausing with memory", "sandbox", id, "err", err)
+				err, keptMemory = m.pauseLocked(ctx, e), true
+			}
 		} else {
 			err = m.pauseLocked(ctx, e)
 		}
 		e.mu.Unlock()
 		if err == nil {
-			m.d.Log.Info("sandbox timed out: paused", "sandbox", id, "memory", !lc.DropMemory)
+			m.d.Log.Info("sandbox timed out: paused", "sandbox", id, "memory", keptMemory)
 			return
 		}
 		// A sandbox whose time is up must not keep running: kill it.
