@@ -241,7 +241,7 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
 		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
-		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100",
+		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
 		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
 	args = append(args, f.etcdFlags()...)
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
