@@ -210,12 +210,12 @@ func TestWriteRollout(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"agentenv /s", "runsc /s", "agentenv per core-s", "agentenv CPU ms/rollout", "runsc step p50 / p95 ms",
-		"2.0x",       // rollouts/s at 8 agents: 6.5 / 3.25
-		"3.2", "2.0", // per core-second at 8: 32/10, 16/8
+		"2.0x",         // rollouts/s at 8 agents: 6.5 / 3.25
+		"3.20", "2.00", // per core-second at 8: 32/10, 16/8
 		"312", "500", // CPU ms per rollout at 8: 10 s / 32, 8 s / 16
 		"20.0 / 35.0", // step p50 / p95
-		"6.5 (50%)",   // rollouts/s with the host's busy share
-		"headline, 8 agents: agentenv 6.5 rollouts/s, 3.2 per core-second; runsc 3.2 rollouts/s, 2.0 per core-second",
+		"6.50 (50%)",  // rollouts/s with the host's busy share
+		"headline, 8 agents: agentenv 6.50 rollouts/s, 3.20 per core-second; runsc 3.25 rollouts/s, 2.00 per core-second",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rollout table lacks %q; got:\n%s", want, out)

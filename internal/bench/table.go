@@ -14,12 +14,15 @@ import (
 // target's. Rows no target measured are left out; "-" marks a target that
 // has no such row.
 func WriteTable(w io.Writer, rep Report) error {
-	fmt.Fprintf(w, "template %s; %d iterations", rep.Template, rep.Iterations)
-	if rep.Warmup > 0 {
-		fmt.Fprintf(w, " (after %d warm-up)", rep.Warmup)
-	}
-	if rep.HeavyIterations > 0 {
-		fmt.Fprintf(w, ", %d for dirty snapshots and forks", rep.HeavyIterations)
+	fmt.Fprintf(w, "template %s", rep.Template)
+	if len(rep.Stats) > 0 {
+		fmt.Fprintf(w, "; %d iterations", rep.Iterations)
+		if rep.Warmup > 0 {
+			fmt.Fprintf(w, " (after %d warm-up)", rep.Warmup)
+		}
+		if rep.HeavyIterations > 0 {
+			fmt.Fprintf(w, ", %d for dirty snapshots and forks", rep.HeavyIterations)
+		}
 	}
 	switch {
 	case rep.Churn != nil && len(rep.ChurnLevels) > 1:

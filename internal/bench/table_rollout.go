@@ -50,12 +50,12 @@ func writeRollout(w io.Writer, rep Report) error {
 		perCore := func(l RolloutLevel) float64 { return l.PerCoreSecond }
 		for _, t := range ro.Targets {
 			l, ok := level(t)
-			row = append(row, orDash(ok, num(l.PerSecond)+fmt.Sprintf(" (%.0f%%)", 100*l.HostCPUBusy)))
+			row = append(row, orDash(ok, rateNum(l.PerSecond)+fmt.Sprintf(" (%.0f%%)", 100*l.HostCPUBusy)))
 		}
 		row = append(row, rolloutRatios(others, level, rate)...)
 		for _, t := range ro.Targets {
 			l, ok := level(t)
-			row = append(row, orDash(ok && l.PerCoreSecond > 0, num(l.PerCoreSecond)))
+			row = append(row, orDash(ok && l.PerCoreSecond > 0, rateNum(l.PerCoreSecond)))
 		}
 		row = append(row, rolloutRatios(others, level, perCore)...)
 		for _, t := range ro.Targets {
@@ -95,9 +95,9 @@ func headlineLine(ro *RolloutReport) string {
 		if i >= len(ls) {
 			continue
 		}
-		p := fmt.Sprintf("%s %s rollouts/s", t, num(ls[i].PerSecond))
+		p := fmt.Sprintf("%s %s rollouts/s", t, rateNum(ls[i].PerSecond))
 		if ls[i].PerCoreSecond > 0 {
-			p += fmt.Sprintf(", %s per core-second", num(ls[i].PerCoreSecond))
+			p += fmt.Sprintf(", %s per core-second", rateNum(ls[i].PerCoreSecond))
 		}
 		parts = append(parts, p)
 	}
@@ -136,6 +136,15 @@ func rolloutRatios(others []string, level func(string) (RolloutLevel, bool), v f
 		out = append(out, ratio(v(a), v(o), ok && v(a) > 0 && v(o) > 0))
 	}
 	return out
+}
+
+// rateNum shows rates below 10 with two decimals: rollouts come a few per
+// second, and 0.4 against 0.9 hides a ratio.
+func rateNum(v float64) string {
+	if v > 0 && v < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return num(v)
 }
 
 func orDash(ok bool, s string) string {
@@ -186,7 +195,7 @@ func WriteRolloutSVG(w io.Writer, rep Report) error {
 	for i := 0; i <= 5; i++ {
 		v := ymax * float64(i) / 5
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", plotLeft, y(v), plotW-plotRight, y(v))
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", plotLeft-6, y(v)+4, num(v))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", plotLeft-6, y(v)+4, rateNum(v))
 	}
 	for _, a := range ro.Levels {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%d</text>`+"\n", x(a), plotH-plotBottom+18, a)
@@ -213,7 +222,7 @@ func WriteRolloutSVG(w io.Writer, rep Report) error {
 				break
 			}
 			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"><title>%s, %d agents: %s rollouts/s</title></circle>`+"\n",
-				x(ro.Levels[j]), y(l.PerSecond), colour, xmlText(t), ro.Levels[j], num(l.PerSecond))
+				x(ro.Levels[j]), y(l.PerSecond), colour, xmlText(t), ro.Levels[j], rateNum(l.PerSecond))
 		}
 		ly := plotTop + 4 + 18*i
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", plotW-plotRight-150, ly, plotW-plotRight-126, ly, colour)
