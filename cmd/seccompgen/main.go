@@ -15,12 +15,13 @@ import (
 
 func main() {
 	src := flag.String("src", "", "root of a writable gVisor module tree whose stub filter files are replaced")
+	all := flag.Bool("all", false, "register every precompiled program, as upstream does, not only those agentenv's sandboxes can use")
 	flag.Parse()
 	if *src == "" {
 		fmt.Fprintln(os.Stderr, "usage: seccompgen -src DIR")
 		os.Exit(2)
 	}
-	if err := seccompgen.Generate(*src, os.Stderr); err != nil {
+	if err := seccompgen.Generate(*src, *all, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "seccompgen:", err)
 		os.Exit(1)
 	}

@@ -11,6 +11,11 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
+	"gvisor.dev/gvisor/pkg/sentry/devices/nvproxy/nvconf"
+	"gvisor.dev/gvisor/pkg/sentry/platform"
+	"gvisor.dev/gvisor/pkg/sentry/platform/systrap"
+	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
+	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
 )
 
 // moduleDir returns the directory of the pinned gVisor module in the
@@ -73,5 +78,77 @@ func TestRenderStubs(t *testing.T) {
 				t.Errorf("Render with a duplicate name: err = %v, want duplicate", err)
 			}
 		})
+	}
+}
+
+// TestSelect checks the selection on keys made by gVisor's own ConfigKey,
+// so that a change of the key format fails here rather than in a build.
+func TestSelect(t *testing.T) {
+	systrapInfo := (*systrap.Systrap)(nil).SeccompInfo()
+	kvm := platform.StaticSeccompInfo{PlatformName: "kvm"}
+	caps := nvconf.PopularCapabilitySets()
+	sentry := []struct {
+		opt  sentryconfig.Options
+		keep bool
+	}{
+		{sentryconfig.Options{Platform: systrapInfo, HostFilesystem: true}, true},
+		{sentryconfig.Options{Platform: systrapInfo}, true},
+		{sentryconfig.Options{Platform: systrapInfo, HostNetwork: true, HostNetworkRawSockets: true}, true},
+		{sentryconfig.Options{Platform: kvm, HostFilesystem: true}, false},
+		{sentryconfig.Options{Platform: systrapInfo, NVProxy: true, NVProxyCaps: caps[len(caps)-1]}, false},
+		{sentryconfig.Options{Platform: systrapInfo, TPUProxy: true}, false},
+		{sentryconfig.Options{Platform: systrapInfo, RDMAProxy: true}, false},
+	}
+	var progs []precompiledseccomp.Program
+	want := map[string]bool{}
+	for _, c := range sentry {
+		progs = append(progs, precompiledseccomp.Program{Name: c.opt.ConfigKey()})
+		want[c.opt.ConfigKey()] = c.keep
+	}
+	gofer := []struct {
+		opt  goferconfig.Options
+		keep bool
+	}{
+		{goferconfig.Options{DirectFS: true}, true},
+		{goferconfig.Options{DirectFS: true, LisafsNeeded: true}, true},
+		{goferconfig.Options{DirectFS: true, CgoEnabled: true}, false},
+		{goferconfig.Options{UDSOpenEnabled: true}, false},
+		{goferconfig.Options{UDSCreateEnabled: true}, false},
+	}
+	var goferProgs []precompiledseccomp.Program
+	for _, c := range gofer {
+		goferProgs = append(goferProgs, precompiledseccomp.Program{Name: c.opt.ConfigKey()})
+		want[c.opt.ConfigKey()] = c.keep
+	}
+	for i, in := range [][]precompiledseccomp.Program{progs, goferProgs} {
+		got, err := Select(in, Targets[i].Keep)
+		if err != nil {
+			t.Fatalf("Select(%s): %v", Targets[i].File, err)
+		}
+		kept := map[string]bool{}
+		for _, p := range got {
+			kept[p.Name] = true
+		}
+		for _, p := range in {
+			if kept[p.Name] != want[p.Name] {
+				t.Errorf("%s: kept %q = %v, want %v", Targets[i].File, p.Name, kept[p.Name], want[p.Name])
+			}
+		}
+	}
+	if _, err := Select([]precompiledseccomp.Program{{Name: `GOARCH="amd64" Other=true`}}, Targets[0].Keep); err == nil {
+		t.Error("Select of a key without the fields succeeded, want an error")
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	got := ParseKey(`GOARCH="amd64" Platform="systrap" NVProxyCaps= Caps=a b TPUProxy=false`)
+	want := map[string]string{"GOARCH": `"amd64"`, "Platform": `"systrap"`, "NVProxyCaps": "", "Caps": "a b", "TPUProxy": "false"}
+	if len(got) != len(want) {
+		t.Errorf("ParseKey = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("ParseKey field %s = %q, want %q", k, got[k], v)
+		}
 	}
 }
