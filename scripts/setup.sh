@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what agentenv needs on a Debian 12 machine, from the registries
-# only: apt packages, the pinned static runsc build, the e2b npm SDK used by
-# the tests. Idempotent: a second run only checks.
+# only: apt packages, agentenv's static runsc build of the pinned gVisor, the
+# e2b npm SDK used by the tests. Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNSC_VERSION=$(cat RUNSC_VERSION)
-APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3)
+APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 patch)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -18,14 +18,93 @@ if ((${#missing[@]})); then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# runsc must be a static build of the pinned version (a dynamic one fails
-# inside its own chroot), and restore needs the same build as checkpoint.
-stamp=/usr/local/lib/agentenv/runsc.version
-if [[ ! -x /usr/local/bin/runsc ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$RUNSC_VERSION" ]]; then
-	echo "setup: building runsc $RUNSC_VERSION (static; takes a few minutes)"
-	GOBIN=/usr/local/bin CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
-	mkdir -p "$(dirname "$stamp")"
-	echo "$RUNSC_VERSION" >"$stamp"
+# runsc: the pinned gVisor module built static (a dynamic build fails inside
+# its own chroot) by cmd/runscbuild, with patches/gvisor applied and the
+# precompiled seccomp filters a `go install` build lacks (docs/design.md,
+# "The runsc build"). runsc-stub is the same build with the stub filters,
+# compiled at every start: the reference of the seccomp test and the bench.
+# Restore needs the same build as checkpoint; snapshots record its digest.
+lib=/usr/local/lib/agentenv
+runsc=/usr/local/bin/runsc
+runsc_stub=$lib/runsc-stub
+runsc_work=/var/cache/agentenv/runsc-build # one path: rebuilds there are incremental
+stamp=$lib/runsc.version
+
+# runsc_stamp prints what the installed builds are made of, and their digests.
+runsc_stamp() {
+	local inputs f
+	inputs=$({
+		go env GOVERSION GOARCH
+		find cmd/runscbuild cmd/seccompgen internal/runscbuild patches/gvisor -type f \
+			\( -name '*.go' ! -name '*_test.go' -o -name '*.patch' \) -print0 2>/dev/null |
+			LC_ALL=C sort -z | xargs -0 -r sha256sum
+	} | sha256sum)
+	echo "version $RUNSC_VERSION"
+	echo "inputs ${inputs%% *}"
+	for f in "$runsc" "$runsc_stub"; do
+		if [[ -f $f ]]; then
+			local sum
+			sum=$(sha256sum <"$f")
+			echo "$(basename "$f") ${sum%% *}"
+		fi
+	done
+}
+
+# runsc_check BIN WANT runs /bin/true with BIN in a sandbox like agentenv's
+# (EROFS root, a bind mount served by a gofer, agentenv's flags) and checks
+# that the sentry's and the gofer's debug logs both say WANT.
+runsc_check() {
+	local bin=$1 want=$2 dir ok=0
+	dir=$(mktemp -d /var/tmp/agentenv-runsc-check.XXXXXX)
+	mkdir -p "$dir"/rootfs/{bin,proc,dev,sys,tmp,etc} "$dir"/bundle/rootfs "$dir"/bundle/anchor /run/agentenv/runsc-shared
+	cp /bin/busybox "$dir/rootfs/bin/busybox"
+	ln -s busybox "$dir/rootfs/bin/true"
+	mkfs.erofs -E noinline_data "$dir/image.erofs" "$dir/rootfs" >/dev/null
+	cat >"$dir/bundle/config.json" <<-JSON
+		{"ociVersion": "1.0.2",
+		 "process": {"user": {"uid": 0, "gid": 0}, "args": ["/bin/true"], "env": ["PATH=/bin"], "cwd": "/"},
+		 "root": {"path": "$dir/bundle/rootfs"},
+		 "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+		  {"destination": "/tmp/.agentenv", "type": "bind", "source": "$dir/bundle/anchor", "options": ["rbind", "ro"]}],
+		 "annotations": {"dev.gvisor.spec.rootfs.source": "$dir/image.erofs", "dev.gvisor.spec.rootfs.type": "erofs",
+		  "dev.gvisor.spec.rootfs.overlay": "self", "dev.gvisor.spec.rootfs.options": "size=64m"},
+		 "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]}}
+	JSON
+	if "$bin" --root "$dir/state" --shared-root /run/agentenv/runsc-shared --platform systrap --network none \
+		--ignore-cgroups --allow-suid --debug --debug-log "$dir/logs/" run --bundle "$dir/bundle" setupcheck \
+		</dev/null >"$dir/console" 2>&1; then
+		grep -qF "$want" "$dir"/logs/*.boot.txt && grep -qF "$want" "$dir"/logs/*.gofer.txt && ok=1
+	fi
+	"$bin" --root "$dir/state" delete --force setupcheck >/dev/null 2>&1 || true
+	if ((ok)); then
+		rm -rf "$dir"
+		return 0
+	fi
+	echo "setup: $bin failed its check: the sentry's and the gofer's logs do not both say \"$want\" (see $dir)" >&2
+	return 1
+}
+
+# install_bin SRC DST replaces DST atomically (running sandboxes keep theirs).
+install_bin() {
+	cp "$1" "$2.new.$$"
+	chmod 0755 "$2.new.$$"
+	mv -f "$2.new.$$" "$2"
+}
+
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$(runsc_stamp)" ]]; then
+	echo "setup: building runsc $RUNSC_VERSION with precompiled seccomp filters (static; the first build takes several minutes)"
+	mkdir -p "$lib" "$runsc_work"
+	exec 9>"$runsc_work.lock"
+	flock 9
+	out=$runsc_work/out
+	go run ./cmd/runscbuild -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc"
+	go run ./cmd/runscbuild -stub -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc-stub"
+	runsc_check "$out/runsc" "Loaded precompiled seccomp instructions"
+	runsc_check "$out/runsc-stub" "building seccomp program from scratch"
+	install_bin "$out/runsc-stub" "$runsc_stub"
+	install_bin "$out/runsc" "$runsc"
+	runsc_stamp >"$stamp"
+	exec 9>&-
 fi
 
 if [[ -f tests/e2b/package.json ]] && [[ ! -d tests/e2b/node_modules/e2b ]]; then
