@@ -96,14 +96,17 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$(runsc_stamp)" ]]; then
 	mkdir -p "$lib" "$runsc_work"
 	exec 9>"$runsc_work.lock"
 	flock 9
-	out=$runsc_work/out
-	go run ./cmd/runscbuild -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc"
-	go run ./cmd/runscbuild -stub -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc-stub"
-	runsc_check "$out/runsc" "Loaded precompiled seccomp instructions"
-	runsc_check "$out/runsc-stub" "building seccomp program from scratch"
-	install_bin "$out/runsc-stub" "$runsc_stub"
-	install_bin "$out/runsc" "$runsc"
-	runsc_stamp >"$stamp"
+	# Another setup may have built it while this one waited for the lock.
+	if [[ "$(cat "$stamp" 2>/dev/null)" != "$(runsc_stamp)" ]]; then
+		out=$runsc_work/out
+		go run ./cmd/runscbuild -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc"
+		go run ./cmd/runscbuild -stub -version "$RUNSC_VERSION" -patches patches/gvisor -work "$runsc_work" -out "$out/runsc-stub"
+		runsc_check "$out/runsc" "Loaded precompiled seccomp instructions"
+		runsc_check "$out/runsc-stub" "building seccomp program from scratch"
+		install_bin "$out/runsc-stub" "$runsc_stub"
+		install_bin "$out/runsc" "$runsc"
+		runsc_stamp >"$stamp"
+	fi
 	exec 9>&-
 fi
 
