@@ -30,7 +30,7 @@ func etcdCmd() *cobra.Command {
 		Short: "Run an etcd member from etcd's Go module (one member to try a fleet on one machine; use a real etcd cluster in production)",
 		Long: "Runs an etcd member. Off loopback it serves only with --tls-cert, --tls-key and --tls-ca: clients and\n" +
 			"peers must then show a certificate that CA signed (whoever can write the fleet's etcd owns its sandboxes).",
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			u, err := url.Parse(listen)
 			if err != nil {

@@ -53,17 +53,17 @@ type fleetEnv struct {
 	// etcdTLS is a client configuration for etcd with the test's
 	// certificate (an insider who reached etcd, without the secret).
 	etcdTLS *tls.Config
-	dir      string
-	bin      string
-	secret   string
-	etcd     []*proc
-	etcdURL  string
-	nodes    []*proc
-	apis     []*proc
-	clients  []*client.Client
+	dir     string
+	bin     string
+	secret  string
+	etcd    []*proc
+	etcdURL string
+	nodes   []*proc
+	apis    []*proc
+	clients []*client.Client
 	// ops hold the operator's key (node operations).
-	ops []*client.Client
-	apiURLs  [][2]string
+	ops     []*client.Client
+	apiURLs [][2]string
 }
 
 type proc struct {
