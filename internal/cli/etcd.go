@@ -3,23 +3,15 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
-)
 
-// loopbackURL reports whether u's host is this host's loopback.
-func loopbackURL(u *url.URL) bool {
-	if u.Hostname() == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(u.Hostname())
-	return err == nil && ip.IsLoopback()
-}
+	"agentenv/internal/fleet"
+)
 
 // etcdCmd runs a single-member etcd from etcd's own Go module: enough to
 // try a fleet on one machine. Production fleets run a real etcd cluster.
@@ -40,7 +32,7 @@ func etcdCmd() *cobra.Command {
 			if (cert != "" || key != "" || ca != "") && !secure {
 				return errors.New("--tls-cert, --tls-key and --tls-ca go together (TLS with client-certificate authentication)")
 			}
-			if !secure && !loopbackURL(u) {
+			if !secure && !fleet.IsLoopback(u.Hostname()) {
 				return fmt.Errorf("--listen %s: an etcd reachable from other hosts must authenticate its clients: give --tls-cert, --tls-key and --tls-ca "+
 					"(serves https:// and accepts only clients with a certificate that CA signed); without them, listen on loopback only", listen)
 			}
@@ -59,7 +51,7 @@ func etcdCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("--listen-peer %q: %w", peer, err)
 				}
-				if !secure && !loopbackURL(pu) {
+				if !secure && !fleet.IsLoopback(pu.Hostname()) {
 					return fmt.Errorf("--listen-peer %s: peers off this host need --tls-cert, --tls-key and --tls-ca (members authenticate each other)", peer)
 				}
 				cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}

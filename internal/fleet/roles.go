@@ -51,12 +51,12 @@ func Dial(urls string, auth EtcdAuth) (*clientv3.Client, error) {
 		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
 			return nil, fmt.Errorf("--etcd %q: give URLs such as https://10.0.0.1:2379", u)
 		}
-		if pu.Scheme == "http" && !isLoopback(pu.Hostname()) {
+		if pu.Scheme == "http" && !IsLoopback(pu.Hostname()) {
 			return nil, fmt.Errorf("--etcd %s: etcd off this host must be reached over https:// with client certificates "+
 				"(--etcd-ca, --etcd-cert, --etcd-key; `agentenv etcd --tls-cert ... --tls-key ... --tls-ca ...` serves so): "+
 				"whoever reaches a plain etcd owns every sandbox of the fleet", u)
 		}
-		secure = secure && isLoopback(pu.Hostname())
+		secure = secure && IsLoopback(pu.Hostname())
 		eps = append(eps, u)
 	}
 	if len(eps) == 0 {
@@ -84,8 +84,8 @@ func Dial(urls string, auth EtcdAuth) (*clientv3.Client, error) {
 	return clientv3.New(cfg)
 }
 
-// isLoopback reports whether host names this host's loopback.
-func isLoopback(host string) bool {
+// IsLoopback reports whether host names this host's loopback.
+func IsLoopback(host string) bool {
 	if host == "localhost" {
 		return true
 	}
