@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"agentenv/internal/runtime/ocispec"
+	"agentenv/internal/runtime/runscbin"
 )
 
 // The disk row: a sandbox writes a file into its write layer (dd from
@@ -122,6 +123,14 @@ func (r *runscTarget) diskBundle(diskMB int64) (string, error) {
 		}
 	}
 	spec.Root.Path = root
+	// As agentenv does: no gofer when the build can do without one.
+	_, feat, err := runscbin.Version(r.tool.bin)
+	if err != nil {
+		return "", err
+	}
+	if feat.GoferlessFilestore {
+		anchor = ""
+	}
 	ocispec.DiskLayer(&spec, diskMB, anchor)
 	return bundle, writeBundle(bundle, spec)
 }

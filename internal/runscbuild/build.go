@@ -270,9 +270,12 @@ func (b *build) install(ctx context.Context) error {
 	}
 	cmd := exec.CommandContext(ctx, "go", "install", Module+"/runsc@"+b.Version)
 	cmd.Dir = b.Work
+	// goindex=0: the go tool indexes a module-cache module once per path
+	// and version, trusting it never changes, so a file a new patch adds
+	// would not be compiled (its package's file list comes from the index).
 	cmd.Env = append(os.Environ(),
 		"CGO_ENABLED=0", "GOBIN="+b.bin, "GOMODCACHE="+b.modcache, "GOFLAGS=-modcacherw",
-		"GOPROXY="+strings.Join(proxies, ","), "GONOSUMDB="+nosumdb)
+		"GOPROXY="+strings.Join(proxies, ","), "GONOSUMDB="+nosumdb, "GODEBUG=goindex=0")
 	cmd.Stdout, cmd.Stderr = b.Log, b.Log
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)

@@ -1,6 +1,7 @@
 package runscbuild
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -14,8 +15,14 @@ import (
 
 	agentruntime "agentenv/internal/runtime"
 	"agentenv/internal/runtime/ocispec"
+	"agentenv/internal/runtime/runscbin"
 	"agentenv/internal/testenv"
 )
+
+// benchFeatures are given to every bundle of BenchmarkRunscStart: a
+// goferless write layer when both builds have patch 0002, so that the
+// figures are agentenv's sandbox's.
+var benchFeatures runscbin.Features
 
 // BenchmarkRunscStart measures what starting and restoring a sandbox cost
 // with the installed runsc (precompiled seccomp filters) and with the stub
@@ -36,6 +43,12 @@ func BenchmarkRunscStart(b *testing.B) {
 	}
 	testenv.NeedCommand(b, "mkfs.erofs", "EROFS root images (package erofs-utils)")
 	builds := []runscBuild{{"precompiled", runsc}, {"stub", StubPath}}
+	_, f1, err1 := runscbin.Version(runsc)
+	_, f2, err2 := runscbin.Version(StubPath)
+	if err := errors.Join(err1, err2); err != nil {
+		b.Fatal(err)
+	}
+	benchFeatures = runscbin.Features{GoferlessFilestore: f1.GoferlessFilestore && f2.GoferlessFilestore}
 	image := busyboxImage(b)
 	acct := newCPUAcct(b)
 
@@ -90,7 +103,7 @@ func turns(builds []runscBuild, i int) []runscBuild {
 func benchBundle(b *testing.B, id, image string, args []string) string {
 	b.Helper()
 	spec := agentruntime.Spec{ID: id, Dir: b.TempDir(), Image: image, DiskMB: 64, Args: args, Env: []string{"PATH=/bin"}}
-	bundle, err := ocispec.WriteBundle(spec, "")
+	bundle, err := ocispec.WriteBundle(spec, "", benchFeatures)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -38,11 +38,12 @@ type Config struct {
 
 // Gvisor is the gVisor runtime.
 type Gvisor struct {
-	runsc   string
-	root    string
-	cgroups bool
-	parent  string
-	version string
+	runsc    string
+	root     string
+	cgroups  bool
+	parent   string
+	version  string
+	features runscbin.Features
 }
 
 var (
@@ -70,7 +71,7 @@ func New(cfg Config) (*Gvisor, error) {
 		return nil, err
 	}
 	g := &Gvisor{runsc: path, root: cfg.Root, cgroups: cfg.Cgroups, parent: cfg.CgroupParent}
-	if g.version, err = runscbin.Version(path); err != nil {
+	if g.version, g.features, err = runscbin.Version(path); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -78,6 +79,9 @@ func New(cfg Config) (*Gvisor, error) {
 
 // Version implements runtime.Runtime.
 func (g *Gvisor) Version() string { return g.version }
+
+// Features are what the runsc build adds to upstream's.
+func (g *Gvisor) Features() runscbin.Features { return g.features }
 
 func (g *Gvisor) cgroupPath(id string) string { return "/" + g.parent + "/" + id }
 
@@ -117,7 +121,7 @@ func (g *Gvisor) start(ctx context.Context, spec runtime.Spec, sub string, args 
 			}
 		}
 	}()
-	bundle, err := ocispec.WriteBundle(spec, g.cgroupsPathFor(spec.ID))
+	bundle, err := ocispec.WriteBundle(spec, g.cgroupsPathFor(spec.ID), g.features)
 	if err != nil {
 		return fmt.Errorf("write bundle: %w", err)
 	}

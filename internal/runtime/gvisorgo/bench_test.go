@@ -256,7 +256,7 @@ func setupRestorePrepared(b *testing.B, e benchEnv, r runtime.Runtime) func(int)
 			if e.cgroups {
 				cg = "/agentenv/" + s.ID
 			}
-			bundle, err := ocispec.WriteBundle(s, cg)
+			bundle, err := ocispec.WriteBundle(s, cg, r.(*gvisor.Gvisor).Features())
 			must(b, err)
 			must(b, e.runscCmd(s, "create", "--bundle", bundle, s.ID))
 			d = timed(func() {

@@ -91,6 +91,8 @@ type settings struct {
 	Root    string `json:"root"`
 	Cgroups bool   `json:"cgroups"`
 	Parent  string `json:"cgroup_parent"`
+	// Features are the runsc build's (runscbin.Version).
+	Features runscbin.Features `json:"features"`
 
 	TestOnlyExitAfterSpawn bool `json:"test_only_exit_after_spawn,omitempty"`
 }
@@ -166,7 +168,7 @@ func New(cfg Config) (*Gvisor, error) {
 	}
 	// The same version string as the CLI runtime's, since snapshots record it
 	// and the checkpoint format is the runsc binary's, not ours.
-	if g.version, err = runscbin.Version(path); err != nil {
+	if g.version, g.Features, err = runscbin.Version(path); err != nil {
 		return nil, err
 	}
 	n := cfg.Workers

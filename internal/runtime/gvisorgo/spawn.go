@@ -46,7 +46,7 @@ func (w *worker) prepare(ctx context.Context, spec runtime.Spec) (*container.Con
 	if _, err := w.loadContainer(spec.ID); err == nil {
 		return nil, nil, errdefs.Conflict("sandbox %s already exists", spec.ID)
 	}
-	bundle, err := ocispec.WriteBundle(spec, w.cgroupPath(spec.ID))
+	bundle, err := ocispec.WriteBundle(spec, w.cgroupPath(spec.ID), w.Features)
 	if err != nil {
 		return nil, nil, fmt.Errorf("write bundle: %w", err)
 	}

@@ -14,17 +14,20 @@ import (
 // option bounds it: df shows it, writing past it gives ENOSPC.
 //
 // Two gVisor behaviours shape the spec:
-//   - Without a gofer process (an EROFS-only sandbox) the pinned runsc never
-//     creates the filestore and the sandbox panics ("fdDispenser out of
-//     fds"). A bind mount, served by a gofer, makes runsc start one.
 //   - gVisor mounts a memory tmpfs over /tmp when /tmp is empty, which
 //     would keep /tmp writes in RAM (and a large one kills the sandbox). A
-//     mount point inside /tmp makes it non-empty.
-//
-// So the one bind mount is an empty, read-only directory at AnchorPath.
+//     mount point inside /tmp makes it non-empty: an empty read-only
+//     mount at AnchorPath.
+//   - Upstream runsc creates the filestore only inside a gofer's mount
+//     namespace: without a gofer process (an EROFS-only sandbox) the
+//     sandbox panics ("fdDispenser out of fds"). Our build's patch 0002
+//     makes the sandbox create it (runscbin.Features.GoferlessFilestore);
+//     the anchor is then an empty read-only tmpfs and no gofer runs. With
+//     another runsc the anchor is a bind mount of an empty directory, and
+//     runsc starts a gofer to serve it.
 
-// AnchorPath is where the sandbox sees the read-only empty directory that
-// keeps /tmp on the disk layer and gives the sandbox its gofer.
+// AnchorPath is where the sandbox sees the read-only empty mount that
+// keeps /tmp on the disk layer.
 const AnchorPath = "/tmp/.agentenv"
 
 // anchorDir is the anchor's source, inside the bundle.
@@ -37,14 +40,18 @@ func FilestorePath(dir, id string) string {
 	return filepath.Join(dir, "bundle", "rootfs", ".gvisor.filestore."+id)
 }
 
-// DiskLayer gives spec s a write layer of diskMB on disk; anchor is an empty
-// host directory (see AnchorPath). Build calls it; the bench uses it to give
-// raw runsc the same layer.
+// DiskLayer gives spec s a write layer of diskMB on disk. anchor is an
+// empty host directory to bind at AnchorPath, or "" for a runsc with
+// Features.GoferlessFilestore (see above). Build calls it; the bench uses
+// it to give raw runsc the same layer.
 func DiskLayer(s *specs.Spec, diskMB int64, anchor string) {
 	s.Annotations["dev.gvisor.spec.rootfs.overlay"] = "self"
 	s.Annotations["dev.gvisor.spec.rootfs.options"] = "size=" + strconv.FormatInt(diskMB, 10) + "m"
-	s.Mounts = append(s.Mounts, specs.Mount{
-		Destination: AnchorPath, Type: "bind", Source: anchor,
-		Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
-	})
+	m := specs.Mount{Destination: AnchorPath, Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=555"}}
+	if anchor != "" {
+		m = specs.Mount{Destination: AnchorPath, Type: "bind", Source: anchor,
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
+	}
+	s.Mounts = append(s.Mounts, m)
 }

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"agentenv/internal/runtime"
+	"agentenv/internal/runtime/runscbin"
 )
 
 // Capabilities of the sandbox's init process (envd runs as root inside the
@@ -25,9 +26,9 @@ var defaultCaps = []string{
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
-// Build returns the OCI spec for spec. cgroupsPath is empty when the
-// runtime does not manage cgroups.
-func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
+// Build returns the OCI spec for spec, for a runsc with features f.
+// cgroupsPath is empty when the runtime does not manage cgroups.
+func Build(spec runtime.Spec, rootfs, cgroupsPath string, f runscbin.Features) *specs.Spec {
 	caps := &specs.LinuxCapabilities{
 		Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
 	}
@@ -72,7 +73,11 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 		},
 	}
 	if spec.DiskMB > 0 {
-		DiskLayer(s, spec.DiskMB, filepath.Join(filepath.Dir(rootfs), anchorDir))
+		anchor := filepath.Join(filepath.Dir(rootfs), anchorDir)
+		if f.GoferlessFilestore {
+			anchor = ""
+		}
+		DiskLayer(s, spec.DiskMB, anchor)
 	}
 	return s
 }
@@ -80,18 +85,18 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string) *specs.Spec {
 // WriteBundle writes the OCI bundle for spec into spec.Dir and returns its
 // path. The state file records the bundle path, and the sandbox process
 // reads config.json from it, exactly as with `runsc create --bundle`.
-func WriteBundle(spec runtime.Spec, cgroupsPath string) (string, error) {
+func WriteBundle(spec runtime.Spec, cgroupsPath string, f runscbin.Features) (string, error) {
 	bundle := filepath.Join(spec.Dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return "", err
 	}
-	if spec.DiskMB > 0 {
+	if spec.DiskMB > 0 && !f.GoferlessFilestore {
 		if err := os.MkdirAll(filepath.Join(bundle, anchorDir), 0o555); err != nil {
 			return "", err
 		}
 	}
-	b, err := json.MarshalIndent(Build(spec, rootfs, cgroupsPath), "", "  ")
+	b, err := json.MarshalIndent(Build(spec, rootfs, cgroupsPath, f), "", "  ")
 	if err != nil {
 		return "", err
 	}

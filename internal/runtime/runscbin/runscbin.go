@@ -15,25 +15,45 @@ import (
 	"agentenv/internal/childproc"
 )
 
-// Version returns the build name of the runsc binary at path: its
-// `--version` line and a digest of the binary (a `go install` build
-// reports no version of its own).
-func Version(path string) (string, error) {
+// Features are what a runsc build can do beyond upstream's, from the
+// patches in patches/gvisor; its `--version` names them on a line
+// "agentenv: NAME ...". A runsc without that line has none.
+type Features struct {
+	// GoferlessFilestore: the sandbox process creates the root overlay's
+	// self filestore itself (patch 0002), so a write layer on disk needs
+	// no gofer process.
+	GoferlessFilestore bool `json:"goferless_filestore,omitempty"`
+}
+
+// Version returns the build name of the runsc binary at path (its
+// `--version` line and a digest of the binary: a `go install` build
+// reports no version of its own) and the features its patches add.
+func Version(path string) (string, Features, error) {
 	out, err := childproc.Output(exec.Command(path, "--version"))
 	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", path, err)
+		return "", Features{}, fmt.Errorf("%s --version: %w", path, err)
 	}
-	line := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	lines := strings.Split(string(out), "\n")
+	var feat Features
+	for _, l := range lines[1:] {
+		if names, ok := strings.CutPrefix(strings.TrimSpace(l), "agentenv:"); ok {
+			for _, n := range strings.Fields(names) {
+				if n == "goferless-self-filestore" {
+					feat.GoferlessFilestore = true
+				}
+			}
+		}
+	}
 	f, err := os.Open(path)
 	if err != nil {
-		return "", err
+		return "", Features{}, err
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return "", err
+		return "", Features{}, err
 	}
-	return line + " (sha256 " + hex.EncodeToString(h.Sum(nil))[:16] + ")", nil
+	return strings.TrimSpace(lines[0]) + " (sha256 " + hex.EncodeToString(h.Sum(nil))[:16] + ")", feat, nil
 }
 
 // SharedRoot is runsc's --shared-root for every sandbox on the host. runsc
