@@ -39,8 +39,14 @@ type Config struct {
 	NetworkCIDR string
 	// NetworkTag keeps the network names of several servers on one host apart.
 	NetworkTag string
-	Domain     string
-	APIKey     string
+	// Domain, if set, turns on the proxy's HTTPS listener (ProxyTLS) for
+	// https://<port>-<sandboxID>.<Domain>; the create answer's domain
+	// then names it.
+	Domain string
+	// ProxyTLS is the HTTPS listener's address and certificate (its
+	// Domain is Domain; without a certificate, a local CA in DataDir).
+	ProxyTLS ProxyTLS
+	APIKey   string
 	Limits     sandbox.Limits
 	// Runtime says how gVisor is driven: "go" (its Go packages in-process)
 	// or "cli" (the runsc binary per call).
@@ -232,7 +238,12 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	defer h.Close()
 
-	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, cfg.Domain)
+	ptls := cfg.ProxyTLS
+	ptls.Domain = cfg.Domain
+	if ptls.CADir == "" {
+		ptls.CADir = cfg.DataDir
+	}
+	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, ptls)
 	if err != nil {
 		return err
 	}
