@@ -47,7 +47,7 @@ type Config struct {
 	// Domain is Domain; without a certificate, a local CA in DataDir).
 	ProxyTLS ProxyTLS
 	APIKey   string
-	Limits     sandbox.Limits
+	Limits   sandbox.Limits
 	// Runtime says how gVisor is driven: "go" (its Go packages in-process)
 	// or "cli" (the runsc binary per call).
 	Runtime string
