@@ -66,11 +66,11 @@ func (t ProxyTLS) certSource() (src *localca.Source, caFile string, err error) {
 }
 
 // ListenFront binds the listeners.
-func ListenFront(apiAddr, proxyAddr string, t ProxyTLS) (f *Front, err error) {
+func ListenFront(apiAddr, proxyAddr string, t ProxyTLS) (_ *Front, err error) {
 	if t.Domain == "" && (t.CertFile != "" || t.KeyFile != "") {
 		return nil, errors.New("--proxy-tls-cert/--proxy-tls-key need --domain: the certificate is for *.<domain>")
 	}
-	f = &Front{}
+	f := &Front{}
 	defer func() {
 		if err != nil {
 			f.close()
