@@ -16,11 +16,7 @@ import (
 // them: make setup installs nss-myhostname for that.
 func needLocalhostNames(t *testing.T) {
 	t.Helper()
-	getent := testenv.NeedCommand(t, "getent", "resolving *.localhost the way libc does")
-	// ahosts, not ahostsv4: in a namespace with only lo, glibc finds no
-	// IPv4-only answer (AI_ADDRCONFIG), while clients get ::1 and 127.0.0.1.
-	out, err := exec.Command(getent, "ahosts", "8000-probe."+testDomain).Output()
-	if err == nil && (strings.HasPrefix(string(out), "127.") || strings.HasPrefix(string(out), "::1 ")) {
+	if localhostNamesResolve() {
 		return
 	}
 	msg := "*." + testDomain + " does not resolve to loopback: install libnss-myhostname and list myhostname in the hosts line of /etc/nsswitch.conf (make setup does both)"
@@ -57,4 +53,13 @@ func TestE2BHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("e2b SDK host tests failed: %v", err)
 	}
+}
+
+// localhostNamesResolve reports whether libc resolves a sandbox host under
+// testDomain to loopback (getent: the resolver Node and Python use).
+func localhostNamesResolve() bool {
+	// ahosts, not ahostsv4: in a namespace with only lo, glibc finds no
+	// IPv4-only answer (AI_ADDRCONFIG), while clients get ::1 and 127.0.0.1.
+	out, err := exec.Command("getent", "ahosts", "8000-probe."+testDomain).Output()
+	return err == nil && (strings.HasPrefix(string(out), "127.") || strings.HasPrefix(string(out), "::1 "))
 }
