@@ -65,27 +65,44 @@ func (t ProxyTLS) certSource() (src *localca.Source, caFile string, err error) {
 	return src, ca.Path, err
 }
 
+// Check reports what is wrong with the configuration before anything
+// starts: the domain, the certificate files, the local CA (made if
+// absent).
+func (t ProxyTLS) Check() error {
+	_, _, err := t.load()
+	return err
+}
+
+// load returns the HTTPS listener's TLS configuration and the local CA's
+// certificate file; nil without a domain.
+func (t ProxyTLS) load() (*tls.Config, string, error) {
+	if t.Domain == "" {
+		if t.CertFile != "" || t.KeyFile != "" {
+			return nil, "", errors.New("--proxy-tls-cert/--proxy-tls-key need --domain: the certificate is for *.<domain>")
+		}
+		return nil, "", nil
+	}
+	if err := localca.CheckDomain(t.Domain); err != nil {
+		return nil, "", fmt.Errorf("--domain: %w", err)
+	}
+	src, caFile, err := t.certSource()
+	if err != nil {
+		return nil, "", err
+	}
+	return src.TLSConfig(), caFile, nil
+}
+
 // ListenFront binds the listeners.
 func ListenFront(apiAddr, proxyAddr string, t ProxyTLS) (_ *Front, err error) {
-	if t.Domain == "" && (t.CertFile != "" || t.KeyFile != "") {
-		return nil, errors.New("--proxy-tls-cert/--proxy-tls-key need --domain: the certificate is for *.<domain>")
-	}
 	f := &Front{}
+	if f.tlsConf, f.CAFile, err = t.load(); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			f.close()
 		}
 	}()
-	if t.Domain != "" {
-		if err := localca.CheckDomain(t.Domain); err != nil {
-			return nil, fmt.Errorf("--domain: %w", err)
-		}
-		src, caFile, err := t.certSource()
-		if err != nil {
-			return nil, err
-		}
-		f.tlsConf, f.CAFile = src.TLSConfig(), caFile
-	}
 	if f.api, err = net.Listen("tcp", apiAddr); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", apiAddr, err)
 	}

@@ -232,17 +232,22 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
+	ptls := cfg.ProxyTLS
+	ptls.Domain = cfg.Domain
+	if ptls.CADir == "" {
+		ptls.CADir = cfg.DataDir
+	}
+	// Before the host starts: a wrong --domain or certificate is told at
+	// once, not after adopting sandboxes and building templates.
+	if err := ptls.Check(); err != nil {
+		return err
+	}
 	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 
-	ptls := cfg.ProxyTLS
-	ptls.Domain = cfg.Domain
-	if ptls.CADir == "" {
-		ptls.CADir = cfg.DataDir
-	}
 	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, ptls)
 	if err != nil {
 		return err
