@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -84,6 +85,13 @@ func LoadOrCreate(dir, domain string) (*CA, error) {
 		return nil, err
 	}
 	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
+	// Several servers may share the directory (API servers behind one
+	// name) and start at once: one makes the CA, the others load it.
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local CA in %s: %w", dir, err)
+	}
+	defer unlock()
 	ca, err := load(certPath, keyPath)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -111,6 +119,22 @@ func (ca *CA) Permits(domain string) bool {
 		}
 	}
 	return false
+}
+
+// lockDir takes an exclusive flock on dir/ca.lock until unlock.
+func lockDir(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "ca.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
 }
 
 func load(certPath, keyPath string) (*CA, error) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -161,6 +162,36 @@ func TestCheckDomain(t *testing.T) {
 	} {
 		if err := CheckDomain(d); (err == nil) != ok {
 			t.Errorf("CheckDomain(%q) = %v, want ok=%v", d, err, ok)
+		}
+	}
+}
+
+// TestConcurrentCreate: servers starting at once on one directory end
+// with one CA, the one on disk.
+func TestConcurrentCreate(t *testing.T) {
+	dir := t.TempDir()
+	const n = 8
+	cas := make([]*CA, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cas[i], errs[i] = LoadOrCreate(dir, "agentenv.localhost")
+		}()
+	}
+	wg.Wait()
+	disk, err := load(filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("start %d: %v", i, errs[i])
+		}
+		if !cas[i].cert.Equal(disk.cert) {
+			t.Errorf("start %d uses a CA that is not the one in %s", i, CertFile)
 		}
 	}
 }
