@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's demo: start agentenv (unless one is already serving), build
 # the Debian template "base" if it is missing, create a sandbox, run Python
-# in it, fork it and show that the children continue from its state, kill
-# everything it made.
+# in it, fork it and show that the children continue from its state, serve
+# a web page from the sandbox at its getHost URL over HTTPS (the server's
+# local CA, names under .localhost), kill everything it made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,11 +11,14 @@ DATA_DIR=${AGENTENV_DATA_DIR:-/var/lib/agentenv}
 SERVER=${AGENTENV_SERVER:-http://127.0.0.1:3000}
 export AGENTENV_DATA_DIR=$DATA_DIR AGENTENV_SERVER=$SERVER
 AE=bin/agentenv
+# Sandbox hosts are https://<port>-<id>.$DOMAIN:3443; *.localhost resolves to
+# this machine (nss-myhostname, installed by make setup; curl knows it too).
+DOMAIN=agentenv.localhost
 
 if ! curl -fsS "$SERVER/health" >/dev/null 2>&1; then
 	mkdir -p "$DATA_DIR"
 	echo "demo: starting agentenv serve (log: $DATA_DIR/serve.log)"
-	nohup $AE serve --data-dir "$DATA_DIR" >>"$DATA_DIR/serve.log" 2>&1 &
+	nohup $AE serve --data-dir "$DATA_DIR" --domain "$DOMAIN" >>"$DATA_DIR/serve.log" 2>&1 &
 	for _ in $(seq 1 300); do
 		curl -fsS "$SERVER/health" >/dev/null 2>&1 && break
 		sleep 0.2
@@ -53,5 +57,32 @@ for c in $CHILDREN; do
 	echo "demo: child $c: file=$($AE sandbox exec "$c" 'cat /tmp/state') counter=$($AE sandbox exec "$c" "$ASK")"
 done
 echo "demo: parent: counter=$($AE sandbox exec "$ID" "$ASK") (each child continued from the same state, independently)"
+
+echo "demo: serving a web page from the parent sandbox on port 8000, reached by its getHost URL over HTTPS"
+$AE sandbox exec "$ID" "mkdir -p /tmp/www && echo 'hello from sandbox $ID over https' >/tmp/www/index.html"
+$AE sandbox exec "$ID" 'cd /tmp/www && (python3 -m http.server 8000 >/dev/null 2>&1 &)'
+KEY=${AGENTENV_API_KEY:-$(cat "$DATA_DIR/api-key")}
+SB_DOMAIN=$(curl -fsS -H "X-API-Key: $KEY" "$SERVER/sandboxes/$ID" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("domain") or "")')
+CA=$DATA_DIR/ca.pem
+if [[ $SB_DOMAIN != *.localhost:* && $SB_DOMAIN != *.localhost ]] || [[ ! -f $CA ]]; then
+	echo "demo: the running server has no --domain (sandbox domain: '${SB_DOMAIN}'), so getHost URLs do not work;" >&2
+	echo "demo: restart it with: $AE serve --stop --data-dir $DATA_DIR && make demo" >&2
+	exit 1
+fi
+URL="https://8000-$ID.$SB_DOMAIN/"
+PAGE=""
+for _ in $(seq 1 50); do
+	PAGE=$(curl -fsS --cacert "$CA" "$URL" 2>/dev/null) && break
+	sleep 0.2
+done
+if [[ $PAGE != "hello from sandbox"* ]]; then
+	echo "demo: $URL did not answer as expected; the error:" >&2
+	curl -sS --cacert "$CA" "$URL" >&2 || true
+	exit 1
+fi
+echo "demo: getHost(8000) = 8000-$ID.$SB_DOMAIN"
+echo "demo: curl --cacert $CA $URL"
+echo "  $PAGE"
+echo "demo: (E2B's SDKs: NODE_EXTRA_CA_CERTS=$CA for JavaScript, SSL_CERT_FILE=$CA for Python)"
 $AE sandbox list
 echo "demo: done (the server keeps running; stop it with: $AE serve --stop --data-dir $DATA_DIR)"

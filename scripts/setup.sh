@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNSC_VERSION=$(cat RUNSC_VERSION)
-APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 patch)
+APT_PACKAGES=(busybox-static debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 patch libnss-myhostname)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -16,6 +16,19 @@ if ((${#missing[@]})); then
 	echo "setup: installing ${missing[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Names under *.localhost resolve to loopback through nss-myhostname, so the
+# sandbox hosts of a server with a .localhost --domain (make demo's) work on
+# this machine: https://<port>-<id>.agentenv.localhost. Its package adds it
+# to nsswitch.conf; an edited file may lack it, so check.
+if ! grep -Eq '^hosts:.*[[:space:]]myhostname([[:space:]]|$)' /etc/nsswitch.conf; then
+	echo "setup: adding myhostname to the hosts line of /etc/nsswitch.conf (*.localhost resolves to loopback)"
+	sed -i -E 's/^(hosts:[[:space:]]+files)([[:space:]]|$)/\1 myhostname\2/' /etc/nsswitch.conf
+	if ! grep -Eq '^hosts:.*[[:space:]]myhostname([[:space:]]|$)' /etc/nsswitch.conf; then
+		sed -i -E 's/^(hosts:.*)$/\1 myhostname/' /etc/nsswitch.conf
+	fi
+	grep -q '^hosts:' /etc/nsswitch.conf || echo 'hosts: files myhostname dns' >>/etc/nsswitch.conf
 fi
 
 # runsc: the pinned gVisor module built static (a dynamic build fails inside

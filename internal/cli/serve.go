@@ -91,7 +91,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.DurationVar(&stopWait, "stop-timeout", 2*time.Minute, "with --stop: how long to wait for the server to exit")
 	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
-	f.StringVar(&h.cfg.Domain, "domain", "", "domain for <port>-<sandboxID>.<domain> host routing (default: the proxy address)")
+	domainFlags(cmd, &h.cfg.Domain, &h.cfg.ProxyTLS)
 	h.add(cmd)
 	return cmd
 }
@@ -130,4 +130,13 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-budget)")
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
+}
+
+// domainFlags defines --domain and the proxy's HTTPS flags of serve and api.
+func domainFlags(cmd *cobra.Command, domain *string, t *server.ProxyTLS) {
+	f := cmd.Flags()
+	f.StringVar(domain, "domain", "", "serve sandbox ports at https://<port>-<sandboxID>.<domain> (E2B's getHost, downloadUrl, uploadUrl) on --proxy-tls-listen, with --proxy-tls-cert or a local CA; a .localhost domain resolves to this machine (nss-myhostname). Default: no HTTPS, the create answer's domain is the proxy's address")
+	f.StringVar(&t.Listen, "proxy-tls-listen", "127.0.0.1:3443", "with --domain: the sandbox proxy's HTTPS address (the create answer's domain carries its port unless it is 443)")
+	f.StringVar(&t.CertFile, "proxy-tls-cert", "", "with --domain: the operator's certificate for *.<domain> (PEM, chain after it); default: one issued by the local CA (<data-dir>/ca.pem)")
+	f.StringVar(&t.KeyFile, "proxy-tls-key", "", "private key of --proxy-tls-cert (PEM)")
 }

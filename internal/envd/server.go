@@ -154,7 +154,6 @@ func signatureRefusal(r *http.Request, token string) string {
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	msg := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
 	exp := q.Get("signature_expiration")
 	var expires int64
 	if q.Has("signature_expiration") {
@@ -163,10 +162,8 @@ func signatureRefusal(r *http.Request, token string) string {
 			return "invalid signature"
 		}
 		expires = n
-		msg += ":" + exp
 	}
-	sum := sha256.Sum256([]byte(msg))
-	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	want := FileSignature(q.Get("path"), op, q.Get("username"), token, exp)
 	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
 		return "invalid signature"
 	}
@@ -174,6 +171,19 @@ func signatureRefusal(r *http.Request, token string) string {
 		return "signature is already expired"
 	}
 	return ""
+}
+
+// FileSignature is the signature of a /files URL as E2B's SDKs make it:
+// "v1_" + unpadded base64 of SHA-256 over "path:operation:user:token",
+// with ":expiration" (Unix seconds) when the URL expires. operation is
+// "read" (GET) or "write" (POST).
+func FileSignature(path, operation, user, token, expiration string) string {
+	msg := path + ":" + operation + ":" + user + ":" + token
+	if expiration != "" {
+		msg += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(msg))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

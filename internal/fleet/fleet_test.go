@@ -3,8 +3,12 @@ package fleet_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -129,6 +133,48 @@ func TestFleet(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode/100 != 2 {
 			t.Fatalf("envd /health by Host through api2's proxy: HTTP %d, want 2xx", resp.StatusCode)
+		}
+	})
+
+	t.Run("HTTPS by host name through either API server, with their shared local CA", func(t *testing.T) {
+		pem, err := os.ReadFile(filepath.Join(f.dir, "proxy-ca", "ca.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(pem)
+		for i, addr := range f.apiTLS {
+			// The name is what E2B's SDK builds; the connection goes to
+			// this API server's HTTPS listener on loopback.
+			tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots},
+				DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+					return (&net.Dialer{}).DialContext(ctx, network, addr)
+				}}
+			_, port, _ := net.SplitHostPort(addr)
+			url := "https://49983-" + sbs[7].SandboxID + "." + fleetDomain + ":" + port + "/health"
+			resp, err := (&http.Client{Transport: tr}).Get(url)
+			tr.CloseIdleConnections()
+			if err != nil {
+				t.Fatalf("api%d: %s: %v", i+1, url, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode/100 != 2 {
+				t.Errorf("api%d: %s: HTTP %d, want 2xx", i+1, url, resp.StatusCode)
+			}
+		}
+		var got struct {
+			Domain string `json:"domain"`
+		}
+		req, _ := http.NewRequest(http.MethodGet, f.apiURLs[0][0]+"/sandboxes/"+sbs[7].SandboxID, nil)
+		req.Header.Set("X-API-Key", apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if _, port, _ := net.SplitHostPort(f.apiTLS[0]); got.Domain != fleetDomain+":"+port {
+			t.Errorf("api1 reports domain %q, want %s:%s", got.Domain, fleetDomain, port)
 		}
 	})
 

@@ -64,6 +64,9 @@ type fleetEnv struct {
 	// ops hold the operator's key (node operations).
 	ops     []*client.Client
 	apiURLs [][2]string
+	// apiTLS are the API servers' HTTPS proxy addresses (--domain
+	// fleetDomain, a local CA in dir/proxy-ca shared by both).
+	apiTLS []string
 }
 
 type proc struct {
@@ -250,18 +253,23 @@ func (f *fleetEnv) startNode(i int) *proc {
 }
 
 func (f *fleetEnv) startAPI(i int) {
-	ap, pp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
+	ap, pp, tp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
 	args := []string{f.bin, "api", "--etcd", f.etcdURL,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
+		"--domain", fleetDomain, "--proxy-tls-listen", fmt.Sprintf("127.0.0.1:%d", tp), "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
 		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
 		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
 	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)
 	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
 	f.apiURLs = append(f.apiURLs, [2]string{a, x})
+	f.apiTLS = append(f.apiTLS, fmt.Sprintf("127.0.0.1:%d", tp))
 	f.clients = append(f.clients, client.New(a, x, apiKey))
 	f.ops = append(f.ops, client.New(a, x, opKey))
 }
+
+// fleetDomain is the API servers' --domain.
+const fleetDomain = "fleet.localhost"
 
 // etcdFlags are a role's flags for the test's etcd: TLS with the test's
 // client certificate.

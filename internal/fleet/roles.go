@@ -300,6 +300,10 @@ type APIRun struct {
 	Secret      string
 	APIKey      string
 	Domain      string
+	// ProxyTLS is the proxy's HTTPS listener for *.Domain (its Domain is
+	// Domain): an operator's certificate, or a local CA in its CADir,
+	// which every API server behind one name must share.
+	ProxyTLS server.ProxyTLS
 	// OperatorKey, if set, is the key of node operations (cordon, drain,
 	// forget); API keys cannot do them.
 	OperatorKey string
@@ -344,7 +348,9 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		}
 		return out
 	})
-	front, err := server.ListenFront(cfg.Listen, cfg.ProxyListen, cfg.Domain)
+	ptls := cfg.ProxyTLS
+	ptls.Domain = cfg.Domain
+	front, err := server.ListenFront(cfg.Listen, cfg.ProxyListen, ptls)
 	if err != nil {
 		return err
 	}

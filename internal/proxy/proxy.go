@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
 )
 
@@ -53,6 +54,16 @@ type TrafficTokens interface {
 type Booter interface {
 	// Boot returns a number that changes at each boot of the sandbox.
 	Boot(sandboxID string) uint64
+}
+
+// SignedFiles is implemented by resolvers that can tell which sandbox a
+// signed /files URL is for when the URL names none: E2B's SDKs build
+// downloadUrl/uploadUrl on E2B_SANDBOX_URL without the sandbox, and sign
+// path, operation, user and expiry with the sandbox's envd access token.
+type SignedFiles interface {
+	// FindByToken returns a running or paused sandbox whose envd access
+	// token match accepts.
+	FindByToken(match func(token string) bool) (sandboxID string, ok bool)
 }
 
 // EnvdPort is the port of the in-sandbox daemon, which checks its own
@@ -240,7 +251,7 @@ func Target(h http.Header, host string) (id string, port int, err error) {
 	}
 	id, port, ok := ParseHost(host)
 	if !ok {
-		return "", 0, errors.New("cannot tell which sandbox this is for: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, or use Host <port>-<sandboxID>.<domain> with a port in 1..65535")
+		return "", 0, errors.New("cannot tell which sandbox this is for: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, or use Host <port>-<sandboxID>.<domain> with a port in 1..65535 (E2B's signed file URLs carry their sandbox in the host when E2B_SANDBOX_URL is unset)")
 	}
 	return id, port, nil
 }
@@ -248,8 +259,17 @@ func Target(h http.Header, host string) (id string, port int, err error) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port, err := Target(r.Header, r.Host)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+		sf, ok := p.resolve.(SignedFiles)
+		if !ok || !IsSignedFileURL(r) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if id, ok = SignedBy(r, sf); !ok {
+			// envd's text for a signature that is not its own.
+			writeError(w, http.StatusUnauthorized, "invalid signature")
+			return
+		}
+		port = EnvdPort
 	}
 	if tt, ok := p.resolve.(TrafficTokens); ok && port != EnvdPort {
 		// Checked before the sandbox is resolved: traffic without its
@@ -297,6 +317,28 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// streaming response half-way (golang/go#40747).
 	http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// IsSignedFileURL reports whether r is envd's /files with a signature:
+// a URL E2B's downloadUrl/uploadUrl made.
+func IsSignedFileURL(r *http.Request) bool {
+	return r.URL.Path == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) &&
+		r.URL.Query().Get("signature") != ""
+}
+
+// SignedBy finds the sandbox whose envd token made the signature of a
+// signed /files URL. The sandbox's envd checks the signature again, and
+// its expiry.
+func SignedBy(r *http.Request, sf SignedFiles) (string, bool) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	path, user, exp, sig := q.Get("path"), q.Get("username"), q.Get("signature_expiration"), []byte(q.Get("signature"))
+	return sf.FindByToken(func(token string) bool {
+		return subtle.ConstantTimeCompare([]byte(envd.FileSignature(path, op, user, token, exp)), sig) == 1
+	})
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -472,6 +472,27 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	return e.sb, m.persist(e.sb)
 }
 
+// FindByToken implements proxy.SignedFiles: a running or paused sandbox
+// whose envd access token match accepts (a signed file URL without a
+// sandbox ID is matched against each).
+func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
+	m.mu.Lock()
+	entries := make([]*entry, 0, len(m.boxes))
+	for _, e := range m.boxes {
+		entries = append(entries, e)
+	}
+	m.mu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
+		e.mu.Unlock()
+		if token != "" && (state == StateRunning || state == StatePaused) && match(token) {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 // TrafficToken returns the token a sandbox's exposed ports require through
 // the proxy ("" when they are public).
 func (m *Manager) TrafficToken(id string) string {

@@ -21,7 +21,7 @@ import (
 // l, on loopback, until the test ends; it returns both addresses.
 func startFront(t *testing.T, l server.HTTPLimits) (api, proxy string) {
 	t.Helper()
-	f, err := server.ListenFront("127.0.0.1:0", "127.0.0.1:0", "")
+	f, err := server.ListenFront("127.0.0.1:0", "127.0.0.1:0", server.ProxyTLS{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,9 @@ var (
 )
 
 const (
+	// testDomain is the servers' --domain: names under .localhost
+	// resolve to loopback (nss-myhostname, installed by make setup).
+	testDomain   = "agentenv.localhost"
 	testKey      = "test-api-key"
 	testSlotPool = 4
 )
@@ -56,6 +59,7 @@ func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*serve
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
+		Domain: testDomain, ProxyTLS: server.ProxyTLS{Listen: "127.0.0.1:0"},
 		APIKey: testKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentenv/internal/testenv"
 )
 
 // python3 returns the interpreter the Python SDK's tests run with, or
@@ -58,7 +60,14 @@ func TestPythonSDK(t *testing.T) {
 	if k := os.Getenv("AGENTENV_PY_TEST_PATTERN"); k != "" {
 		args = append(args, "-k", k) // while working on one test
 	}
-	runPython(t, e, sdk, nil, args...)
+	// test_hosts.py reaches sandboxes at https://<port>-<id>.<domain>,
+	// trusting the server's CA only; it fails rather than skips when
+	// AGENTENV_REQUIRE_HOSTS is set.
+	extra := []string{"SSL_CERT_FILE=" + filepath.Join(e.dataDir, "ca.pem")}
+	if localhostNamesResolve() || testenv.Required() {
+		extra = append(extra, "AGENTENV_REQUIRE_HOSTS=1")
+	}
+	runPython(t, e, sdk, extra, args...)
 }
 
 // TestPythonExamples runs the examples at small size; each prints its

@@ -39,9 +39,15 @@ type Config struct {
 	NetworkCIDR string
 	// NetworkTag keeps the network names of several servers on one host apart.
 	NetworkTag string
-	Domain     string
-	APIKey     string
-	Limits     sandbox.Limits
+	// Domain, if set, turns on the proxy's HTTPS listener (ProxyTLS) for
+	// https://<port>-<sandboxID>.<Domain>; the create answer's domain
+	// then names it.
+	Domain string
+	// ProxyTLS is the HTTPS listener's address and certificate (its
+	// Domain is Domain; without a certificate, a local CA in DataDir).
+	ProxyTLS ProxyTLS
+	APIKey   string
+	Limits   sandbox.Limits
 	// Runtime says how gVisor is driven: "go" (its Go packages in-process)
 	// or "cli" (the runsc binary per call).
 	Runtime string
@@ -226,13 +232,23 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err != nil {
 		return err
 	}
+	ptls := cfg.ProxyTLS
+	ptls.Domain = cfg.Domain
+	if ptls.CADir == "" {
+		ptls.CADir = cfg.DataDir
+	}
+	// Before the host starts: a wrong --domain or certificate is told at
+	// once, not after adopting sandboxes and building templates.
+	if err := ptls.Check(); err != nil {
+		return err
+	}
 	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 
-	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, cfg.Domain)
+	front, err := ListenFront(cfg.Listen, cfg.ProxyListen, ptls)
 	if err != nil {
 		return err
 	}

@@ -272,6 +272,24 @@ class AsyncSandbox:
         return self._pty
 
     @property
+    def sandbox_domain(self) -> Optional[str]:
+        return self._s.sandbox_domain
+
+    def get_host(self, port: int) -> str:
+        """See ``Sandbox.get_host``."""
+        return self._s.get_host(port)
+
+    def download_url(self, path: str, user: Optional[str] = None,
+                     use_signature_expiration: Optional[int] = None) -> str:
+        """See ``Sandbox.download_url`` (no I/O: not a coroutine, as E2B's)."""
+        return self._s.download_url(path, user, use_signature_expiration)
+
+    def upload_url(self, path: Optional[str] = None, user: Optional[str] = None,
+                   use_signature_expiration: Optional[int] = None) -> str:
+        """See ``Sandbox.upload_url``."""
+        return self._s.upload_url(path, user, use_signature_expiration)
+
+    @property
     def sync(self) -> Sandbox:
         """The blocking ``Sandbox`` over the same connection."""
         return self._s

@@ -54,7 +54,10 @@ class ConnectionConfig:
             proxy = f"{u.scheme}://{u.hostname}:3001"
         self.sandbox_url = proxy.rstrip("/")
         self.request_timeout = request_timeout or DEFAULT_REQUEST_TIMEOUT
-        self.domain, self.debug = domain, debug  # accepted for E2B compatibility; unused
+        # The domain of sandbox hosts when the server's answer has none
+        # (get_host); debug as E2B's: hosts are localhost:<port>.
+        self.domain = domain or _env("E2B_DOMAIN")
+        self.debug = bool(debug) if debug is not None else (_env("E2B_DEBUG") or "").lower() == "true"
         self.transport = shared_transport()
 
     def timeout(self, request_timeout: Optional[float]) -> float:

@@ -6,8 +6,10 @@ The names and semantics are those of E2B's Python SDK (``e2b.Sandbox``);
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import functools
+import hashlib
 import inspect
 import json
 import urllib.parse
@@ -138,6 +140,12 @@ def _connect(config: ConnectionConfig, sandbox_id: str, timeout: Optional[int]) 
         raise _not_found(e, sandbox_id) from e
 
 
+def file_signature(path: str, operation: str, user: str, token: str, expiration: Optional[int]) -> str:
+    """The signature of a /files URL, as E2B's SDKs make it (envd checks it)."""
+    raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration is not None else "")
+    return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+
+
 def _q(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
@@ -207,9 +215,12 @@ class Sandbox:
     Used as a context manager, the sandbox is killed on exit.
     """
 
-    def __init__(self, sandbox_id: str, envd_access_token: Optional[str], connection_config: ConnectionConfig):
+    def __init__(self, sandbox_id: str, envd_access_token: Optional[str], connection_config: ConnectionConfig,
+                 sandbox_domain: Optional[str] = None):
         self._sandbox_id = sandbox_id
         self._connection_config = connection_config
+        self._envd_access_token = envd_access_token
+        self._sandbox_domain = sandbox_domain or connection_config.domain
         self._envd = EnvdConnection(connection_config, sandbox_id, envd_access_token)
         self._commands = Commands(self._envd)
         self._filesystem = Filesystem(self._envd)
@@ -240,6 +251,55 @@ class Sandbox:
     @property
     def envd_api_url(self) -> str:
         return self._envd.base
+
+    @property
+    def sandbox_domain(self) -> Optional[str]:
+        """The domain of this sandbox's hosts (``<port>-<id>.<domain>``): the
+        server's answer, else ``domain=`` / ``E2B_DOMAIN``."""
+        return self._sandbox_domain
+
+    # -- URLs (E2B's get_host, download_url, upload_url) -------------------
+
+    def get_host(self, port: int) -> str:
+        """The host of a port in the sandbox, ``<port>-<sandbox_id>.<domain>``:
+        ``https://`` + it reaches a server listening there (a server
+        started with ``--domain``; trust its CA with ``SSL_CERT_FILE``)."""
+        if self._connection_config.debug:
+            return f"localhost:{port}"
+        if not self._sandbox_domain:
+            raise exc.SandboxException("the server gave no domain for sandbox hosts: start it with --domain, "
+                                       "or pass domain= / set E2B_DOMAIN")
+        return f"{int(port)}-{self._sandbox_id}.{self._sandbox_domain}"
+
+    def _file_url(self, path: Optional[str], operation: str, user: Optional[str],
+                  use_signature_expiration: Optional[int]) -> str:
+        # As E2B's SDK with E2B_SANDBOX_URL set: the sandbox proxy's /files,
+        # signed with the sandbox's envd token; the proxy finds the sandbox
+        # by the signature.
+        q: Dict[str, Optional[str]] = {"path": path or None, "username": user or None}
+        if self._envd_access_token:
+            expiration = None
+            if use_signature_expiration is not None:
+                expiration = int(_dt.datetime.now(_dt.timezone.utc).timestamp()) + int(use_signature_expiration)
+            q["signature"] = file_signature(path or "", operation, user or "", self._envd_access_token, expiration)
+            if expiration is not None:
+                q["signature_expiration"] = str(expiration)
+        elif use_signature_expiration is not None:
+            raise exc.InvalidArgumentException("Signature expiration can be used only when sandbox is created as secured.")
+        return self._envd.base + "/files?" + urllib.parse.urlencode(
+            {k: v for k, v in q.items() if v is not None}, quote_via=urllib.parse.quote)
+
+    def download_url(self, path: str, user: Optional[str] = None,
+                     use_signature_expiration: Optional[int] = None) -> str:
+        """A URL that downloads the file with a plain GET, signed with the
+        sandbox's token; ``use_signature_expiration`` (seconds) makes it expire."""
+        return self._file_url(path, "read", user, use_signature_expiration)
+
+    def upload_url(self, path: Optional[str] = None, user: Optional[str] = None,
+                   use_signature_expiration: Optional[int] = None) -> str:
+        """A URL that uploads a file with a multipart/form-data POST (field
+        ``file``), signed as ``download_url``."""
+        return self._file_url(path, "write", user, use_signature_expiration)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sandbox_id={self._sandbox_id!r})"
@@ -282,7 +342,7 @@ class Sandbox:
 
     @classmethod
     def _from_json(cls: Type[S], d: Dict[str, Any], config: ConnectionConfig) -> S:
-        return cls(d["sandboxID"], d.get("envdAccessToken"), config)
+        return cls(d["sandboxID"], d.get("envdAccessToken"), config, d.get("domain"))
 
     def _connect(self: S, timeout: Optional[int] = None, **opts: Any) -> S:
         """Connects again (resuming the sandbox if it is paused); returns self."""
