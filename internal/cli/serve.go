@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -83,6 +84,15 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer release()
+			if path := os.Getenv("AGENTENV_CPU_PROFILE"); path != "" {
+				// For finding where the server's own CPU goes (docs/benchmarks.md);
+				// written when the server stops.
+				stopProfile, err := startCPUProfile(path)
+				if err != nil {
+					return err
+				}
+				defer stopProfile()
+			}
 			return server.Run(cmd.Context(), cfg, nil)
 		},
 	}
@@ -139,4 +149,18 @@ func domainFlags(cmd *cobra.Command, domain *string, t *server.ProxyTLS) {
 	f.StringVar(&t.Listen, "proxy-tls-listen", "127.0.0.1:3443", "with --domain: the sandbox proxy's HTTPS address (the create answer's domain carries its port unless it is 443)")
 	f.StringVar(&t.CertFile, "proxy-tls-cert", "", "with --domain: the operator's certificate for *.<domain> (PEM, chain after it); default: one issued by the local CA (<data-dir>/ca.pem)")
 	f.StringVar(&t.KeyFile, "proxy-tls-key", "", "private key of --proxy-tls-cert (PEM)")
+}
+
+// startCPUProfile writes the process's CPU profile to path until the
+// returned function is called (AGENTENV_CPU_PROFILE).
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("AGENTENV_CPU_PROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("AGENTENV_CPU_PROFILE: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
