@@ -49,14 +49,17 @@ func fsError(err error, a account, op, path string) error {
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s %q as user %q: %w", op, path, a.Name, err))
 }
 
-// deniedMessage says which user was refused what, where, and what to do.
+// deniedMessage says which user was refused what, where. File operations
+// act as root, so only the sandbox's kernel refuses them (a /proc file
+// that cannot change owner...); a command's working directory is checked
+// as its user, who may ask as root instead.
 func deniedMessage(err error, a account, op, path string) string {
 	msg := fmt.Sprintf("permission denied: user %q cannot %s %q", a.Name, op, path)
 	var pe *fs.PathError
 	if errors.As(err, &pe) && pe.Path != path {
 		msg += fmt.Sprintf(" (refused at %q)", pe.Path)
 	}
-	return msg + `; use a path that user may access, or make the request as user "root"`
+	return msg
 }
 
 // entryInfo describes path as E2B's envd does: a symlink is reported with

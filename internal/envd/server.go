@@ -244,8 +244,14 @@ func fileStatus(err error, a account, op, path string, otherwise int) (int, stri
 		return http.StatusNotFound, fmt.Sprintf("path %q does not exist", path)
 	case errors.Is(err, syscall.ENOSPC):
 		return http.StatusInsufficientStorage, "not enough space in the sandbox: " + err.Error()
-	case errors.Is(err, errIsDir), errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, errIsDir):
 		return http.StatusBadRequest, err.Error()
+	case errors.Is(err, syscall.ENOTDIR):
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			path = pe.Path
+		}
+		return http.StatusBadRequest, fmt.Sprintf("path %q is not a directory", path)
 	}
 	return otherwise, fmt.Sprintf("%s %q as user %q: %v", op, path, a.Name, err)
 }
