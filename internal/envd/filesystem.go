@@ -155,8 +155,8 @@ func ensureDirs(dir string, a account) error {
 		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		// Also when another request made it meanwhile: it may not have
-		// handed it over yet (the same user's request, or E2B's order).
+		// Also when another request made it meanwhile, which may not have
+		// chowned it yet (E2B's envd does the same).
 		if err := os.Lchown(p, int(a.UID), int(a.GID)); err != nil {
 			return err
 		}
