@@ -26,9 +26,18 @@ if ! curl -fsS "$SERVER/health" >/dev/null 2>&1; then
 	curl -fsS "$SERVER/health" >/dev/null || { echo "demo: server did not start; see $DATA_DIR/serve.log" >&2; tail -20 "$DATA_DIR/serve.log" >&2; exit 1; }
 fi
 
-if ! $AE template list --json | grep -q '"templateID": "base"'; then
-	echo "demo: building the Debian template 'base' (debootstrap; a few minutes the first time)"
-	$AE template build base --debian bookworm --packages python3,git,curl,ca-certificates,procps
+# base's packages: scripts/base-packages (python, pip, venv, node, npm as in
+# E2B's default template). A base built from another list is built again.
+PACKAGES=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' scripts/base-packages | paste -sd, -)
+HAVE=$($AE template list --json | python3 -c '
+import json, sys
+for t in json.load(sys.stdin) or []:
+    if t.get("templateID") == "base":
+        print(",".join(t.get("packages") or []) or "-")')
+if [ "$HAVE" != "$PACKAGES" ]; then
+	[ -n "$HAVE" ] && echo "demo: template 'base' has other packages than scripts/base-packages: building it again"
+	echo "demo: building the Debian template 'base' (debootstrap; 10 to 30 minutes the first time: npm brings ~400 packages)"
+	$AE template build base --debian bookworm --packages "$PACKAGES"
 fi
 
 echo "demo: creating a sandbox from 'base'"
@@ -37,6 +46,8 @@ ID=$($AE sandbox create base --metadata demo=1)
 echo "demo: sandbox $ID ready in $(( ($(date +%s%N) - start) / 1000000 )) ms"
 trap '$AE sandbox kill "$ID" >/dev/null 2>&1 || true' EXIT
 
+echo "demo: what E2B's default template offers code: python, pip, node, npm"
+$AE sandbox exec "$ID" 'python -c "import sys; print(\"python\", sys.version.split()[0])" && pip --version && node -e "console.log(\"node\", process.version)" && npm --version'
 echo "demo: running Python in it"
 $AE sandbox exec "$ID" -- python3 -c 'import platform, sys; print("hello from", platform.python_implementation(), sys.version.split()[0], "in", platform.node()); print(sum(i*i for i in range(10**6)))'
 echo "demo: starting a Python process that holds a counter in memory, then forking the sandbox into 3"

@@ -3,14 +3,11 @@ package envd_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +25,7 @@ import (
 	"agentenv/internal/testenv"
 )
 
-// unprivileged is the user the access tests act as: it exists on every
+// unprivileged is the user the ownership tests act as: it exists on every
 // Debian-like host, as "user" exists in every sandbox.
 const unprivileged = "nobody"
 
@@ -82,38 +79,15 @@ func newFixture(t *testing.T) fixture {
 	return fx
 }
 
-// snapshot describes everything under base outside home: names, modes,
-// owners and contents.
-func (fx fixture) snapshot(t *testing.T) string {
+// owner returns "uid:gid" of path (not following a final symlink).
+func owner(t *testing.T, path string) string {
 	t.Helper()
-	var b strings.Builder
-	err := filepath.WalkDir(fx.base, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == fx.home {
-			return filepath.SkipDir
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st := info.Sys().(*syscall.Stat_t)
-		fmt.Fprintf(&b, "%s %v %d:%d", p, info.Mode(), st.Uid, st.Gid)
-		if info.Mode().IsRegular() {
-			c, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(&b, " %q", c)
-		}
-		b.WriteByte('\n')
-		return nil
-	})
+	st, err := os.Lstat(path)
 	if err != nil {
-		t.Fatalf("snapshot: %v", err)
+		t.Fatal(err)
 	}
-	return b.String()
+	sys := st.Sys().(*syscall.Stat_t)
+	return fmt.Sprintf("%d:%d", sys.Uid, sys.Gid)
 }
 
 // as returns a filesystem client that sends name as the request's user.
@@ -122,258 +96,157 @@ func (d *daemon) as(name string) filesystempbconnect.FilesystemClient {
 	return fsc
 }
 
-// restOutcome is how a request ended: "" if allowed, "denied" if refused
-// for permission with a message naming the user and the path; anything else
-// is reported as is.
-func restOutcome(resp *http.Response, body []byte, user, path string) string {
-	switch resp.StatusCode {
-	case http.StatusOK:
-		return ""
-	case http.StatusForbidden:
-		var e struct{ Message string }
-		json.Unmarshal(body, &e)
-		if !strings.Contains(e.Message, strconv.Quote(user)) || !strings.Contains(e.Message, strconv.Quote(path)) {
-			return fmt.Sprintf("403 without user %q and path %q in the message: %s", user, path, body)
-		}
-		return "denied"
-	}
-	return fmt.Sprintf("status %d: %s", resp.StatusCode, body)
-}
+// File operations act as root for whatever user the request names, as E2B's
+// envd does (the user inside a sandbox is not a boundary): the unprivileged
+// user reads, lists, watches, writes, moves and removes what root owns.
+// What is created for it is its own: new directories, new files, and a file
+// it overwrites; existing directories and a moved entry keep their owner.
+func TestFileOpsActAsRootForTheUser(t *testing.T) {
+	d := startDaemon(t, envd.Config{AccessToken: testToken})
+	u := unprivileged
+	octet := map[string]string{"Content-Type": "application/octet-stream"}
+	ctx := t.Context()
 
-func connectOutcome(err error, user, path string) string {
-	switch {
-	case err == nil:
-		return ""
-	case connect.CodeOf(err) == connect.CodePermissionDenied:
-		if msg := err.Error(); !strings.Contains(msg, strconv.Quote(user)) || !strings.Contains(msg, strconv.Quote(path)) {
-			return fmt.Sprintf("permission_denied without user %q and path %q in the message: %v", user, path, err)
+	t.Run("read, list, stat and watch root's 0700 directory", func(t *testing.T) {
+		fx := newFixture(t)
+		if resp, b := d.do("GET", filesURL(fx.secretFile, u), nil, nil); resp.StatusCode != http.StatusOK || string(b) != "secret" {
+			t.Errorf("download: got %d %q, want 200 %q", resp.StatusCode, b, "secret")
 		}
-		return "denied"
-	}
-	return err.Error()
-}
-
-// accessOp is one file operation against the fixture's root-owned files.
-type accessOp struct {
-	name string
-	// do runs the operation as user and returns its outcome (see restOutcome).
-	do func(t *testing.T, d *daemon, fx fixture, user string) string
-	// changes says the operation, where allowed, changes the root-owned tree.
-	changes bool
-}
-
-var accessOps = []accessOp{
-	{"upload over a root file", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		resp, b := d.do("POST", filesURL(fx.passwd, u), strings.NewReader("owned"), map[string]string{"Content-Type": "application/octet-stream"})
-		return restOutcome(resp, b, u, fx.passwd)
-	}, true},
-	{"upload over a root file, user from basic auth", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		resp, b := d.do("POST", filesURL(fx.passwd, ""), strings.NewReader("owned"), map[string]string{"Content-Type": "application/octet-stream", "Authorization": basicUser(u)})
-		return restOutcome(resp, b, u, fx.passwd)
-	}, true},
-	{"multipart upload of a new file in a root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		p := filepath.Join(fx.etc, "new")
-		ct, body := multipartBody(t, [][2]string{{p, "new"}})
-		resp, b := d.do("POST", filesURL("", u), bytes.NewReader(body), map[string]string{"Content-Type": ct})
-		return restOutcome(resp, b, u, p)
-	}, true},
-	{"upload creating a directory in a root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		p := filepath.Join(fx.etc, "sub", "file")
-		resp, b := d.do("POST", filesURL(p, u), strings.NewReader("new"), map[string]string{"Content-Type": "application/octet-stream"})
-		return restOutcome(resp, b, u, p)
-	}, true},
-	{"download from a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		resp, b := d.do("GET", filesURL(fx.secretFile, u), nil, nil)
-		if resp.StatusCode == http.StatusOK && string(b) != "secret" {
-			return fmt.Sprintf("downloaded %q, want %q", b, "secret")
+		if resp, err := d.as(u).ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: fx.secret, Depth: 1})); err != nil || len(resp.Msg.GetEntries()) != 1 {
+			t.Errorf("ListDir: got %v (%v), want the one file", resp, err)
 		}
-		return restOutcome(resp, b, u, fx.secretFile)
-	}, false},
-	{"Move a root file", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		_, err := d.as(u).Move(t.Context(), connect.NewRequest(&fspb.MoveRequest{Source: fx.passwd, Destination: filepath.Join(fx.home, "passwd")}))
-		return connectOutcome(err, u, filepath.Join(fx.home, "passwd"))
-	}, true},
-	{"Move into a root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		src := filepath.Join(fx.home, "mine")
-		if err := os.WriteFile(src, []byte("mine"), 0o644); err != nil {
-			t.Fatal(err)
+		if _, err := d.as(u).Stat(ctx, connect.NewRequest(statReq(fx.secretFile))); err != nil {
+			t.Errorf("Stat: %v", err)
 		}
-		_, err := d.as(u).Move(t.Context(), connect.NewRequest(&fspb.MoveRequest{Source: src, Destination: fx.passwd}))
-		return connectOutcome(err, u, fx.passwd)
-	}, true},
-	{"Remove a root file", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		_, err := d.as(u).Remove(t.Context(), connect.NewRequest(&fspb.RemoveRequest{Path: fx.passwd}))
-		return connectOutcome(err, u, fx.passwd)
-	}, true},
-	{"MakeDir in a root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		p := filepath.Join(fx.etc, "a", "b")
-		_, err := d.as(u).MakeDir(t.Context(), connect.NewRequest(&fspb.MakeDirRequest{Path: p}))
-		return connectOutcome(err, u, p)
-	}, true},
-	{"ListDir of a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		resp, err := d.as(u).ListDir(t.Context(), connect.NewRequest(&fspb.ListDirRequest{Path: fx.secret, Depth: 1}))
-		if err == nil && len(resp.Msg.GetEntries()) != 1 {
-			return fmt.Sprintf("listed %v, want the one file", resp.Msg.GetEntries())
-		}
-		return connectOutcome(err, u, fx.secret)
-	}, false},
-	{"Stat in a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		_, err := d.as(u).Stat(t.Context(), connect.NewRequest(statReq(fx.secretFile)))
-		return connectOutcome(err, u, fx.secretFile)
-	}, false},
-	{"WatchDir of a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		s, err := d.as(u).WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: fx.secret}))
-		if err == nil {
-			defer s.Close()
-			if !s.Receive() {
-				err = s.Err()
-			}
+		s, err := d.as(u).WatchDir(wctx, connect.NewRequest(&fspb.WatchDirRequest{Path: fx.secret}))
+		if err != nil || !s.Receive() || s.Msg().GetStart() == nil {
+			t.Errorf("WatchDir: %v", err)
 		}
-		return connectOutcome(err, u, fx.secret)
-	}, false},
-	{"CreateWatcher of a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		resp, err := d.as(u).CreateWatcher(t.Context(), connect.NewRequest(&fspb.CreateWatcherRequest{Path: fx.secret}))
-		if err == nil {
-			d.as(u).RemoveWatcher(t.Context(), connect.NewRequest(&fspb.RemoveWatcherRequest{WatcherId: resp.Msg.GetWatcherId()}))
-		}
-		return connectOutcome(err, u, fx.secret)
-	}, false},
-	{"Start in a 0700 root directory", func(t *testing.T, d *daemon, fx fixture, u string) string {
-		proc, _ := d.clients(http.Header{"X-Access-Token": {testToken}, "Authorization": {basicUser(u)}})
-		s, err := proc.Start(t.Context(), connect.NewRequest(&procpb.StartRequest{
-			Process: &procpb.ProcessConfig{Cmd: "/bin/true", Cwd: proto.String(fx.secret)}}))
-		if err == nil {
-			for s.Receive() {
-			}
-			err = s.Err()
+		if s != nil {
 			s.Close()
 		}
-		return connectOutcome(err, u, fx.secret)
-	}, false},
+	})
+
+	t.Run("upload over a root file", func(t *testing.T) {
+		fx := newFixture(t)
+		if resp, b := d.do("POST", filesURL(fx.passwd, u), strings.NewReader("owned"), octet); resp.StatusCode != http.StatusOK {
+			t.Fatalf("got %d %s, want 200", resp.StatusCode, b)
+		}
+		if got := readFile(t, fx.passwd); got != "owned" {
+			t.Errorf("got %q, want owned", got)
+		}
+		if got, want := owner(t, fx.passwd), fmt.Sprintf("%d:%d", fx.uid, fx.gid); got != want {
+			t.Errorf("overwritten file: got owner %s, want the user's %s (as E2B)", got, want)
+		}
+		if got := owner(t, fx.etc); got != "0:0" {
+			t.Errorf("existing parent: got owner %s, want 0:0 kept", got)
+		}
+	})
+
+	t.Run("upload under new directories, user from basic auth", func(t *testing.T) {
+		fx := newFixture(t)
+		p := filepath.Join(fx.etc, "a", "b", "file")
+		resp, b := d.do("POST", filesURL(p, ""), strings.NewReader("new"), map[string]string{"Content-Type": "application/octet-stream", "Authorization": basicUser(u)})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("got %d %s, want 200", resp.StatusCode, b)
+		}
+		want := fmt.Sprintf("%d:%d", fx.uid, fx.gid)
+		for _, p := range []string{filepath.Join(fx.etc, "a"), filepath.Join(fx.etc, "a", "b"), p} {
+			if got := owner(t, p); got != want {
+				t.Errorf("%s: got owner %s, want %s", p, got, want)
+			}
+		}
+		st, _ := os.Stat(filepath.Join(fx.etc, "a"))
+		if st.Mode().Perm() != 0o755 {
+			t.Errorf("new directory mode %v, want 0755", st.Mode())
+		}
+		if st, _ := os.Stat(p); st.Mode().Perm() != 0o644 {
+			t.Errorf("new file mode %v, want 0644", st.Mode())
+		}
+	})
+
+	t.Run("multipart upload into root's 0700 directory", func(t *testing.T) {
+		fx := newFixture(t)
+		p := filepath.Join(fx.secret, "new")
+		ct, body := multipartBody(t, [][2]string{{p, "new"}})
+		if resp, b := d.do("POST", filesURL("", u), bytes.NewReader(body), map[string]string{"Content-Type": ct}); resp.StatusCode != http.StatusOK {
+			t.Fatalf("got %d %s, want 200", resp.StatusCode, b)
+		}
+		if got, want := owner(t, p), fmt.Sprintf("%d:%d", fx.uid, fx.gid); got != want {
+			t.Errorf("got owner %s, want %s", got, want)
+		}
+	})
+
+	t.Run("MakeDir, Move and Remove in root's tree", func(t *testing.T) {
+		fx := newFixture(t)
+		want := fmt.Sprintf("%d:%d", fx.uid, fx.gid)
+		dir := filepath.Join(fx.etc, "x", "y")
+		if _, err := d.as(u).MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: dir})); err != nil {
+			t.Fatalf("MakeDir: %v", err)
+		}
+		for _, p := range []string{filepath.Join(fx.etc, "x"), dir} {
+			if got := owner(t, p); got != want {
+				t.Errorf("MakeDir %s: got owner %s, want %s", p, got, want)
+			}
+		}
+		moved := filepath.Join(fx.secret, "m", "passwd")
+		if _, err := d.as(u).Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: fx.passwd, Destination: moved})); err != nil {
+			t.Fatalf("Move: %v", err)
+		}
+		if got := owner(t, moved); got != "0:0" {
+			t.Errorf("moved file: got owner %s, want root's kept", got)
+		}
+		if got := owner(t, filepath.Dir(moved)); got != want {
+			t.Errorf("directory made for the move: got owner %s, want %s", got, want)
+		}
+		if _, err := d.as(u).Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: fx.secret})); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+		if _, err := os.Lstat(fx.secret); !os.IsNotExist(err) {
+			t.Errorf("removed directory still there: %v", err)
+		}
+	})
+
+	t.Run("a file in the way of a directory", func(t *testing.T) {
+		fx := newFixture(t)
+		p := filepath.Join(fx.passwd, "sub", "file")
+		resp, b := d.do("POST", filesURL(p, u), strings.NewReader("x"), octet)
+		errorBody(t, resp, b, http.StatusBadRequest)
+		if !strings.Contains(string(b), "not a directory") {
+			t.Errorf("got %s, want a not-a-directory message", b)
+		}
+		_, err := d.as(u).MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: filepath.Join(fx.passwd, "d")}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("MakeDir under a file: got %v, want invalid_argument", err)
+		}
+	})
 }
 
-// Every file operation runs with the requested user's credentials: the
-// unprivileged user is refused what root owns, root is not.
-func TestFileAccessIsTheUsers(t *testing.T) {
-	d := startDaemon(t, envd.Config{AccessToken: testToken})
-	for _, op := range accessOps {
-		t.Run(op.name, func(t *testing.T) {
-			fx := newFixture(t)
-			before := fx.snapshot(t)
-			if got := op.do(t, d, fx, unprivileged); got != "denied" {
-				t.Errorf("as %s: got %q, want denied", unprivileged, got)
-			}
-			if after := fx.snapshot(t); after != before {
-				t.Errorf("as %s: the root-owned tree changed:\n%s\nwant unchanged:\n%s", unprivileged, after, before)
-			}
-			if got := op.do(t, d, fx, "root"); got != "" {
-				t.Errorf("as root: got %q, want allowed", got)
-			}
-			if changed := fx.snapshot(t) != before; changed != op.changes {
-				t.Errorf("as root: got tree changed %v, want %v", changed, op.changes)
-			}
-		})
-	}
-}
-
-// A symlink the user plants in their own directory leads file operations
-// only where the user could go: here not to root's etc/passwd.
-func TestSymlinkedParentIsFollowedAsTheUser(t *testing.T) {
+// Commands still run as their user: a working directory the user cannot
+// enter is refused with a message naming the user and the directory.
+func TestStartInADirectoryTheUserCannotEnter(t *testing.T) {
 	d := startDaemon(t, envd.Config{AccessToken: testToken})
 	fx := newFixture(t)
-	link := filepath.Join(fx.home, "link")
 	proc, _ := d.clients(http.Header{"X-Access-Token": {testToken}, "Authorization": {basicUser(unprivileged)}})
-	s, err := proc.Start(t.Context(), connect.NewRequest(&procpb.StartRequest{Process: &procpb.ProcessConfig{
-		Cmd: "/bin/ln", Args: []string{"-s", fx.etc, link}, Cwd: proto.String(fx.home)}}))
-	if err != nil {
-		t.Fatalf("Start ln -s as %s: %v", unprivileged, err)
+	s, err := proc.Start(t.Context(), connect.NewRequest(&procpb.StartRequest{
+		Process: &procpb.ProcessConfig{Cmd: "/bin/true", Cwd: proto.String(fx.secret)}}))
+	if err == nil {
+		for s.Receive() {
+		}
+		err = s.Err()
+		s.Close()
 	}
-	for s.Receive() {
-	}
-	s.Close()
-	if st, err := os.Lstat(link); err != nil || st.Sys().(*syscall.Stat_t).Uid != uint32(fx.uid) {
-		t.Fatalf("the user's symlink %s is missing or not theirs: %v", link, err)
-	}
-	before := fx.snapshot(t)
-	via := filepath.Join(link, "passwd")
-	tests := []struct {
-		name string
-		do   func() string
-	}{
-		{"upload", func() string {
-			resp, b := d.do("POST", filesURL(via, unprivileged), strings.NewReader("owned"), map[string]string{"Content-Type": "application/octet-stream"})
-			return restOutcome(resp, b, unprivileged, via)
-		}},
-		{"multipart upload", func() string {
-			ct, body := multipartBody(t, [][2]string{{via, "owned"}})
-			resp, b := d.do("POST", filesURL("", unprivileged), bytes.NewReader(body), map[string]string{"Content-Type": ct})
-			return restOutcome(resp, b, unprivileged, via)
-		}},
-		{"upload into a new directory", func() string {
-			p := filepath.Join(link, "sub", "x")
-			resp, b := d.do("POST", filesURL(p, unprivileged), strings.NewReader("owned"), map[string]string{"Content-Type": "application/octet-stream"})
-			return restOutcome(resp, b, unprivileged, p)
-		}},
-		{"Remove", func() string {
-			_, err := d.as(unprivileged).Remove(t.Context(), connect.NewRequest(&fspb.RemoveRequest{Path: via}))
-			return connectOutcome(err, unprivileged, via)
-		}},
-		{"MakeDir", func() string {
-			p := filepath.Join(link, "dir")
-			_, err := d.as(unprivileged).MakeDir(t.Context(), connect.NewRequest(&fspb.MakeDirRequest{Path: p}))
-			return connectOutcome(err, unprivileged, p)
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.do(); got != "denied" {
-				t.Errorf("got %q, want denied", got)
-			}
-			if after := fx.snapshot(t); after != before {
-				t.Errorf("the root-owned tree changed:\n%s\nwant unchanged:\n%s", after, before)
-			}
-		})
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), strconv.Quote(unprivileged)) || !strings.Contains(err.Error(), strconv.Quote(fx.secret)) {
+		t.Errorf("got %v, want permission_denied naming %q and %q", err, unprivileged, fx.secret)
 	}
 }
 
-// What the user may do works, and what it creates is theirs: the file and
-// every parent directory made for it.
-func TestUploadInHomeIsOwnedByTheUser(t *testing.T) {
-	d := startDaemon(t, envd.Config{AccessToken: testToken})
-	fx := newFixture(t)
-	p := filepath.Join(fx.home, "a", "b", "file")
-	resp, b := d.do("POST", filesURL(p, unprivileged), strings.NewReader("mine"), map[string]string{"Content-Type": "application/octet-stream"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("upload as %s into its home: got status %d (%s), want 200", unprivileged, resp.StatusCode, b)
-	}
-	moved := filepath.Join(fx.home, "c", "moved")
-	if _, err := d.as(unprivileged).Move(t.Context(), connect.NewRequest(&fspb.MoveRequest{Source: p, Destination: moved})); err != nil {
-		t.Fatalf("Move as %s inside its home: %v", unprivileged, err)
-	}
-	dir := filepath.Join(fx.home, "d", "e")
-	if _, err := d.as(unprivileged).MakeDir(t.Context(), connect.NewRequest(&fspb.MakeDirRequest{Path: dir})); err != nil {
-		t.Fatalf("MakeDir as %s inside its home: %v", unprivileged, err)
-	}
-	for _, p := range []string{filepath.Join(fx.home, "a"), filepath.Join(fx.home, "a", "b"), filepath.Join(fx.home, "c"), moved, filepath.Join(fx.home, "d"), dir} {
-		st, err := os.Lstat(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sys := st.Sys().(*syscall.Stat_t)
-		if int(sys.Uid) != fx.uid || int(sys.Gid) != fx.gid {
-			t.Errorf("%s: got owner %d:%d, want %d:%d", p, sys.Uid, sys.Gid, fx.uid, fx.gid)
-		}
-	}
-	if got := readFile(t, moved); got != "mine" {
-		t.Errorf("got %q, want mine", got)
-	}
-}
-
-// Credentials switch per OS thread: under load, requests of root and of the
-// unprivileged user interleave without one ever getting the other's rights.
-func TestConcurrentUsersKeepTheirOwnRights(t *testing.T) {
+// Under load, uploads and MakeDirs of root and of the unprivileged user
+// interleave in shared new directories: every request succeeds and each
+// file is owned by the user that wrote it.
+func TestConcurrentUsersOwnWhatTheyWrite(t *testing.T) {
 	d := startDaemon(t, envd.Config{AccessToken: testToken})
 	fx := newFixture(t)
 	const workers, rounds = 16, 20
@@ -382,37 +255,50 @@ func TestConcurrentUsersKeepTheirOwnRights(t *testing.T) {
 		mu   sync.Mutex
 		errs []string
 	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		errs = append(errs, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	nobody := fmt.Sprintf("%d:%d", fx.uid, fx.gid)
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for r := range rounds {
-				u, want := "root", ""
+				u, want := "root", "0:0"
 				if (w+r)%2 == 1 {
-					u, want = unprivileged, "denied"
+					u, want = unprivileged, nobody
 				}
-				p := filepath.Join(fx.etc, fmt.Sprintf("f-%d-%d", w, r))
-				var got string
+				// Rounds share their new parent directory across workers.
+				p := filepath.Join(fx.etc, fmt.Sprintf("r%d", r), fmt.Sprintf("%s-%d", u, w))
 				if r%3 == 0 {
-					_, err := d.as(u).MakeDir(context.Background(), connect.NewRequest(&fspb.MakeDirRequest{Path: p}))
-					got = connectOutcome(err, u, p)
+					if _, err := d.as(u).MakeDir(context.Background(), connect.NewRequest(&fspb.MakeDirRequest{Path: p})); err != nil {
+						fail("MakeDir %s as %s: %v", p, u, err)
+						continue
+					}
 				} else {
 					req, _ := http.NewRequest("POST", d.url+filesURL(p, u), strings.NewReader(u))
 					req.Header.Set("X-Access-Token", testToken)
 					resp, err := http.DefaultClient.Do(req)
 					if err != nil {
-						got = err.Error()
-					} else {
-						var b bytes.Buffer
-						b.ReadFrom(resp.Body)
-						resp.Body.Close()
-						got = restOutcome(resp, b.Bytes(), u, p)
+						fail("upload %s as %s: %v", p, u, err)
+						continue
+					}
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						fail("upload %s as %s: status %d", p, u, resp.StatusCode)
+						continue
 					}
 				}
-				if got != want {
-					mu.Lock()
-					errs = append(errs, fmt.Sprintf("%s as %s: got %q, want %q", p, u, got, want))
-					mu.Unlock()
+				st, err := os.Lstat(p)
+				if err != nil {
+					fail("%s: %v", p, err)
+					continue
+				}
+				sys := st.Sys().(*syscall.Stat_t)
+				if got := fmt.Sprintf("%d:%d", sys.Uid, sys.Gid); got != want {
+					fail("%s as %s: got owner %s, want %s", p, u, got, want)
 				}
 			}
 		}()
@@ -420,16 +306,5 @@ func TestConcurrentUsersKeepTheirOwnRights(t *testing.T) {
 	wg.Wait()
 	for _, e := range errs {
 		t.Error(e)
-	}
-	entries, err := os.ReadDir(fx.etc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range entries {
-		got = append(got, e.Name())
-	}
-	if n := 1 + workers*rounds/2; len(got) != n || !slices.Contains(got, "passwd") {
-		t.Errorf("got %d entries in etc, want %d (passwd and root's): %q", len(got), n, got)
 	}
 }

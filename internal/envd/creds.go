@@ -20,8 +20,10 @@ var ownGroups = sync.OnceValues(func() (groups []uint32, err error) {
 })
 
 // asUser runs fn with the credentials of a, so that the kernel (gVisor's)
-// checks every path fn resolves as that user: permissions, and symlinks
-// planted by the user lead only where the user could go anyway.
+// checks every path fn resolves as that user. File operations do not use
+// it (they act as root, as E2B's envd); a command's working directory is
+// checked with it, so that a chdir the command could not make is refused
+// with a clear message.
 //
 // Only this goroutine's OS thread changes credentials, with raw per-thread
 // syscalls (syscall.Setresuid and friends would change every thread of

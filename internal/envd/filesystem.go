@@ -49,14 +49,17 @@ func fsError(err error, a account, op, path string) error {
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("%s %q as user %q: %w", op, path, a.Name, err))
 }
 
-// deniedMessage says which user was refused what, where, and what to do.
+// deniedMessage says which user was refused what, where. File operations
+// act as root, so only the sandbox's kernel refuses them (a /proc file
+// that cannot change owner...); a command's working directory is checked
+// as its user, who may ask as root instead.
 func deniedMessage(err error, a account, op, path string) string {
 	msg := fmt.Sprintf("permission denied: user %q cannot %s %q", a.Name, op, path)
 	var pe *fs.PathError
 	if errors.As(err, &pe) && pe.Path != path {
 		msg += fmt.Sprintf(" (refused at %q)", pe.Path)
 	}
-	return msg + `; use a path that user may access, or make the request as user "root"`
+	return msg
 }
 
 // entryInfo describes path as E2B's envd does: a symlink is reported with
@@ -125,6 +128,42 @@ func groupName(gid uint32) string {
 	return strconv.Itoa(int(gid))
 }
 
+// ensureDirs makes the missing directories of dir, from the top down, each
+// 0755 and owned by the user (E2B's envd, which acts as root for file
+// operations, does the same: even under "/"). Existing directories keep
+// their owner; an existing non-directory on the way is an error.
+func ensureDirs(dir string, a account) error {
+	var missing []string
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err == nil {
+			if !st.IsDir() {
+				return &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, p)
+		if p == "/" {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		p := missing[i]
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		// Also when another request made it meanwhile, which may not have
+		// chowned it yet (E2B's envd does the same).
+		if err := os.Lchown(p, int(a.UID), int(a.GID)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // request resolves the user of a Connect request and a path of it.
 func request(h http.Header, path string) (account, string, error) {
 	acct, err := connectUser(h)
@@ -143,11 +182,7 @@ func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[pb.St
 	if err != nil {
 		return nil, err
 	}
-	var e *pb.EntryInfo
-	err = asUser(acct, func() (err error) {
-		e, err = entryInfo(path)
-		return err
-	})
+	e, err := entryInfo(path)
 	if err != nil {
 		return nil, fsError(err, acct, "stat", path)
 	}
@@ -159,22 +194,18 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb
 	if err != nil {
 		return nil, err
 	}
-	var e *pb.EntryInfo
-	err = asUser(acct, func() (err error) {
+	e, err := func() (*pb.EntryInfo, error) {
 		if st, err := os.Stat(path); err == nil {
 			if st.IsDir() {
-				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %q already exists", path))
+				return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %q already exists", path))
 			}
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q exists and is not a directory", path))
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q exists and is not a directory", path))
 		}
-		// As the user: the new directories are theirs, and where the
-		// user may not create one, neither does envd.
-		if err := os.MkdirAll(path, 0o755); err != nil {
-			return err
+		if err := ensureDirs(path, acct); err != nil {
+			return nil, err
 		}
-		e, err = entryInfo(path)
-		return err
-	})
+		return entryInfo(path)
+	}()
 	if err != nil {
 		return nil, fsError(err, acct, "create directory", path)
 	}
@@ -190,20 +221,20 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[pb.Mo
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	var e *pb.EntryInfo
-	err = asUser(acct, func() (err error) {
-		if _, err := os.Lstat(src); err != nil {
-			return fsError(err, acct, "move", src)
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
+	if _, err := os.Lstat(src); err != nil {
+		return nil, fsError(err, acct, "move", src)
+	}
+	// The moved entry keeps its owner; directories made for it are the
+	// user's, as in E2B.
+	e, err := func() (*pb.EntryInfo, error) {
+		if err := ensureDirs(filepath.Dir(dst), acct); err != nil {
+			return nil, err
 		}
 		if err := os.Rename(src, dst); err != nil {
-			return err
+			return nil, err
 		}
-		e, err = entryInfo(dst)
-		return err
-	})
+		return entryInfo(dst)
+	}()
 	if err != nil {
 		return nil, fsError(err, acct, "move "+strconv.Quote(src)+" to", dst)
 	}
@@ -219,8 +250,7 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
 	// A path that does not exist is already removed: success, as in E2B.
-	err = asUser(acct, func() error { return os.RemoveAll(path) })
-	if err != nil {
+	if err := os.RemoveAll(path); err != nil {
 		return nil, fsError(err, acct, "remove", path)
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
@@ -236,7 +266,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[pb
 		depth = 1
 	}
 	out := &pb.ListDirResponse{}
-	err = asUser(acct, func() error {
+	err = func() error {
 		st, err := os.Stat(root)
 		if err != nil {
 			return err
@@ -266,7 +296,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[pb
 			}
 			return nil
 		})
-	})
+	}()
 	if err != nil {
 		return nil, fsError(err, acct, "list", root)
 	}

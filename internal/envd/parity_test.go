@@ -152,44 +152,63 @@ func watchEvents(t *testing.T, d *daemon, ctx context.Context, req *pb.WatchDirR
 	return ch
 }
 
-// An upload shows watchers what E2B's envd shows: the file's own create and
-// write events (written in place), no temporary files, no rename.
+// An upload shows watchers what E2B's envd shows: written in place (no
+// temporary file, no rename), a new file's CREATE, CHMOD (its chown to the
+// user), WRITE; an existing file's CHMOD, then WRITE (the truncate and the
+// data, one event when inotify merges them).
 func TestUploadWatchEvents(t *testing.T) {
 	d := startDaemon(t, envd.Config{AccessToken: testToken})
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	events := watchEvents(t, d, ctx, &pb.WatchDirRequest{Path: dir, IncludeEntry: true})
-	resp, b := d.do("POST", filesURL(filepath.Join(dir, "up.txt"), d.user), strings.NewReader("hello"), map[string]string{"Content-Type": "application/octet-stream"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("upload: got %d %s", resp.StatusCode, b)
+	upload := func(content string) []*pb.FilesystemEvent {
+		t.Helper()
+		resp, b := d.do("POST", filesURL(filepath.Join(dir, "up.txt"), d.user), strings.NewReader(content), map[string]string{"Content-Type": "application/octet-stream"})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("upload: got %d %s", resp.StatusCode, b)
+		}
+		return quietEvents(t, ctx, events)
 	}
-	var sawCreate, sawWrite bool
-	for !sawWrite {
+	types := func(evs []*pb.FilesystemEvent) string {
+		var ts []string
+		for _, ev := range evs {
+			ts = append(ts, ev.GetName()+":"+strings.TrimPrefix(ev.GetType().String(), "EVENT_TYPE_"))
+		}
+		return strings.Join(ts, " ")
+	}
+
+	evs := upload("hello")
+	if got, want := types(evs), "up.txt:CREATE up.txt:CHMOD up.txt:WRITE"; got != want {
+		t.Errorf("new file: got events %q, want %q (E2B's)", got, want)
+	}
+	for _, ev := range evs {
+		if e := ev.GetEntry(); e.GetType() != pb.FileType_FILE_TYPE_FILE || e.GetPath() != filepath.Join(dir, "up.txt") {
+			t.Errorf("%v event entry %v, want the file's entry (includeEntry)", ev.GetType(), e)
+		}
+	}
+	got := types(upload("hello again"))
+	if rest, ok := strings.CutPrefix(got, "up.txt:CHMOD up.txt:WRITE"); !ok || strings.Trim(strings.ReplaceAll(rest, " up.txt:WRITE", ""), " ") != "" {
+		t.Errorf("existing file: got events %q, want CHMOD then WRITE (E2B's)", got)
+	}
+}
+
+// quietEvents collects the events that arrive until none has for 300 ms.
+func quietEvents(t *testing.T, ctx context.Context, events <-chan *pb.FilesystemEvent) []*pb.FilesystemEvent {
+	t.Helper()
+	var out []*pb.FilesystemEvent
+	for {
 		select {
 		case ev, ok := <-events:
 			if !ok {
 				t.Fatal("watch ended early")
 			}
-			if ev.GetName() != "up.txt" || ev.GetType() == pb.EventType_EVENT_TYPE_RENAME {
-				t.Errorf("got event %v, want events of up.txt only, no rename", ev)
-				continue
-			}
-			switch ev.GetType() {
-			case pb.EventType_EVENT_TYPE_CREATE:
-				sawCreate = true
-			case pb.EventType_EVENT_TYPE_WRITE:
-				sawWrite = true
-				if e := ev.GetEntry(); e.GetType() != pb.FileType_FILE_TYPE_FILE || e.GetPath() != filepath.Join(dir, "up.txt") {
-					t.Errorf("write event entry %v, want the file's entry (includeEntry)", e)
-				}
-			}
+			out = append(out, ev)
+		case <-time.After(300 * time.Millisecond):
+			return out
 		case <-ctx.Done():
-			t.Fatalf("no write event for up.txt (create seen: %v)", sawCreate)
+			t.Fatal("watch: context ended")
 		}
-	}
-	if !sawCreate {
-		t.Error("no create event before the write")
 	}
 }
 

@@ -256,7 +256,7 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 	})
 	switch {
 	case errors.Is(err, fs.ErrPermission):
-		return nil, connect.NewError(connect.CodePermissionDenied, errors.New(deniedMessage(err, acct, "enter working directory", cmd.Dir)))
+		return nil, connect.NewError(connect.CodePermissionDenied, errors.New(deniedMessage(err, acct, "enter working directory", cmd.Dir)+`; use a directory that user may enter, or run the command as user "root"`))
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("working directory %q does not exist", cmd.Dir))
 	case err != nil:

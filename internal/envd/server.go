@@ -254,8 +254,14 @@ func fileStatus(err error, a account, op, path string, otherwise int) (int, stri
 		return http.StatusNotFound, fmt.Sprintf("path %q does not exist", path)
 	case errors.Is(err, syscall.ENOSPC):
 		return http.StatusInsufficientStorage, "not enough space in the sandbox: " + err.Error()
-	case errors.Is(err, errIsDir), errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, errIsDir):
 		return http.StatusBadRequest, err.Error()
+	case errors.Is(err, syscall.ENOTDIR):
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			path = pe.Path
+		}
+		return http.StatusBadRequest, fmt.Sprintf("path %q is not a directory", path)
 	}
 	return otherwise, fmt.Sprintf("%s %q as user %q: %v", op, path, a.Name, err)
 }
@@ -273,12 +279,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	// Only the open runs as the user: the descriptor keeps its access.
-	var f *os.File
-	err = asUser(acct, func() (err error) {
-		f, err = os.Open(path)
-		return err
-	})
+	f, err := os.Open(path)
 	if err != nil {
 		writeFileError(w, err, acct, "read", path, http.StatusInternalServerError)
 		return
@@ -391,32 +392,19 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, written)
 }
 
-// writeFileAs writes r to path in place (created or truncated), as E2B's
-// envd does, so a watcher sees the file's own create and write events.
-// Every path step (parents created, the open) runs as the user, so what the
-// user may not create or overwrite is refused and what is created is the
-// user's; the data and the metadata (replacing any the file had) go through
-// the descriptor the user opened. It returns the metadata the file now has:
-// md, or none on a filesystem without xattrs.
+// writeFileAs writes r to path in place (created or truncated) for user a,
+// as E2B's envd does: envd acts as root and hands ownership to the user.
+// Missing parent directories are made and become the user's (even under
+// "/"); an existing file becomes the user's before it is truncated, a new
+// one right after it is created, so a watcher sees what E2B's shows: a
+// new file's CREATE, CHMOD, WRITE; an existing file's CHMOD, WRITE. The
+// metadata replaces any the file had. It returns the metadata the file now
+// has: md, or none on a filesystem without xattrs.
 func writeFileAs(path string, r io.Reader, a account, md map[string]string) (map[string]string, error) {
-	var f *os.File
-	created := false
-	err := asUser(a, func() error {
-		if st, err := os.Stat(path); err == nil && st.IsDir() {
-			return fmt.Errorf("path %q %w", path, errIsDir)
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
-		}
-		var err error
-		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		created = err == nil
-		if errors.Is(err, fs.ErrExist) {
-			// O_CREATE still: a dangling symlink's target is made, as in E2B.
-			f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-		}
-		return err
-	})
+	if err := ensureDirs(filepath.Dir(path), a); err != nil {
+		return nil, err
+	}
+	f, created, err := openForUpload(path, a)
 	if err != nil {
 		return nil, err
 	}
@@ -426,7 +414,7 @@ func writeFileAs(path string, r io.Reader, a account, md map[string]string) (map
 		// A refused upload (too large, broken body) leaves no new file
 		// behind; a file it overwrote keeps what was written, as in E2B.
 		if !ok && created {
-			asUser(a, func() error { return os.Remove(path) })
+			os.Remove(path)
 		}
 	}()
 	if _, err := io.Copy(f, r); err != nil {
@@ -447,6 +435,48 @@ func writeFileAs(path string, r io.Reader, a account, md map[string]string) (map
 	}
 	ok = true
 	return stored, nil
+}
+
+// openForUpload opens path for writing, owned by a: an existing file (or
+// a symlink's target) is chowned, then truncated; a new one is created,
+// then chowned. created says the file did not exist before.
+func openForUpload(path string, a account) (f *os.File, created bool, err error) {
+	uid, gid := int(a.UID), int(a.GID)
+	st, err := os.Stat(path)
+	switch {
+	case err == nil && st.IsDir():
+		return nil, false, fmt.Errorf("path %q %w", path, errIsDir)
+	case err == nil:
+		err := os.Chown(path, uid, gid)
+		if err == nil {
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+			return f, false, err
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, false, err
+		}
+		// Removed meanwhile: made anew below.
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, false, err
+	}
+	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	created = err == nil
+	if errors.Is(err, fs.ErrExist) {
+		// A dangling symlink (its target is made, as in E2B) or a file
+		// made meanwhile.
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		f.Close()
+		if created {
+			os.Remove(path)
+		}
+		return nil, false, err
+	}
+	return f, created, nil
 }
 
 // TrimToken removes the access token variable from a list of environment

@@ -121,7 +121,8 @@ var errNUL = errors.New("path contains a NUL byte")
 // resolvePath makes path absolute: relative paths and "~" are taken from
 // the user's home, as E2B does. The result is always clean; ".." cannot go
 // above "/" (and "/" is the sandbox's own root). It says nothing about
-// access: the file operation itself runs as the user (see asUser).
+// access: file operations run as envd (root), as E2B's do; the user inside
+// a sandbox is not a boundary, the sandbox is.
 func resolvePath(path string, a account) (string, error) {
 	if strings.IndexByte(path, 0) >= 0 {
 		return "", fmt.Errorf("%w: %q", errNUL, path)

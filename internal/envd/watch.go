@@ -19,9 +19,9 @@ import (
 )
 
 // watch follows one directory (optionally its subdirectories) with inotify.
-// Watches are added, and entries described, as the user who asked.
+// Like every file operation, it runs as envd (root), as E2B's envd does;
+// the user only names the path's home.
 type watch struct {
-	acct         account
 	root         string
 	recursive    bool
 	includeEntry bool
@@ -42,9 +42,9 @@ func newWatch(acct account, root string, recursive, includeEntry, allowNetwork b
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("inotify: %w", err))
 	}
-	w := &watch{acct: acct, root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
+	w := &watch{root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
 		dirs: map[int]string{}, events: make(chan *pb.FilesystemEvent, 1024), stop: make(chan struct{})}
-	err = asUser(acct, func() error {
+	err = func() error {
 		st, err := os.Stat(root)
 		if err != nil {
 			return err
@@ -56,7 +56,7 @@ func newWatch(acct account, root string, recursive, includeEntry, allowNetwork b
 			return err
 		}
 		return w.add(root, true)
-	})
+	}()
 	if err != nil {
 		unix.Close(fd)
 		return nil, fsError(err, acct, "watch", root)
@@ -142,16 +142,13 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 	full := filepath.Join(dir, name)
 	newDir := w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0
 	if newDir {
-		asUser(w.acct, func() error { return w.add(full, false) })
+		w.add(full, false)
 	}
 	rel, _ := filepath.Rel(w.root, full)
 	for _, t := range eventTypes(mask) {
 		ev := &pb.FilesystemEvent{Name: rel, Type: t}
 		if w.includeEntry && carriesEntry(t) {
-			asUser(w.acct, func() (err error) {
-				ev.Entry, err = entryInfo(full)
-				return err
-			})
+			ev.Entry, _ = entryInfo(full)
 		}
 		select {
 		case w.events <- ev:

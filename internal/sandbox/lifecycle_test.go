@@ -201,3 +201,41 @@ func TestLifecycleChecks(t *testing.T) {
 		}
 	}
 }
+
+// SetTimeout(0) runs the timeout action at once (E2B's set_timeout(0)): a
+// running sandbox is killed or paused; a paused one is killed, unless its
+// action is the pause it already had.
+func TestSetTimeoutZeroActsNow(t *testing.T) {
+	m, rt := lifecycleManager(t)
+	killed := running(t, m, Lifecycle{}, time.Hour)
+	paused := running(t, m, Lifecycle{AutoPause: true}, time.Hour)
+	for _, e := range []*entry{killed, paused} {
+		if _, err := m.SetTimeout(e.sb.ID, 0); err != nil {
+			t.Fatalf("SetTimeout(%s, 0): %v", e.sb.ID, err)
+		}
+	}
+	eventually(t, "sandbox without autoPause not killed by timeout 0", func() bool { return rt.calls(killed.sb.ID) == 1 })
+	eventually(t, "sandbox with autoPause not paused by timeout 0", func() bool { return state(paused) == StatePaused })
+
+	// Paused by its own timeout action: timeout 0 changes nothing.
+	if _, err := m.SetTimeout(paused.sb.ID, 0); err != nil {
+		t.Fatalf("SetTimeout(0) of a sandbox paused by it: %v", err)
+	}
+	if got := state(paused); got != StatePaused {
+		t.Errorf("an autoPause sandbox paused again by timeout 0 is %s, want paused", got)
+	}
+	// Paused by a client, killed at its timeout: timeout 0 kills it.
+	e := running(t, m, Lifecycle{}, time.Hour)
+	if _, err := m.Pause(context.Background(), e.sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.SetTimeout(e.sb.ID, 0); err != nil {
+		t.Fatalf("SetTimeout(0) of a paused sandbox: %v", err)
+	}
+	if _, err := m.Get(e.sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("paused sandbox after timeout 0: Get = %v, want not found (killed)", err)
+	}
+	if _, err := m.SetTimeout(paused.sb.ID, -time.Second); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("SetTimeout(-1s) = %v, want ErrInvalid", err)
+	}
+}

@@ -367,7 +367,12 @@ func (m *Manager) List(f Filter) []Sandbox {
 	return out
 }
 
-// SetTimeout makes the sandbox end d from now.
+// SetTimeout makes the sandbox end d from now: its timeout action (a kill,
+// or a pause with autoPause) runs then, and d = 0 runs it at once (E2B's
+// set_timeout(0)). A paused sandbox's clock is stopped: d counts from its
+// resume, and d = 0 kills it now unless its action is a pause, which has
+// already happened (its resume then gives it its create timeout, as after
+// a pause at its timeout).
 func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	if err := m.d.Limits.checkTimeout(d); err != nil {
 		return Sandbox{}, err
@@ -377,20 +382,30 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 		return Sandbox{}, err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	switch e.sb.State {
 	case StatePaused:
+		if d == 0 && !e.sb.Lifecycle.AutoPause {
+			sb := e.sb
+			e.mu.Unlock()
+			paused := func(sb Sandbox) bool { return sb.State == StatePaused }
+			return sb, m.killWhen(context.Background(), e, "", paused)
+		}
+		defer e.mu.Unlock()
 		// Counts from the resume.
 		e.sb.Remaining = d
 		return e.sb, m.persist(e.sb)
 	case StateRunning:
 	default:
+		defer e.mu.Unlock()
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
+	defer e.mu.Unlock()
 	e.sb.EndAt = time.Now().UTC().Add(d)
 	if err := m.persist(e.sb); err != nil {
 		return Sandbox{}, err
 	}
+	// At or past its end, the timer fires at once, on its own goroutine
+	// (expire takes e.mu).
 	m.armTimer(e)
 	return e.sb, nil
 }

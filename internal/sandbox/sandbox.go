@@ -254,10 +254,11 @@ func (l Limits) pids(nproc int64) int64 {
 	return int64(l.Nproc)
 }
 
-// checkTimeout validates a new timeout for a running sandbox.
+// checkTimeout validates a new timeout for a sandbox: 0 (its timeout
+// action now, as E2B's minimum) up to the maximum.
 func (l Limits) checkTimeout(d time.Duration) error {
-	if d <= 0 || d > l.MaxTimeout {
-		return errdefs.Invalid("timeout %v out of range: give seconds between 1 and %d", d, int(l.MaxTimeout.Seconds()))
+	if d < 0 || d > l.MaxTimeout {
+		return errdefs.Invalid("timeout %v out of range: give seconds between 0 (end it now) and %d", d, int(l.MaxTimeout.Seconds()))
 	}
 	return nil
 }

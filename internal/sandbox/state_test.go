@@ -166,7 +166,7 @@ func TestCheckTimeout(t *testing.T) {
 	}{
 		{time.Second, true},
 		{l.MaxTimeout, true},
-		{0, false},
+		{0, true}, // E2B's set_timeout(0): the timeout action now
 		{-time.Second, false},
 		{l.MaxTimeout + 1, false},
 	}

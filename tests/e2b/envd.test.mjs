@@ -65,22 +65,54 @@ describe('envd 0.6.x parity with the e2b SDK', { concurrency: false }, () => {
     assert.equal((await sbx.files.getInfo(f)).metadata, undefined, 'a write without metadata clears it')
   })
 
-  test('watchDir with includeEntry and allowNetworkMounts; files.write emits a write event', T, async () => {
+  test('watchDir with includeEntry and allowNetworkMounts; files.write emits E2B\'s events', T, async () => {
     const events = []
     const h = await sbx.files.watchDir(dir, (e) => events.push(e), { includeEntry: true, allowNetworkMounts: true })
+    const settled = async () => {
+      // Events until none arrives for 300 ms.
+      let n = -1
+      while (n !== events.length) {
+        n = events.length
+        await sleep(300)
+      }
+      return events.splice(0).map((e) => `${e.name}:${e.type}`)
+    }
     try {
       const f = `${dir}/watched.txt`
       await sbx.files.write(f, 'hello')
-      const write = await eventually(() => events.find((e) => e.name === 'watched.txt' && e.type === 'write'))
-      assert.ok(write, `no write event for watched.txt; got ${JSON.stringify(events)}`)
-      assert.equal(write.entry?.path, f, 'the write event carries the entry (includeEntry)')
-      assert.equal(write.entry?.type, 'file')
-      assert.ok(events.some((e) => e.name === 'watched.txt' && e.type === 'create'), 'no create event for a new file')
-      const odd = events.filter((e) => e.name !== 'watched.txt' || e.type === 'rename')
-      assert.deepEqual(odd, [], 'an upload shows only its file being created and written')
+      await eventually(() => events.find((e) => e.name === 'watched.txt' && e.type === 'write'))
+      const write = events.find((e) => e.type === 'write')
+      assert.equal(write?.entry?.path, f, 'the write event carries the entry (includeEntry)')
+      assert.equal(write?.entry?.type, 'file')
+      // E2B's envd creates the file, chowns it to the user, writes it:
+      // E2B's Python test_watch_iterated counts these three.
+      assert.deepEqual(await settled(), ['watched.txt:create', 'watched.txt:chmod', 'watched.txt:write'])
+      // An existing file is chowned, then truncated and written.
+      await sbx.files.write(f, 'hello again')
+      const again = await settled()
+      assert.equal(again[0], 'watched.txt:chmod', `existing file: ${again}`)
+      assert.ok(again.length > 1 && again.slice(1).every((e) => e === 'watched.txt:write'), `existing file: ${again}`)
     } finally {
       await h.stop()
     }
+  })
+
+  test('files.write as the default user makes parents even under / and hands them over, as E2B', T, async () => {
+    const top = `/e2b-${randomBytes(4).toString('hex')}`
+    const w = await sbx.files.write(`${top}/a/x.txt`, 'mine')
+    assert.equal(w.path, `${top}/a/x.txt`)
+    const r = await sbx.commands.run(`stat -c '%n %U:%G %a' ${top} ${top}/a ${top}/a/x.txt`)
+    assert.equal(r.stdout, `${top} user:user 755\n${top}/a user:user 755\n${top}/a/x.txt user:user 644\n`)
+    // A root file written by the user becomes the user's (E2B chowns it).
+    await sbx.files.write(`${top}/root.txt`, 'r', { user: 'root' })
+    assert.equal((await sbx.files.getInfo(`${top}/root.txt`)).owner, 'root')
+    await sbx.files.write(`${top}/root.txt`, 'u')
+    assert.equal((await sbx.files.getInfo(`${top}/root.txt`)).owner, 'user')
+    const d = await sbx.files.makeDir(`${top}/m/n`)
+    assert.ok(d)
+    assert.equal((await sbx.files.getInfo(`${top}/m`)).owner, 'user')
+    await sbx.files.remove(top)
+    assert.equal(await sbx.files.exists(top), false)
   })
 
   test('EntryInfo: directory mode, resolved symlink target; remove of a missing path', T, async () => {

@@ -1,5 +1,5 @@
 // E2B's sandbox lifecycle through the official e2b JS SDK: the `lifecycle`
-// create option (pause at the timeout, auto-resume by traffic),
+// create option (pause at the timeout, auto-resume by traffic), setTimeout(0),
 // isRunning() of a paused sandbox (false, from the proxy's 502), connect()
 // resuming with memory intact, and pause({ keepMemory: false }) (a resume
 // boots the sandbox again with its files). Run by the Go test
@@ -83,6 +83,25 @@ describe('lifecycle', { concurrency: true }, () => {
     for (let i = 0; i < 200 && (await sbx.isRunning()); i++) await sleep(100)
     assert.equal(await sbx.isRunning(), false)
     await assert.rejects(sbx.getInfo(), (err) => err.name === 'SandboxNotFoundError')
+  })
+
+  // E2B's spec has minimum 0 for the timeout: setTimeout(0) runs the
+  // timeout action now (E2B's Python tests force an auto-pause with it).
+  test('setTimeout(0) kills a sandbox at once', T, async () => {
+    const sbx = await createSandbox({ timeoutMs: 60_000 })
+    await sbx.setTimeout(0)
+    for (let i = 0; i < 100 && (await sbx.isRunning()); i++) await sleep(100)
+    assert.equal(await sbx.isRunning(), false)
+    await assert.rejects(sbx.getInfo(), (err) => err.name === 'SandboxNotFoundError')
+  })
+
+  test('setTimeout(0) with onTimeout pause: paused at once, connect resumes with memory', T, async () => {
+    const sbx = await createSandbox({ timeoutMs: 60_000, lifecycle: { onTimeout: 'pause' } })
+    const v = await startMemoryServer(sbx)
+    await sbx.setTimeout(0)
+    await waitPaused(sbx)
+    await sbx.connect({ timeoutMs: 60_000 })
+    assert.equal(await askMemoryServer(sbx), v, 'memory kept across the pause')
   })
 
   test('pause({ keepMemory: false }): connect boots it again with its files', T, async () => {

@@ -390,7 +390,8 @@ class Sandbox:
     kill = _either(_kill, _cls_kill)
 
     def _set_timeout(self, timeout: int, request_timeout: Optional[float] = None) -> None:
-        """Sets how many seconds from now the sandbox lives."""
+        """Sets how many seconds from now the sandbox lives; at its end it is
+        killed, or paused with ``lifecycle={"on_timeout": "pause"}``. 0 ends it now."""
         Sandbox._cls_set_timeout(type(self), self._sandbox_id, timeout, request_timeout,
                                  _config_obj=self._connection_config)
 

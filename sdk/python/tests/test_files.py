@@ -81,10 +81,12 @@ class FileTests(SandboxTest):
             self.files.get_info("/tmp/does-not-exist")
         with self.assertRaises(NotFoundException):
             self.files.list("/tmp/does-not-exist")
-        # A user's file operation the system refuses (root's home): a plain
-        # SandboxException, as E2B raises it; not an AuthenticationException.
+        # A file operation the sandbox's kernel refuses (envd acts as root,
+        # as E2B's, but a /proc/sys file cannot be handed to the user): a
+        # plain SandboxException, as E2B raises it; not an
+        # AuthenticationException.
         with self.assertRaises(SandboxException) as cm:
-            self.files.write("/root/x", "no", user="user")
+            self.files.write("/proc/sys/kernel/hostname", "no", user="user")
         self.assertEqual(cm.exception.status_code, 403)
         self.assertNotIsInstance(cm.exception, AuthenticationException)
 

@@ -100,6 +100,17 @@ class PauseLifecycleTests(SandboxTest):
         self.assertEqual(again.pid, h.pid)
         sbx.commands.kill(h.pid)
 
+    def test_set_timeout_zero_pauses_now(self):
+        # E2B's test_auto_pause_keeps_memory: set_timeout(0) forces the
+        # timeout pause now; connect resumes the same boot.
+        sbx = self.new_sandbox(timeout=120, lifecycle={"on_timeout": "pause"})
+        boot = sbx.files.read("/proc/sys/kernel/random/boot_id").strip()
+        sbx.set_timeout(0)
+        wait_state(sbx, "paused", within=30)
+        self.assertFalse(sbx.is_running())
+        sbx.connect()
+        self.assertEqual(sbx.files.read("/proc/sys/kernel/random/boot_id").strip(), boot)
+
     def test_auto_resume_on_traffic(self):
         sbx = self.new_sandbox(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
         self.assertEqual(sbx.get_info().lifecycle, {"on_timeout": "pause", "auto_resume": True})

@@ -56,7 +56,7 @@ class RLTests(unittest.TestCase):
         env.reset()
         cases = [
             # action, observation fields wanted, words the error must have
-            (WriteFile("/etc/x", "1"), {"type": "write", "path": "/etc/x"}, "permission denied"),
+            (WriteFile("/etc/passwd/x", "1"), {"type": "write", "path": "/etc/passwd/x"}, "not a directory"),
             (EditFile("missing.py", "a", "b"), {"type": "edit", "path": "/home/user/missing.py"}, "does not exist"),
             (WriteFile("/home/user", "x"), {"type": "write", "path": "/home/user"}, "is a directory"),
             (Command("echo early; sleep 5; echo late", timeout=1),
@@ -76,7 +76,7 @@ class RLTests(unittest.TestCase):
                     self.assertNotIn(internal, obs["error"])
                 self.assertLess(len(obs["error"]), 300)
                 self.assertEqual(info["step"], i + 1)  # counted as a step
-        self.assertEqual([a for a, _, _ in env.trajectory][0], WriteFile("/etc/x", "1"))
+        self.assertEqual([a for a, _, _ in env.trajectory][0], WriteFile("/etc/passwd/x", "1"))
         self.assertEqual(len(env.trajectory), len(cases))
         obs, *_ = env.step("echo still here")  # the episode goes on
         self.assertEqual((obs["ok"], obs["stdout"]), (True, "still here\n"))
