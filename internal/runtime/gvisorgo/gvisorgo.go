@@ -43,6 +43,7 @@ import (
 	"gvisor.dev/gvisor/runsc/config"
 	"gvisor.dev/gvisor/runsc/container"
 	"gvisor.dev/gvisor/runsc/flag"
+	"gvisor.dev/gvisor/runsc/hostsettings"
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/runtime"
@@ -166,6 +167,11 @@ func New(cfg Config) (*Gvisor, error) {
 	if g.opConf, err = g.conf("none"); err != nil {
 		return nil, err
 	}
+	check := *g.opConf
+	check.HostSettings = config.HostSettingsCheckMandatory
+	if err := hostsettings.Handle(&check); err != nil {
+		return nil, fmt.Errorf("this host cannot run gVisor sandboxes: %w: %w", err, errdefs.ErrUnavailable)
+	}
 	// The same version string as the CLI runtime's, since snapshots record it
 	// and the checkpoint format is the runsc binary's, not ours.
 	if g.version, g.Features, err = runscbin.Version(path); err != nil {
@@ -229,7 +235,10 @@ func (s settings) conf(network string) (*config.Config, error) {
 	config.RegisterFlags(fs)
 	// allow-suid: setuid binaries work inside (E2B's templates give user
 	// passwordless sudo); the sandbox's root is still gVisor's.
-	set := map[string]string{"root": s.Root, "shared-root": runscbin.SharedRoot, "platform": "systrap", "network": network, "allow-suid": "true"}
+	// host-settings=ignore: New checks the host's settings once; runsc's
+	// default checks them at every start (a few ms of a worker's CPU).
+	set := map[string]string{"root": s.Root, "shared-root": runscbin.SharedRoot, "platform": "systrap", "network": network, "allow-suid": "true",
+		"host-settings": "ignore"}
 	if !s.Cgroups {
 		set["ignore-cgroups"] = "true"
 	}

@@ -38,6 +38,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -68,10 +69,19 @@ func WorkerMain() {
 	if len(os.Args) < 2 || os.Args[1] != WorkerCommand || os.Getenv(workerEnv) == "" {
 		return
 	}
+	if path := os.Getenv("AGENTENV_CPU_PROFILE"); path != "" {
+		// The server's profile variable (docs/benchmarks.md): each worker
+		// writes its own, when the runtime closes it.
+		if f, err := os.Create(fmt.Sprintf("%s.worker.%d", path, os.Getpid())); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer f.Close()
+			defer pprof.StopCPUProfile()
+		}
+	}
 	if err := serveWorker(); err != nil {
 		fmt.Fprintf(os.Stderr, "gvisor worker: %v\n", err)
 		os.Exit(1)
 	}
+	pprof.StopCPUProfile()
 	os.Exit(0)
 }
 
