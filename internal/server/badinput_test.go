@@ -42,7 +42,7 @@ func TestBadInput(t *testing.T) {
 	before, _ := e.client.ListSandboxes(ctx, nil)
 	templatesBefore, _ := e.client.ListTemplates(ctx)
 
-	huge := `{"templateID":"busybox","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`
+	huge := `{"templateID":"busybox","metadata":{"badinput":"1","k":"` + strings.Repeat("x", 2<<20) + `"}}`
 	tests := []struct {
 		name, method, path, key, body string
 		want                          int
@@ -51,11 +51,11 @@ func TestBadInput(t *testing.T) {
 		{"missing template", "POST", "/sandboxes", testKey, `{}`, 400},
 		{"malformed JSON", "POST", "/sandboxes", testKey, `{"templateID":`, 400},
 		{"wrong JSON type", "POST", "/sandboxes", testKey, `{"templateID":5}`, 400},
-		{"negative timeout", "POST", "/sandboxes", testKey, `{"templateID":"busybox","timeout":-5}`, 400},
-		{"huge timeout", "POST", "/sandboxes", testKey, `{"templateID":"busybox","timeout":999999999999}`, 400},
-		{"absurd memory", "POST", "/sandboxes", testKey, `{"templateID":"busybox","memoryMB":99999999}`, 400},
+		{"negative timeout", "POST", "/sandboxes", testKey, `{"templateID":"busybox","timeout":-5,"metadata":{"badinput":"1"}}`, 400},
+		{"huge timeout", "POST", "/sandboxes", testKey, `{"templateID":"busybox","timeout":999999999999,"metadata":{"badinput":"1"}}`, 400},
+		{"absurd memory", "POST", "/sandboxes", testKey, `{"templateID":"busybox","memoryMB":99999999,"metadata":{"badinput":"1"}}`, 400},
 		{"body over limit", "POST", "/sandboxes", testKey, huge, 413},
-		{"missing API key", "POST", "/sandboxes", "", `{"templateID":"busybox"}`, 401},
+		{"missing API key", "POST", "/sandboxes", "", `{"templateID":"busybox","metadata":{"badinput":"1"}}`, 401},
 		{"wrong API key", "GET", "/sandboxes", "wrong", ``, 401},
 		{"unknown sandbox get", "GET", "/sandboxes/inosuchsandbox0000000", testKey, ``, 404},
 		{"unknown sandbox kill", "DELETE", "/sandboxes/inosuchsandbox0000000", testKey, ``, 404},
@@ -86,9 +86,18 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 
+	// The only requests that name a usable template carry this metadata:
+	// a sandbox with it was made by a request that should have failed.
+	// (Counting sandboxes is not enough: a create an earlier test gave up
+	// on under load can still land while this test runs.)
 	after, _ := e.client.ListSandboxes(ctx, nil)
+	for _, s := range after {
+		if s.Metadata["badinput"] != "" {
+			t.Errorf("a bad request made sandbox %s (metadata %v)", s.SandboxID, s.Metadata)
+		}
+	}
 	if len(after) != len(before) {
-		t.Errorf("bad requests changed the sandbox count: %d before, %d after", len(before), len(after))
+		t.Logf("sandboxes: %d before, %d after (not from these requests)", len(before), len(after))
 	}
 	templatesAfter, _ := e.client.ListTemplates(ctx)
 	if len(templatesAfter) != len(templatesBefore) {
