@@ -3,7 +3,6 @@ package gvisorgo
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -60,23 +59,8 @@ func TestDiskLayerWithoutGofer(t *testing.T) {
 // processes whose last argument is id.
 func runscProcesses(t *testing.T, runsc, id string) []string {
 	t.Helper()
-	if p, err := filepath.EvalSymlinks(runsc); err == nil {
-		runsc = p
-	}
 	var subs []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) < 2 || args[len(args)-1] != id {
-			continue
-		}
-		if exe, err := os.Readlink(filepath.Join(filepath.Dir(p), "exe")); err != nil || strings.TrimSuffix(exe, " (deleted)") != runsc {
-			continue
-		}
+	for _, args := range sandboxProcesses(runsc, id) {
 		for _, a := range args[1:] {
 			if !strings.HasPrefix(a, "-") {
 				subs = append(subs, a)

@@ -102,9 +102,18 @@ func (g *Gvisor) cleanUp(ctx context.Context, id string) error {
 // killSandboxProcesses kills the runsc processes (sandbox, gofer) whose
 // last argument is the container ID id, as runsc starts them.
 func killSandboxProcesses(runsc, id string) {
+	for pid := range sandboxProcesses(runsc, id) {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
+// sandboxProcesses returns the command lines, by PID, of the processes of
+// the runsc binary whose last argument is the container ID id.
+func sandboxProcesses(runsc, id string) map[int][]string {
 	if p, err := filepath.EvalSymlinks(runsc); err == nil {
 		runsc = p
 	}
+	found := map[int][]string{}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -120,7 +129,8 @@ func killSandboxProcesses(runsc, id string) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(dir)); err == nil {
-			unix.Kill(pid, unix.SIGKILL)
+			found[pid] = args
 		}
 	}
+	return found
 }
