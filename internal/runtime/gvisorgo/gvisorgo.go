@@ -273,11 +273,19 @@ func (g *Gvisor) call(ctx context.Context, req request) error {
 		return err
 	}
 	resp, pidfd, err := g.pool.call(ctx, req)
-	if errors.Is(err, errWorker) {
+	for retried := false; errors.Is(err, errWorker); retried = true {
 		// The worker died or hung: it did not clean up after itself.
 		if cerr := g.cleanUp(context.WithoutCancel(ctx), req.Spec.ID); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up after the worker: %w", cerr))
+			break
 		}
+		// A worker killed from outside (OOM, an operator) fails the request
+		// it held; once cleaned up, the request runs once more elsewhere.
+		// A hung worker (timeout) is not tried again.
+		if retried || !errors.Is(err, errWorkerDied) || ctx.Err() != nil {
+			break
+		}
+		resp, pidfd, err = g.pool.call(ctx, req)
 	}
 	if err != nil {
 		return err

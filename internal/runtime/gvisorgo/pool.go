@@ -209,6 +209,10 @@ func (p *pool) replace() {
 // clean up, the caller must.
 var errWorker = errors.New("gVisor worker failed")
 
+// errWorkerDied is an errWorker whose worker died (it did not time out):
+// once cleaned up after, the request can run again in another worker.
+var errWorkerDied = fmt.Errorf("%w: it died", errWorker)
+
 // call runs req in an idle worker, waiting for one as long as ctx allows.
 // Once a worker has the request, call waits for its answer (bounded by the
 // pool's timeout): a create cannot be interrupted half-way. An error means
@@ -220,20 +224,22 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 		prio = background
 	}
 	var w *proc
-	for w == nil {
-		var err error
-		if w, err = p.disp.get(ctx, p.closed, prio); err != nil {
+	var err error
+	// A worker that died while idle, before its watcher saw it, fails the
+	// write: the request never reached it, so another worker takes it.
+	for undelivered := 0; ; undelivered++ {
+		if w, err = p.idleWorker(ctx, prio); err != nil {
 			return response{}, nil, err
 		}
-		select {
-		case <-w.exited:
-			w = nil // died while idle; its watcher replaces it
-		default:
+		w.conn.SetDeadline(time.Now().Add(p.timeout))
+		if err = writeFrame(w.conn, req, nil); err == nil || undelivered == 2 {
+			break
 		}
+		p.log.Warn("gVisor worker gone before it got a request; giving it to another", "pid", w.pid, "op", req.Op, "sandbox", req.Spec.ID, "err", err)
+		w.kill()
+		<-w.exited
 	}
 	var resp response
-	w.conn.SetDeadline(time.Now().Add(p.timeout))
-	err := writeFrame(w.conn, req, nil)
 	var f *os.File
 	if err == nil {
 		f, err = readFrame(w.conn, &resp)
@@ -241,10 +247,15 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 	if err != nil {
 		// Whatever the worker was doing is cut short: stop it, so that the
 		// caller's clean-up does not race it; its watcher replaces it.
+		hung := errors.Is(err, os.ErrDeadlineExceeded)
 		w.kill()
 		<-w.exited
+		class := errWorkerDied
+		if hung {
+			class = errWorker
+		}
 		return response{}, nil, fmt.Errorf("%s of sandbox %s: %w (worker %d: %v, %s): %w",
-			req.Op, req.Spec.ID, errWorker, w.pid, err, w.cmd.ProcessState, errdefs.ErrUnavailable)
+			req.Op, req.Spec.ID, class, w.pid, err, w.cmd.ProcessState, errdefs.ErrUnavailable)
 	}
 	w.conn.SetDeadline(time.Time{})
 	if resp.Retire {
@@ -253,6 +264,22 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 		p.disp.put(w)
 	}
 	return resp, f, nil
+}
+
+// idleWorker waits for an idle worker that has not exited.
+func (p *pool) idleWorker(ctx context.Context, prio int) (*proc, error) {
+	for {
+		w, err := p.disp.get(ctx, p.closed, prio)
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-w.exited:
+			// died while idle; its watcher replaces it
+		default:
+			return w, nil
+		}
+	}
 }
 
 // Request priorities: urgent requests (create, restore) get the next idle

@@ -178,13 +178,20 @@ func TestWorkerDeathKeepsSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	killed := map[int]bool{}
 	for _, pid := range g.pool.workerPids() {
 		unix.Kill(pid, unix.SIGKILL)
+		killed[pid] = true
+	}
+	// No sleep before the create below: the pool must not hand it to a
+	// killed worker its watcher has not seen die yet.
+	if err := cycle(ctx, g, e.spec(t, g)); err != nil {
+		t.Errorf("create right after the workers were killed: %v", err)
 	}
 	eventually(t, "workers replaced", func() bool {
 		pids := g.pool.workerPids()
 		for _, p := range pids {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err != nil {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err != nil || killed[p] {
 				return false
 			}
 		}
