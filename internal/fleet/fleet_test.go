@@ -138,6 +138,16 @@ func TestFleet(t *testing.T) {
 			{f.apiURLs[0][0] + "/metrics", `agentenv_fleet_nodes{role="api",state="alive"} 3`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
+			// Gauges of issue 21: the fleet's sandboxes by state and
+			// template on the API role, pools and stores on the node, the
+			// host on both.
+			{f.apiURLs[0][0] + "/metrics", `agentenv_sandboxes{role="api",state="running",template="busybox"}`},
+			{f.apiURLs[0][0] + "/metrics", `agentenv_host_memory_available_bytes{role="api"}`},
+			{f.apiURLs[0][0] + "/metrics", `agentenv_operations_in_flight{op="create",role="api"} 0`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes{role="node",state="running",template="busybox"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_snapshot_store_bytes{role="node"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes_reaped_total{role="node"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_host_cpu_seconds_total{mode="busy",role="node"}`},
 		} {
 			resp, err := f.nodeHTTP.Get(tc.url)
 			if err != nil {

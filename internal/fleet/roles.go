@@ -21,6 +21,7 @@ import (
 
 	"agentenv/internal/api"
 	"agentenv/internal/metrics"
+	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
 )
 
@@ -250,7 +251,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	}
 	defer host.Close()
 	node.attach(host)
-	reg.SetSandboxStates(server.SandboxStates(host.Manager))
+	server.WatchHost(reg, host)
 	reg.SetCapacity(func() metrics.Capacity {
 		c := node.capacity()
 		return metrics.Capacity{CPUs: c.CPUs, MemoryMB: c.MemoryMB, FreeMemoryMB: c.FreeMemoryMB, MaxSandboxes: c.MaxSandboxes,
@@ -348,7 +349,9 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	if err != nil {
 		return err
 	}
-	backend := api.Metered(remote, reg.ObserveOp)
+	// The fleet's sandboxes as etcd lists them (each node reports its pools).
+	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
+	backend := api.Metered(remote, reg)
 	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentenv/internal/envd"
@@ -70,6 +71,8 @@ type Manager struct {
 	slots    map[int]bool
 	lost     map[string]Sandbox
 	ended    ended // how the last killed and timed-out sandboxes ended
+	// reaped counts the sandboxes killed by their timeout (for /metrics).
+	reaped   atomic.Int64
 	closed   bool
 	inflight sync.WaitGroup
 

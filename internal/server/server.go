@@ -238,8 +238,8 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	front.Limits = cfg.HTTP
 	reg := NewMetrics("serve")
-	reg.SetSandboxStates(SandboxStates(h.Manager))
-	backend := api.Metered(h.Backend, reg.ObserveOp)
+	WatchHost(reg, h)
+	backend := api.Metered(h.Backend, reg)
 	apiH := WithMetrics(reg, api.New(api.Config{APIKey: key, Backend: backend, Domain: front.Domain, Log: log}).Handler())
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
