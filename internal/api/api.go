@@ -17,6 +17,7 @@ import (
 
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
+	"agentenv/internal/metrics"
 	"agentenv/internal/sandbox"
 )
 
@@ -39,7 +40,10 @@ type Config struct {
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
-	Log    *slog.Logger
+	// Metrics, if set, is the role's registry, whose live history the
+	// live page (/ui) shows.
+	Metrics *metrics.Registry
+	Log     *slog.Logger
 }
 
 // Server is the REST API.
@@ -88,6 +92,8 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /agentenv/templates", s.buildTemplate)
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	auth("GET /agentenv/nodes", s.listNodes)
+	mux.HandleFunc("GET /ui", s.uiPage)
+	auth("GET /ui/data", s.uiData)
 	mux.Handle("POST /agentenv/nodes/{name}/{action}", s.operatorOnly(s.nodeAction))
 	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))

@@ -352,6 +352,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	// The fleet's sandboxes as etcd lists them (each node reports its pools).
 	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
 	backend := api.Metered(remote, reg)
-	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
+	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
+	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Metrics: reg, Log: log}).Handler())
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

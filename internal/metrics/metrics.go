@@ -60,6 +60,11 @@ type Registry struct {
 	httpDuration *prometheus.HistogramVec
 	inFlight     *prometheus.GaugeVec
 
+	// hist is the live page's history (live.go); start the registry's
+	// first reading.
+	hist  history
+	start reading
+
 	// Callbacks; a nil pointer (or one to a nil func) means "not set".
 	cause    atomic.Pointer[func(error) string]
 	states   atomic.Pointer[func() []SandboxCount]
@@ -98,6 +103,7 @@ func New(role string) *Registry {
 			Help: "Sandbox operations under way, to set against the host's CPU and memory.",
 		}, []string{"op"}),
 	}
+	r.start = r.read()
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"role": role}, r.reg)
 	reg.MustRegister(
 		collectors.NewGoCollector(),

@@ -2,10 +2,18 @@ package server
 
 import (
 	"net/http"
+	"time"
 
 	"agentenv/internal/errdefs"
 	"agentenv/internal/metrics"
 	"agentenv/internal/sandbox"
+)
+
+// The live page's history: a point every LiveInterval, the last LiveKeep
+// kept (15 minutes).
+const (
+	LiveInterval = 5 * time.Second
+	LiveKeep     = 180
 )
 
 // NewMetrics returns the Prometheus registry of a role, errors counted by
