@@ -40,8 +40,11 @@ type uiSandbox struct {
 }
 
 type uiData struct {
-	Now       time.Time    `json:"now"`
-	Operator  bool         `json:"operator"`
+	Now time.Time `json:"now"`
+	// Key is the caller's key name (named keys); All says it sees every
+	// key's sandboxes (the single key, the operator).
+	Key       string       `json:"key,omitempty"`
+	All       bool         `json:"all"`
 	Sandboxes []uiSandbox  `json:"sandboxes"`
 	Live      metrics.Live `json:"live"`
 }
@@ -58,13 +61,14 @@ func (s *Server) uiPage(w http.ResponseWriter, r *http.Request) {
 // uiData answers GET /ui/data: the caller's sandboxes with a CPU and
 // memory sample of each running one, and the registry's live history.
 func (s *Server) uiData(w http.ResponseWriter, r *http.Request) {
-	op, _ := s.caller(r)
-	sbs, err := s.cfg.Backend.List(r.Context(), sandbox.Filter{})
+	id := identityOf(r.Context())
+	b := s.backend(r)
+	sbs, err := b.List(r.Context(), sandbox.Filter{})
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	out := uiData{Now: time.Now().UTC(), Operator: op, Sandboxes: make([]uiSandbox, 0, len(sbs)), Live: s.cfg.Metrics.Live()}
+	out := uiData{Now: time.Now().UTC(), Key: id.Name, All: id.all(), Sandboxes: make([]uiSandbox, 0, len(sbs)), Live: s.cfg.Metrics.Live()}
 	for _, sb := range sbs {
 		if sb.State == sandbox.StatePooled {
 			continue
@@ -74,14 +78,14 @@ func (s *Server) uiData(w http.ResponseWriter, r *http.Request) {
 			StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
 		})
 	}
-	s.sampleTop(r.Context(), out.Sandboxes)
+	sampleTop(r.Context(), b, out.Sandboxes)
 	writeJSON(w, http.StatusOK, out)
 }
 
 // sampleTop samples the running sandboxes (the newest uiTopMax), 8 at a
 // time, each within 2 s: a slow node leaves its sandboxes unsampled
 // rather than stalling the page.
-func (s *Server) sampleTop(ctx context.Context, sbs []uiSandbox) {
+func sampleTop(ctx context.Context, b Backend, sbs []uiSandbox) {
 	var running []int
 	for i := range sbs {
 		if sbs[i].State == string(sandbox.StateRunning) {
@@ -100,7 +104,7 @@ func (s *Server) sampleTop(ctx context.Context, sbs []uiSandbox) {
 			defer func() { <-sem }()
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			m, err := s.cfg.Backend.Metrics(cctx, sbs[i].ID)
+			m, err := b.Metrics(cctx, sbs[i].ID)
 			if err != nil || m.Timestamp.IsZero() {
 				return
 			}

@@ -300,7 +300,10 @@ type APIRun struct {
 	ProxyListen string
 	Secret      string
 	APIKey      string
-	Domain      string
+	// APIKeys maps named keys to their names: each sees only its own
+	// sandboxes and snapshots.
+	APIKeys map[string]string
+	Domain  string
 	// OperatorKey, if set, is the key of node operations (cordon, drain,
 	// forget); API keys cannot do them.
 	OperatorKey string
@@ -316,8 +319,9 @@ type APIRun struct {
 // RunAPI runs a stateless API server and sandbox proxy until ctx ends.
 func RunAPI(ctx context.Context, cfg APIRun) error {
 	log := cfg.Log
-	if cfg.APIKey == "" {
-		return errors.New("no API key: set AGENTENV_API_KEY (clients send it as X-API-Key, as E2B's SDKs do)")
+	acfg := api.Config{APIKey: cfg.APIKey, APIKeys: cfg.APIKeys, OperatorKey: cfg.OperatorKey, Log: log}
+	if err := api.CheckKeys(acfg); err != nil {
+		return fmt.Errorf("%w (clients send it as X-API-Key, as E2B's SDKs do)", err)
 	}
 	tlsConf, err := peerTLS(cfg.TLSCA, cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
@@ -353,6 +357,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
 	backend := api.Metered(remote, reg)
 	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
-	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Metrics: reg, Log: log}).Handler())
+	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
+	apiH := server.WithMetrics(reg, api.New(acfg).Handler())
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

@@ -318,11 +318,16 @@ type Filter struct {
 	Template string `json:",omitempty"`
 	// StartedAfter, if set, keeps those started at or after it.
 	StartedAfter time.Time `json:",omitzero"`
+	// Owner, if set, keeps the sandboxes of that API key's name.
+	Owner string `json:",omitempty"`
 }
 
 // Match reports whether sb passes the filter.
 func (f Filter) Match(sb Sandbox) bool {
 	if f.Template != "" && sb.Template != f.Template {
+		return false
+	}
+	if f.Owner != "" && sb.Owner != f.Owner {
 		return false
 	}
 	if !f.StartedAfter.IsZero() && sb.StartedAt.Before(f.StartedAfter) {
