@@ -46,11 +46,10 @@ func (c *hostCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	if st, err := c.fs.Stat(); err == nil {
-		t := st.CPUTotal
-		busy := t.User + t.Nice + t.System + t.IRQ + t.SoftIRQ + t.Steal
+		busy, idle := cpuTimes(st.CPUTotal)
 		ch <- prometheus.MustNewConstMetric(hostCPUsDesc, prometheus.GaugeValue, float64(len(st.CPU)))
 		ch <- prometheus.MustNewConstMetric(hostCPUDesc, prometheus.CounterValue, busy, "busy")
-		ch <- prometheus.MustNewConstMetric(hostCPUDesc, prometheus.CounterValue, t.Idle+t.Iowait, "idle")
+		ch <- prometheus.MustNewConstMetric(hostCPUDesc, prometheus.CounterValue, idle, "idle")
 	}
 	if mi, err := c.fs.Meminfo(); err == nil && mi.MemTotalBytes != nil {
 		ch <- prometheus.MustNewConstMetric(hostMemDesc, prometheus.GaugeValue, float64(*mi.MemTotalBytes))
@@ -61,4 +60,11 @@ func (c *hostCollector) Collect(ch chan<- prometheus.Metric) {
 	if la, err := c.fs.LoadAvg(); err == nil {
 		ch <- prometheus.MustNewConstMetric(hostLoadDesc, prometheus.GaugeValue, la.Load1)
 	}
+}
+
+// cpuTimes splits the host's CPU seconds into busy (user, system,
+// interrupts, steal) and idle (idle, iowait). Guest time is already in
+// user.
+func cpuTimes(t procfs.CPUStat) (busy, idle float64) {
+	return t.User + t.Nice + t.System + t.IRQ + t.SoftIRQ + t.Steal, t.Idle + t.Iowait
 }

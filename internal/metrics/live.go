@@ -155,9 +155,8 @@ func (r *Registry) read() reading {
 	}
 	if fs, err := procfs.NewDefaultFS(); err == nil {
 		if st, err := fs.Stat(); err == nil {
-			t := st.CPUTotal
-			rd.busy = t.User + t.Nice + t.System + t.IRQ + t.SoftIRQ + t.Steal
-			rd.total = rd.busy + t.Idle + t.Iowait
+			busy, idle := cpuTimes(st.CPUTotal)
+			rd.busy, rd.total = busy, busy+idle
 		}
 	}
 	return rd
