@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,9 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(f.dir, "operator-key"), []byte(opKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, "api-keys"), []byte("alice "+aliceKey+"\nbob "+bobKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f.nodeHTTP, f.certHTTP, f.etcdTLS = writeTLS(t, f.dir)
@@ -337,6 +341,62 @@ func TestFleet(t *testing.T) {
 		}
 		c.KillSandbox(ctx, parent.SandboxID)
 		f.op().NodeAction(ctx, "n1", "uncordon")
+	})
+
+	t.Run("named keys see only their own, through either API server", func(t *testing.T) {
+		// api1 is dead by now: api2 and api3 serve.
+		a2, a3 := f.apiURLs[1], f.apiURLs[len(f.apiURLs)-1]
+		alice1, alice2 := client.New(a3[0], a3[1], aliceKey), client.New(a2[0], a2[1], aliceKey)
+		bob2 := client.New(a2[0], a2[1], bobKey)
+		md := map[string]string{"suite": "fleet-keys"}
+		// The parent on n1, then n1 cordoned: the fork's child is placed on
+		// another node from the parent's snapshot, and must still be alice's.
+		f.op().NodeAction(ctx, "n2", "cordon")
+		f.op().NodeAction(ctx, "n3", "cordon")
+		parent, err := alice1.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Metadata: md})
+		f.op().NodeAction(ctx, "n2", "uncordon")
+		f.op().NodeAction(ctx, "n3", "uncordon")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.KillSandbox(ctx, parent.SandboxID)
+		f.op().NodeAction(ctx, "n1", "cordon")
+		kids, kidErrs, err := alice2.ForkSandbox(ctx, parent.SandboxID, 1)
+		f.op().NodeAction(ctx, "n1", "uncordon")
+		if err != nil || kidErrs[0] != nil {
+			t.Fatalf("alice's fork: %v %v", err, kidErrs)
+		}
+		defer c.KillSandbox(ctx, kids[0].SandboxID)
+		want := []string{parent.SandboxID, kids[0].SandboxID}
+		slices.Sort(want)
+		deadline := time.Now().Add(10 * time.Second) // etcd's view reaches both API servers
+		for {
+			var got []string
+			if sbs, err := alice1.ListSandboxes(ctx, md); err == nil {
+				for _, sb := range sbs {
+					got = append(got, sb.SandboxID)
+				}
+			}
+			slices.Sort(got)
+			if slices.Equal(got, want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("alice lists %v through api3, want her parent and its child %v", got, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if sbs, err := bob2.ListSandboxes(ctx, md); err != nil || len(sbs) != 0 {
+			t.Errorf("bob lists %d of alice's sandboxes (%v), want none", len(sbs), err)
+		}
+		for _, id := range want {
+			if err := bob2.KillSandbox(ctx, id); err == nil || !strings.Contains(err.Error(), "HTTP 404") {
+				t.Errorf("bob kills alice's %s: got %v, want 404", id, err)
+			}
+		}
+		if sbs, err := c.ListSandboxes(ctx, md); err != nil || len(sbs) != 2 {
+			t.Errorf("the single key lists %d (%v), want both of alice's", len(sbs), err)
+		}
 	})
 
 	t.Run("a node cut off is reported lost and comes back whole", func(t *testing.T) {
