@@ -23,11 +23,10 @@ type metered struct {
 	reg *metrics.Registry
 }
 
-func timed[T any](m *metered, op string, f func() (T, error)) (T, error) {
+func timed[T any](m *metered, op string, f func() (T, error)) (v T, err error) {
 	done := m.reg.Begin(op)
-	v, err := f()
-	done(err)
-	return v, err
+	defer func() { done(err) }() // also when f panics: in flight must not leak
+	return f()
 }
 
 func (m *metered) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {

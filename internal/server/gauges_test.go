@@ -67,6 +67,21 @@ func TestGaugesFollowSandboxes(t *testing.T) {
 	b := e.create(t, client.CreateRequest{})
 	check("2 creates", map[string]float64{running: before[running] + 2, paused: before[paused]})
 
+	// Execs through the proxy: counted when they end, never left in
+	// flight (the SDK leaves a stream once its end event arrives, which
+	// aborts the proxy's copy of the trailer).
+	execs := `agentenv_operation_duration_seconds_count{op="exec",role="serve"}`
+	for range 6 {
+		e.sh(t, b, "echo hi")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for m := e.scrapeMetrics(t); m[execs] < before[execs]+6 || m[`agentenv_operations_in_flight{op="exec",role="serve"}`] != 0; m = e.scrapeMetrics(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after 6 execs: %v counted (want %v), %v in flight (want 0)", m[execs], before[execs]+6, m[`agentenv_operations_in_flight{op="exec",role="serve"}`])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	if err := e.client.PauseSandbox(ctx, a.SandboxID); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +134,7 @@ func TestGaugesFollowSandboxes(t *testing.T) {
 	// A sandbox whose timeout passes is reaped, and counted.
 	reaped := `agentenv_sandboxes_reaped_total{role="serve"}`
 	e.create(t, client.CreateRequest{Timeout: 1})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline = time.Now().Add(20 * time.Second)
 	for e.scrapeMetrics(t)[reaped] < before[reaped]+1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: still %v 20 s after a 1 s timeout, want %v", reaped, e.scrapeMetrics(t)[reaped], before[reaped]+1)

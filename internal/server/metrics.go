@@ -47,9 +47,12 @@ func MeterProxy(reg *metrics.Registry, h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
+		// Deferred: the reverse proxy panics with http.ErrAbortHandler
+		// when the client leaves mid-stream, as the SDKs do once a
+		// command's end event arrives (before the stream's trailer).
 		done := reg.Begin(op)
+		defer done(nil)
 		h.ServeHTTP(w, r)
-		done(nil)
 	})
 }
 
