@@ -5,18 +5,17 @@
 package api
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"agentenv/internal/envd"
 	"agentenv/internal/errdefs"
+	"agentenv/internal/metrics"
 	"agentenv/internal/sandbox"
 )
 
@@ -25,7 +24,12 @@ const MaxBody = 1 << 20
 
 // Config configures the API server.
 type Config struct {
+	// APIKey is the single key of a server with one user, who sees every
+	// sandbox. Either or both of APIKey and APIKeys must be set.
 	APIKey string
+	// APIKeys maps each named key (--api-keys-file) to its name: such a
+	// key sees and controls only the sandboxes and snapshots it made.
+	APIKeys map[string]string
 	// OperatorKey, if set, is the operator's key: it may do everything
 	// an API key may, and the node operations (cordon, uncordon, drain,
 	// forget), which no API key may.
@@ -39,20 +43,31 @@ type Config struct {
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
-	Log    *slog.Logger
+	// Metrics, if set, is the role's registry, whose live history the
+	// live page (/ui) shows.
+	Metrics *metrics.Registry
+	Log     *slog.Logger
 }
 
 // Server is the REST API.
 type Server struct {
 	cfg Config
+	// Key digests (keys.go).
+	single, operator [32]byte
+	named            map[[32]byte]string
 }
 
-// New returns the API server.
+// New returns the API server. CheckKeys tells whether cfg's keys are
+// usable.
 func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Server{cfg: cfg}
+	s := &Server{cfg: cfg, single: keyDigest(cfg.APIKey), operator: keyDigest(cfg.OperatorKey), named: map[[32]byte]string{}}
+	for k, name := range cfg.APIKeys {
+		s.named[keyDigest(k)] = name
+	}
+	return s
 }
 
 // Handler returns the HTTP handler with every route.
@@ -88,6 +103,8 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /agentenv/templates", s.buildTemplate)
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	auth("GET /agentenv/nodes", s.listNodes)
+	mux.HandleFunc("GET /ui", s.uiPage)
+	auth("GET /ui/data", s.uiData)
 	mux.Handle("POST /agentenv/nodes/{name}/{action}", s.operatorOnly(s.nodeAction))
 	mux.Handle("/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.NotFound("no route %s %s (see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -124,11 +141,12 @@ func (w *statusWriter) Flush() {
 // auth checks the API key (X-API-Key, as E2B; or a Bearer token).
 func (s *Server) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := s.caller(r); err != nil {
+		id, err := s.caller(r)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
-		next(w, r)
+		next(w, r.WithContext(withIdentity(r.Context(), id)))
 	})
 }
 
@@ -137,37 +155,16 @@ func (s *Server) auth(next http.HandlerFunc) http.Handler {
 // nothing that changes the fleet itself.
 func (s *Server) operatorOnly(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		op, err := s.caller(r)
-		if err == nil && !op {
+		id, err := s.caller(r)
+		if err == nil && !id.Operator {
 			err = fmt.Errorf("node operations need the operator key (X-API-Key: the key of `agentenv api --operator-key-file`; the CLI reads AGENTENV_OPERATOR_KEY), not an API key: %w", errdefs.ErrPermissionDenied)
 		}
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		next(w, r)
+		next(w, r.WithContext(withIdentity(r.Context(), id)))
 	})
-}
-
-// caller checks the request's key and reports whether it is the
-// operator's.
-func (s *Server) caller(r *http.Request) (operator bool, err error) {
-	key := r.Header.Get("X-API-Key")
-	if key == "" {
-		if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			key = b
-		}
-	}
-	if key == "" {
-		return false, fmt.Errorf("missing API key: send it in the X-API-Key header (see the server's start-up log for where the key is stored): %w", errdefs.ErrUnauthenticated)
-	}
-	if s.cfg.OperatorKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.OperatorKey)) == 1 {
-		return true, nil
-	}
-	if subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) != 1 {
-		return false, fmt.Errorf("wrong API key: %w", errdefs.ErrUnauthenticated)
-	}
-	return false, nil
 }
 
 // errorBody is the JSON error every route returns. code is the HTTP status

@@ -5,27 +5,28 @@ import (
 	"time"
 
 	"agentenv/internal/errdefs"
+	"agentenv/internal/metrics"
 	"agentenv/internal/sandbox"
 	"agentenv/internal/snapshot"
 	"agentenv/internal/template"
 )
 
 // Metered wraps a Backend so that every operation that changes a sandbox
-// reports its latency and error to observe (Prometheus, in every role).
-func Metered(b Backend, observe func(op string, d time.Duration, err error)) Backend {
-	return &metered{Backend: b, observe: observe}
+// is counted in flight and reports its latency and error to reg
+// (Prometheus, in every role).
+func Metered(b Backend, reg *metrics.Registry) Backend {
+	return &metered{Backend: b, reg: reg}
 }
 
 type metered struct {
 	Backend
-	observe func(op string, d time.Duration, err error)
+	reg *metrics.Registry
 }
 
-func timed[T any](m *metered, op string, f func() (T, error)) (T, error) {
-	start := time.Now()
-	v, err := f()
-	m.observe(op, time.Since(start), err)
-	return v, err
+func timed[T any](m *metered, op string, f func() (T, error)) (v T, err error) {
+	done := m.reg.Begin(op)
+	defer func() { done(err) }() // also when f panics: in flight must not leak
+	return f()
 }
 
 func (m *metered) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {

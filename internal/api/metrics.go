@@ -43,7 +43,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	m, err := s.cfg.Backend.Metrics(r.Context(), r.PathValue("id"))
+	m, err := s.backend(r).Metrics(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -103,7 +103,7 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			m, err := s.cfg.Backend.Metrics(r.Context(), id)
+			m, err := s.backend(r).Metrics(r.Context(), id)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {

@@ -85,7 +85,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		cr.Timeout = d
 	}
-	sb, err := s.cfg.Backend.Create(r.Context(), cr)
+	sb, err := s.backend(r).Create(r.Context(), cr)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -101,7 +101,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	list, err := s.cfg.Backend.List(r.Context(), lq.filter)
+	list, err := s.backend(r).List(r.Context(), lq.filter)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -140,7 +140,7 @@ func parseMetadata(raw string) (map[string]string, error) {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id"))
+	sb, err := s.backend(r).Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -149,7 +149,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Backend.Kill(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.backend(r).Kill(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -173,7 +173,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if _, err := s.cfg.Backend.SetTimeout(r.Context(), r.PathValue("id"), d); err != nil {
+	if _, err := s.backend(r).SetTimeout(r.Context(), r.PathValue("id"), d); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -205,7 +205,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	// A timeout pause or an auto-resume may change the state between the
 	// read and the action: read again and retry a few times.
 	for range 3 {
-		sb, err := s.cfg.Backend.Get(r.Context(), id)
+		sb, err := s.backend(r).Get(r.Context(), id)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -220,7 +220,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 			if rd < sb.Remaining {
 				rd = 0
 			}
-			sb, err = s.cfg.Backend.Resume(r.Context(), id, rd)
+			sb, err = s.backend(r).Resume(r.Context(), id, rd)
 			if errors.Is(err, errdefs.ErrConflict) {
 				continue // resumed meanwhile
 			}
@@ -233,7 +233,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		if d > 0 {
 			// Connect never shortens a sandbox's life.
-			if sb, err = s.cfg.Backend.Extend(r.Context(), id, d); err != nil {
+			if sb, err = s.backend(r).Extend(r.Context(), id, d); err != nil {
 				writeError(w, err)
 				return
 			}
@@ -275,7 +275,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	sb, err := s.cfg.Backend.Get(r.Context(), id)
+	sb, err := s.backend(r).Get(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -290,7 +290,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	if req.AllowInternetAccess != nil {
 		n.AllowInternet = *req.AllowInternetAccess
 	}
-	if _, err := s.cfg.Backend.SetNetwork(r.Context(), id, n); err != nil {
+	if _, err := s.backend(r).SetNetwork(r.Context(), id, n); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -315,7 +315,7 @@ func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if _, err := s.cfg.Backend.Extend(r.Context(), r.PathValue("id"), d); err != nil {
+	if _, err := s.backend(r).Extend(r.Context(), r.PathValue("id"), d); err != nil {
 		writeError(w, err)
 		return
 	}

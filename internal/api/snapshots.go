@@ -51,14 +51,14 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	var err error
 	if req.Memory != nil && !*req.Memory {
-		fp, ok := s.cfg.Backend.(FilesPauser)
+		fp, ok := s.backend(r).(FilesPauser)
 		if !ok {
 			writeError(w, errdefs.Invalid("pause with memory: false is not available on this server (fleet mode): pause with memory"))
 			return
 		}
 		_, err = fp.PauseFiles(r.Context(), id)
 	} else {
-		_, err = s.cfg.Backend.Pause(r.Context(), id)
+		_, err = s.backend(r).Pause(r.Context(), id)
 	}
 	if err != nil {
 		writeError(w, err)
@@ -79,7 +79,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	if req.Memory != nil && !*req.Memory {
 		// A sandbox paused without memory reboots whatever this says;
 		// one paused with it cannot drop it on resume (yet).
-		if sb, err := s.cfg.Backend.Get(r.Context(), r.PathValue("id")); err == nil && sb.State == sandbox.StatePaused && !sb.FilesOnly {
+		if sb, err := s.backend(r).Get(r.Context(), r.PathValue("id")); err == nil && sb.State == sandbox.StatePaused && !sb.FilesOnly {
 			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", sb.ID))
 			return
 		}
@@ -92,7 +92,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Backend.Resume(r.Context(), r.PathValue("id"), d)
+	sb, err := s.backend(r).Resume(r.Context(), r.PathValue("id"), d)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -109,7 +109,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	sn, err := s.cfg.Backend.Snapshot(r.Context(), r.PathValue("id"), sandbox.SnapshotRequest{Name: req.Name, Metadata: req.Metadata})
+	sn, err := s.backend(r).Snapshot(r.Context(), r.PathValue("id"), sandbox.SnapshotRequest{Name: req.Name, Metadata: req.Metadata})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -120,7 +120,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	out := []snapshotJSON{}
 	name := r.URL.Query().Get("name")
-	list, err := s.cfg.Backend.ListSnapshots(r.Context(), r.URL.Query().Get("sandboxID"))
+	list, err := s.backend(r).ListSnapshots(r.Context(), r.URL.Query().Get("sandboxID"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -135,7 +135,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	sn, err := s.cfg.Backend.GetSnapshot(r.Context(), r.PathValue("id"))
+	sn, err := s.backend(r).GetSnapshot(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -144,7 +144,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Backend.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.backend(r).DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -184,7 +184,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	results, err := s.cfg.Backend.Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
+	results, err := s.backend(r).Fork(r.Context(), r.PathValue("id"), count, d, req.Metadata)
 	if err != nil {
 		// No child at all: an error status, not a 201 full of errors.
 		writeError(w, err)

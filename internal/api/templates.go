@@ -46,7 +46,7 @@ func toTemplateJSON(ti TemplateInfo) templateJSON {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	list, err := s.cfg.Backend.ListTemplates(r.Context())
+	list, err := s.backend(r).ListTemplates(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -59,7 +59,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.cfg.Backend.GetTemplate(r.Context(), r.PathValue("name"))
+	t, err := s.backend(r).GetTemplate(r.Context(), r.PathValue("name"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -68,7 +68,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Backend.DeleteTemplate(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.backend(r).DeleteTemplate(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -171,7 +171,7 @@ func (s *Server) streamBuild(w http.ResponseWriter, r *http.Request, req templat
 			flusher.Flush()
 		}
 	}
-	t, err := s.cfg.Backend.BuildTemplate(r.Context(), req, func(p template.Progress) {
+	t, err := s.backend(r).BuildTemplate(r.Context(), req, func(p template.Progress) {
 		// Skip repeats of the same whole percent to keep the stream small.
 		if started && p.Phase == last.Phase && int(p.Percent) == int(last.Percent) && !strings.HasPrefix(p.Message, "Configuring") {
 			return

@@ -1,12 +1,10 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -189,7 +187,8 @@ func nodeDrain(g *globals) *cobra.Command {
 // apiCmd runs a stateless API server and sandbox proxy of a fleet.
 func apiCmd(g *globals) *cobra.Command {
 	var run fleet.APIRun
-	var secretFile, operatorKeyFile string
+	var secretFile string
+	var keys keyFlags
 	var debug bool
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -205,17 +204,8 @@ func apiCmd(g *globals) *cobra.Command {
 				return err
 			}
 			run.APIKey = os.Getenv("AGENTENV_API_KEY")
-			if operatorKeyFile != "" {
-				b, err := os.ReadFile(operatorKeyFile)
-				if err != nil {
-					return fmt.Errorf("--operator-key-file: %w", err)
-				}
-				if run.OperatorKey = strings.TrimSpace(string(b)); len(run.OperatorKey) < 16 {
-					return fmt.Errorf("--operator-key-file %s: the key is shorter than 16 characters: use a long random one", operatorKeyFile)
-				}
-				if run.OperatorKey == run.APIKey {
-					return errors.New("--operator-key-file holds the API key: the operator's key must differ from the keys clients hold")
-				}
+			if run.APIKeys, run.OperatorKey, err = keys.load(); err != nil {
+				return err
 			}
 			run.EtcdAuth.Password = os.Getenv("AGENTENV_ETCD_PASSWORD")
 			return fleet.RunAPI(cmd.Context(), run)
@@ -231,7 +221,7 @@ func apiCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.TLSCA, "tls-ca", "", "the fleet's CA (PEM): nodes are then reached over mutual TLS only (with --tls-cert/--tls-key)")
 	f.StringVar(&run.TLSCert, "tls-cert", "", "this API server's client certificate towards nodes (PEM; with --tls-key and --tls-ca)")
 	f.StringVar(&run.TLSKey, "tls-key", "", "private key of --tls-cert (PEM)")
-	f.StringVar(&operatorKeyFile, "operator-key-file", "", "file holding the operator's key: the only key that may cordon, uncordon, drain and forget nodes (without it, nobody may)")
+	keys.add(cmd, "the only key that may cordon, uncordon, drain and forget nodes (without it, nobody may); it sees every key's sandboxes")
 	etcdFlags(cmd, &run.EtcdAuth)
 	f.BoolVar(&debug, "debug", false, "log every request")
 	return cmd

@@ -46,7 +46,7 @@ func Root() *cobra.Command {
 	pf.StringVar(&g.proxy, "proxy", envOr("AGENTENV_PROXY", ""), "sandbox proxy URL (env AGENTENV_PROXY; default: the server's host, port 3001)")
 	// The default stays empty so that help never prints a secret; client()
 	// reads the environment at run time.
-	pf.StringVar(&g.apiKey, "api-key", "", "API key (default: env AGENTENV_API_KEY, else the key file in --data-dir)")
+	pf.StringVar(&g.apiKey, "api-key", "", "API key (default: env AGENTENV_API_KEY, else E2B_API_KEY, else the key file in --data-dir when readable)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("AGENTENV_DATA_DIR", "/var/lib/agentenv"), "data directory (env AGENTENV_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.AddCommand(serveCmd(g), nodeCmd(g), apiCmd(g), etcdCmd(), sandboxCmd(g), templateCmd(g), snapshotCmd(g), benchCmd(g))
@@ -63,14 +63,18 @@ func envOr(k, def string) string {
 
 // client builds an API client from the global flags.
 func (g *globals) client() (*client.Client, error) {
+	// --api-key, AGENTENV_API_KEY, E2B_API_KEY, then the server's key
+	// file when this user may read it (root: the host owner's key).
 	key := g.apiKey
-	if key == "" {
-		key = os.Getenv("AGENTENV_API_KEY")
+	for _, env := range []string{"AGENTENV_API_KEY", "E2B_API_KEY"} {
+		if key == "" {
+			key = os.Getenv(env)
+		}
 	}
 	if key == "" {
 		b, err := os.ReadFile(filepath.Join(g.dataDir, "api-key"))
 		if err != nil {
-			return nil, fmt.Errorf("no API key: set AGENTENV_API_KEY or --api-key (the server stores its key in %s/api-key)", g.dataDir)
+			return nil, fmt.Errorf("no API key: set AGENTENV_API_KEY (or E2B_API_KEY) or --api-key (the server stores its own key in %s/api-key, readable by root only; on a shared server ask its operator for a named key)", g.dataDir)
 		}
 		key = strings.TrimSpace(string(b))
 	}

@@ -65,6 +65,7 @@ func serveCmd(g *globals) *cobra.Command {
 	h := &hostFlags{cfg: server.Config{Limits: sandbox.DefaultLimits()}}
 	var stop bool
 	var stopWait time.Duration
+	var keys keyFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API server, the sandbox proxy and the sandboxes on this machine",
@@ -79,6 +80,9 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.APIKey = os.Getenv("AGENTENV_API_KEY")
+			if cfg.APIKeys, cfg.OperatorKey, err = keys.load(); err != nil {
+				return err
+			}
 			release, err := claimPidFile(g.dataDir)
 			if err != nil {
 				return err
@@ -102,6 +106,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	domainFlags(cmd, &h.cfg.Domain, &h.cfg.ProxyTLS)
+	keys.add(cmd, "it sees and controls every key's sandboxes and snapshots")
 	h.add(cmd)
 	return cmd
 }

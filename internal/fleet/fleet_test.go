@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,9 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(f.dir, "operator-key"), []byte(opKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, "api-keys"), []byte("alice "+aliceKey+"\nbob "+bobKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f.nodeHTTP, f.certHTTP, f.etcdTLS = writeTLS(t, f.dir)
@@ -184,6 +188,16 @@ func TestFleet(t *testing.T) {
 			{f.apiURLs[0][0] + "/metrics", `agentenv_fleet_nodes{role="api",state="alive"} 3`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
+			// Gauges of issue 21: the fleet's sandboxes by state and
+			// template on the API role, pools and stores on the node, the
+			// host on both.
+			{f.apiURLs[0][0] + "/metrics", `agentenv_sandboxes{role="api",state="running",template="busybox"}`},
+			{f.apiURLs[0][0] + "/metrics", `agentenv_host_memory_available_bytes{role="api"}`},
+			{f.apiURLs[0][0] + "/metrics", `agentenv_operations_in_flight{op="create",role="api"} 0`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes{role="node",state="running",template="busybox"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_snapshot_store_bytes{role="node"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes_reaped_total{role="node"}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_host_cpu_seconds_total{mode="busy",role="node"}`},
 		} {
 			resp, err := f.nodeHTTP.Get(tc.url)
 			if err != nil {
@@ -373,6 +387,62 @@ func TestFleet(t *testing.T) {
 		}
 		c.KillSandbox(ctx, parent.SandboxID)
 		f.op().NodeAction(ctx, "n1", "uncordon")
+	})
+
+	t.Run("named keys see only their own, through either API server", func(t *testing.T) {
+		// api1 is dead by now: api2 and api3 serve.
+		a2, a3 := f.apiURLs[1], f.apiURLs[len(f.apiURLs)-1]
+		alice1, alice2 := client.New(a3[0], a3[1], aliceKey), client.New(a2[0], a2[1], aliceKey)
+		bob2 := client.New(a2[0], a2[1], bobKey)
+		md := map[string]string{"suite": "fleet-keys"}
+		// The parent on n1, then n1 cordoned: the fork's child is placed on
+		// another node from the parent's snapshot, and must still be alice's.
+		f.op().NodeAction(ctx, "n2", "cordon")
+		f.op().NodeAction(ctx, "n3", "cordon")
+		parent, err := alice1.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Metadata: md})
+		f.op().NodeAction(ctx, "n2", "uncordon")
+		f.op().NodeAction(ctx, "n3", "uncordon")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.KillSandbox(ctx, parent.SandboxID)
+		f.op().NodeAction(ctx, "n1", "cordon")
+		kids, kidErrs, err := alice2.ForkSandbox(ctx, parent.SandboxID, 1)
+		f.op().NodeAction(ctx, "n1", "uncordon")
+		if err != nil || kidErrs[0] != nil {
+			t.Fatalf("alice's fork: %v %v", err, kidErrs)
+		}
+		defer c.KillSandbox(ctx, kids[0].SandboxID)
+		want := []string{parent.SandboxID, kids[0].SandboxID}
+		slices.Sort(want)
+		deadline := time.Now().Add(10 * time.Second) // etcd's view reaches both API servers
+		for {
+			var got []string
+			if sbs, err := alice1.ListSandboxes(ctx, md); err == nil {
+				for _, sb := range sbs {
+					got = append(got, sb.SandboxID)
+				}
+			}
+			slices.Sort(got)
+			if slices.Equal(got, want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("alice lists %v through api3, want her parent and its child %v", got, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if sbs, err := bob2.ListSandboxes(ctx, md); err != nil || len(sbs) != 0 {
+			t.Errorf("bob lists %d of alice's sandboxes (%v), want none", len(sbs), err)
+		}
+		for _, id := range want {
+			if err := bob2.KillSandbox(ctx, id); err == nil || !strings.Contains(err.Error(), "HTTP 404") {
+				t.Errorf("bob kills alice's %s: got %v, want 404", id, err)
+			}
+		}
+		if sbs, err := c.ListSandboxes(ctx, md); err != nil || len(sbs) != 2 {
+			t.Errorf("the single key lists %d (%v), want both of alice's", len(sbs), err)
+		}
 	})
 
 	t.Run("a node cut off is reported lost and comes back whole", func(t *testing.T) {

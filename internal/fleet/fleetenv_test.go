@@ -42,6 +42,8 @@ const (
 	bridgeIP = "10.231.0.1"
 	apiKey   = "fleet-test-key"
 	opKey    = "fleet-test-operator-key"
+	aliceKey = "fleet-test-alice-key"
+	bobKey   = "fleet-test-bob-key-00"
 )
 
 type fleetEnv struct {
@@ -258,6 +260,7 @@ func (f *fleetEnv) startAPI(i int) {
 		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
 		"--domain", fleetDomain, "--proxy-tls-listen", fmt.Sprintf("127.0.0.1:%d", tp), "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
 		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
+		"--api-keys-file", filepath.Join(f.dir, "api-keys"),
 		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
 	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)

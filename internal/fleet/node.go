@@ -614,7 +614,7 @@ func (n *Node) Handler() http.Handler {
 	var b api.Backend = n.Backend()
 	var px http.Handler = n.px
 	if n.cfg.Metrics != nil {
-		b = api.Metered(b, n.cfg.Metrics.ObserveOp)
+		b = api.Metered(b, n.cfg.Metrics)
 		px = server.MeterProxy(n.cfg.Metrics, px)
 	}
 	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })

@@ -308,6 +308,9 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	}
 	r.log.Info("fleet: fork spills over the parent's node", "sandbox", id, "node", c.name, "children", count, "snapshot", sn.ID)
 	network := rec.Sandbox.Network
+	if metadata == nil {
+		metadata = rec.Sandbox.Metadata // as a fork on the parent's node does
+	}
 	res := make([]sandbox.ForkResult, count)
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup

@@ -21,6 +21,7 @@ import (
 
 	"agentenv/internal/api"
 	"agentenv/internal/metrics"
+	"agentenv/internal/sandbox"
 	"agentenv/internal/server"
 )
 
@@ -250,7 +251,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	}
 	defer host.Close()
 	node.attach(host)
-	reg.SetSandboxStates(server.SandboxStates(host.Manager))
+	server.WatchHost(reg, host)
 	reg.SetCapacity(func() metrics.Capacity {
 		c := node.capacity()
 		return metrics.Capacity{CPUs: c.CPUs, MemoryMB: c.MemoryMB, FreeMemoryMB: c.FreeMemoryMB, MaxSandboxes: c.MaxSandboxes,
@@ -299,7 +300,10 @@ type APIRun struct {
 	ProxyListen string
 	Secret      string
 	APIKey      string
-	Domain      string
+	// APIKeys maps named keys to their names: each sees only its own
+	// sandboxes and snapshots.
+	APIKeys map[string]string
+	Domain  string
 	// ProxyTLS is the proxy's HTTPS listener for *.Domain (its Domain is
 	// Domain): an operator's certificate, or a local CA in its CADir,
 	// which every API server behind one name must share.
@@ -319,8 +323,9 @@ type APIRun struct {
 // RunAPI runs a stateless API server and sandbox proxy until ctx ends.
 func RunAPI(ctx context.Context, cfg APIRun) error {
 	log := cfg.Log
-	if cfg.APIKey == "" {
-		return errors.New("no API key: set AGENTENV_API_KEY (clients send it as X-API-Key, as E2B's SDKs do)")
+	acfg := api.Config{APIKey: cfg.APIKey, APIKeys: cfg.APIKeys, OperatorKey: cfg.OperatorKey, Log: log}
+	if err := api.CheckKeys(acfg); err != nil {
+		return fmt.Errorf("%w (clients send it as X-API-Key, as E2B's SDKs do)", err)
 	}
 	tlsConf, err := peerTLS(cfg.TLSCA, cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
@@ -354,7 +359,11 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	if err != nil {
 		return err
 	}
-	backend := api.Metered(remote, reg.ObserveOp)
-	apiH := server.WithMetrics(reg, api.New(api.Config{APIKey: cfg.APIKey, OperatorKey: cfg.OperatorKey, Backend: backend, Fleet: remote, Domain: front.Domain, Log: log}).Handler())
+	// The fleet's sandboxes as etcd lists them (each node reports its pools).
+	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
+	backend := api.Metered(remote, reg)
+	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
+	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
+	apiH := server.WithMetrics(reg, api.New(acfg).Handler())
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
 }

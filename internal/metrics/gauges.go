@@ -30,15 +30,45 @@ const (
 	NodeCordoned = "cordoned" // heartbeating, taking no new sandboxes
 )
 
-// SetSandboxStates sets the function that reports the number of sandboxes
-// in each lifecycle state, exported as agentenv_sandboxes{state}. It is
+// SandboxCount is how many sandboxes of a template are in a lifecycle
+// state.
+type SandboxCount struct {
+	State, Template string
+	N               int
+}
+
+// Pools is what a host keeps beside its sandboxes, read at each scrape.
+type Pools struct {
+	// Warm and Hot count, per template, the warm containers waiting for a
+	// restore and the booted sandboxes waiting in the hot pool.
+	Warm, Hot map[string]int
+	// SnapshotBytes is the disk the snapshot store takes.
+	SnapshotBytes int64
+	// ReapedByTimeout counts the sandboxes killed because their timeout
+	// passed, since the host started.
+	ReapedByTimeout int64
+}
+
+// SetSandboxes sets the function that counts sandboxes by lifecycle state
+// and template, exported as agentenv_sandboxes{state,template}. It is
 // called at every scrape, so it must be cheap and must not call back into
-// the Registry. nil removes the series.
-func (r *Registry) SetSandboxStates(fn func() map[string]int) {
+// the Registry. A pair listed twice is summed. nil removes the series.
+func (r *Registry) SetSandboxes(fn func() []SandboxCount) {
 	if r == nil {
 		return
 	}
 	store(&r.states, fn)
+}
+
+// SetPools sets the function that reports a host's pools and snapshot
+// store, exported as agentenv_pool_sandboxes{pool,template},
+// agentenv_snapshot_store_bytes and agentenv_sandboxes_reaped_total. It is
+// called at every scrape. nil removes the series.
+func (r *Registry) SetPools(fn func() Pools) {
+	if r == nil {
+		return
+	}
+	store(&r.pools, fn)
 }
 
 // SetCapacity sets the function that reports the node's capacity, exported
@@ -67,7 +97,13 @@ const mib = 1 << 20
 
 var (
 	sandboxesDesc = prometheus.NewDesc("agentenv_sandboxes",
-		"Sandboxes by lifecycle state.", []string{"state"}, nil)
+		"Sandboxes by lifecycle state and template (pooled: waiting in the hot pool).", []string{"state", "template"}, nil)
+	poolDesc = prometheus.NewDesc("agentenv_pool_sandboxes",
+		"Spares per template: warm containers waiting for a restore (pool=warm), booted sandboxes waiting for a create (pool=hot).", []string{"pool", "template"}, nil)
+	snapshotBytesDesc = prometheus.NewDesc("agentenv_snapshot_store_bytes",
+		"Disk the snapshot store takes (chunks shared by snapshots counted once).", nil, nil)
+	reapedDesc = prometheus.NewDesc("agentenv_sandboxes_reaped_total",
+		"Sandboxes killed because their timeout passed.", nil, nil)
 
 	nodeCPUsDesc = prometheus.NewDesc("agentenv_node_cpus",
 		"CPUs of the node.", nil, nil)
@@ -97,7 +133,7 @@ type callbackCollector struct{ r *Registry }
 
 func (c *callbackCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		sandboxesDesc,
+		sandboxesDesc, poolDesc, snapshotBytesDesc, reapedDesc,
 		nodeCPUsDesc, nodeMemoryDesc, nodeFreeMemoryDesc, nodeMaxSandboxesDesc,
 		nodeSandboxesDesc, nodeTemplatesDesc, nodeSnapshotsDesc,
 		fleetNodesDesc, fleetNodeSandboxesDesc, fleetNodeFreeMemoryDesc,
@@ -111,9 +147,25 @@ func (c *callbackCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	if fn := load(&c.r.states); fn != nil {
-		for state, n := range fn() {
-			gauge(sandboxesDesc, float64(n), state)
+		// Summed first: a pair sent twice would fail the whole gather.
+		sum := map[[2]string]int{}
+		for _, sc := range fn() {
+			sum[[2]string{sc.State, sc.Template}] += sc.N
 		}
+		for k, n := range sum {
+			gauge(sandboxesDesc, float64(n), k[0], k[1])
+		}
+	}
+	if fn := load(&c.r.pools); fn != nil {
+		p := fn()
+		for t, n := range p.Warm {
+			gauge(poolDesc, float64(n), "warm", t)
+		}
+		for t, n := range p.Hot {
+			gauge(poolDesc, float64(n), "hot", t)
+		}
+		gauge(snapshotBytesDesc, float64(p.SnapshotBytes))
+		ch <- prometheus.MustNewConstMetric(reapedDesc, prometheus.CounterValue, float64(p.ReapedByTimeout))
 	}
 	if fn := load(&c.r.capacity); fn != nil {
 		cp := fn()

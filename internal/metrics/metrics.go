@@ -1,7 +1,8 @@
 // Package metrics is agentenv's Prometheus instrumentation: one Registry per
 // server role (serve, node, api) serving /metrics, with operation latencies
-// and errors by cause, HTTP routes, sandboxes by state, node capacity and
-// fleet nodes. Gauges are read through callbacks at scrape time, so nothing
+// and errors by cause, operations in flight, HTTP routes, sandboxes by state
+// and template, warm and hot pools, the snapshot store, timeout reaps, the
+// host's CPU and memory, node capacity and fleet nodes. Gauges are read through callbacks at scrape time, so nothing
 // has to push.
 //
 // It is a leaf the sandbox, api, fleet and server packages call: it must not
@@ -57,10 +58,17 @@ type Registry struct {
 	opErrors     *prometheus.CounterVec
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
+	inFlight     *prometheus.GaugeVec
+
+	// hist is the live page's history (live.go); start the registry's
+	// first reading.
+	hist  history
+	start reading
 
 	// Callbacks; a nil pointer (or one to a nil func) means "not set".
 	cause    atomic.Pointer[func(error) string]
-	states   atomic.Pointer[func() map[string]int]
+	states   atomic.Pointer[func() []SandboxCount]
+	pools    atomic.Pointer[func() Pools]
 	capacity atomic.Pointer[func() Capacity]
 	nodes    atomic.Pointer[func() []NodeInfo]
 }
@@ -90,13 +98,18 @@ func New(role string) *Registry {
 			Help:    "Duration of HTTP requests by route, until the handler returns (whole stream for streaming responses).",
 			Buckets: durationBuckets,
 		}, []string{"route"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentenv_operations_in_flight",
+			Help: "Sandbox operations under way, to set against the host's CPU and memory.",
+		}, []string{"op"}),
 	}
+	r.start = r.read()
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"role": role}, r.reg)
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		r.opDuration, r.opErrors, r.httpRequests, r.httpDuration,
-		&callbackCollector{r: r},
+		r.opDuration, r.opErrors, r.httpRequests, r.httpDuration, r.inFlight,
+		&callbackCollector{r: r}, newHostCollector(),
 	)
 	return r
 }
@@ -138,6 +151,23 @@ func (r *Registry) ObserveOp(op string, d time.Duration, err error) {
 	r.opDuration.WithLabelValues(op).Observe(d.Seconds())
 	if err != nil {
 		r.opErrors.WithLabelValues(op, r.causeOf(err)).Inc()
+	}
+}
+
+// Begin counts one operation as in flight in
+// agentenv_operations_in_flight{op} until the returned func is called with
+// its outcome, which ObserveOp then records. A nil Registry's done is a
+// no-op.
+func (r *Registry) Begin(op string) (done func(err error)) {
+	if r == nil {
+		return func(error) {}
+	}
+	start := time.Now()
+	g := r.inFlight.WithLabelValues(op)
+	g.Inc()
+	return func(err error) {
+		g.Dec()
+		r.ObserveOp(op, time.Since(start), err)
 	}
 }
 

@@ -197,17 +197,35 @@ func TestGauges(t *testing.T) {
 				`agentenv_node_cpus{role="node"}`:                 "",
 				`agentenv_fleet_nodes{role="node",state="alive"}`: "",
 				`agentenv_sandboxes{role="node",state="running"}`: "",
+				`agentenv_snapshot_store_bytes{role="node"}`:      "",
 			},
 		},
 		{
 			name: "sandbox states",
 			set: func(r *metrics.Registry) {
-				r.SetSandboxStates(func() map[string]int { return map[string]int{"running": 3, "paused": 1, "starting": 0} })
+				r.SetSandboxes(func() []metrics.SandboxCount {
+					return []metrics.SandboxCount{{"running", "base", 2}, {"running", "base", 1}, {"paused", "base", 1}, {"running", "py", 0}}
+				})
 			},
 			want: map[string]string{
-				`agentenv_sandboxes{role="node",state="running"}`:  "3",
-				`agentenv_sandboxes{role="node",state="paused"}`:   "1",
-				`agentenv_sandboxes{role="node",state="starting"}`: "0",
+				`agentenv_sandboxes{role="node",state="running",template="base"}`: "3",
+				`agentenv_sandboxes{role="node",state="paused",template="base"}`:  "1",
+				`agentenv_sandboxes{role="node",state="running",template="py"}`:   "0",
+			},
+		},
+		{
+			name: "pools",
+			set: func(r *metrics.Registry) {
+				r.SetPools(func() metrics.Pools {
+					return metrics.Pools{Warm: map[string]int{"base": 2}, Hot: map[string]int{"base": 1, "py": 0}, SnapshotBytes: 4096, ReapedByTimeout: 5}
+				})
+			},
+			want: map[string]string{
+				`agentenv_pool_sandboxes{pool="warm",role="node",template="base"}`: "2",
+				`agentenv_pool_sandboxes{pool="hot",role="node",template="base"}`:  "1",
+				`agentenv_pool_sandboxes{pool="hot",role="node",template="py"}`:    "0",
+				`agentenv_snapshot_store_bytes{role="node"}`:                       "4096",
+				`agentenv_sandboxes_reaped_total{role="node"}`:                     "5",
 			},
 		},
 		{
@@ -253,14 +271,14 @@ func TestGauges(t *testing.T) {
 		{
 			name: "replaced and cleared",
 			set: func(r *metrics.Registry) {
-				r.SetSandboxStates(func() map[string]int { return map[string]int{"running": 1} })
-				r.SetSandboxStates(func() map[string]int { return map[string]int{"running": 2} })
+				r.SetSandboxes(func() []metrics.SandboxCount { return []metrics.SandboxCount{{"running", "b", 1}} })
+				r.SetSandboxes(func() []metrics.SandboxCount { return []metrics.SandboxCount{{"running", "b", 2}} })
 				r.SetCapacity(func() metrics.Capacity { return metrics.Capacity{CPUs: 1} })
 				r.SetCapacity(nil)
 			},
 			want: map[string]string{
-				`agentenv_sandboxes{role="node",state="running"}`: "2",
-				`agentenv_node_cpus{role="node"}`:                 "",
+				`agentenv_sandboxes{role="node",state="running",template="b"}`: "2",
+				`agentenv_node_cpus{role="node"}`:                              "",
 			},
 		},
 	}
@@ -276,10 +294,10 @@ func TestGauges(t *testing.T) {
 func TestGaugesReadAtScrape(t *testing.T) {
 	reg := metrics.New("node")
 	n := 0
-	reg.SetSandboxStates(func() map[string]int { n++; return map[string]int{"running": n} })
+	reg.SetSandboxes(func() []metrics.SandboxCount { n++; return []metrics.SandboxCount{{"running", "b", n}} })
 	for want := 1; want <= 3; want++ {
 		checkSamples(t, scrape(t, reg), map[string]string{
-			`agentenv_sandboxes{role="node",state="running"}`: fmt.Sprint(want),
+			`agentenv_sandboxes{role="node",state="running",template="b"}`: fmt.Sprint(want),
 		})
 	}
 }
@@ -416,7 +434,9 @@ func TestNilRegistry(t *testing.T) {
 	var reg *metrics.Registry
 	reg.SetCause(cause)
 	reg.ObserveOp(metrics.OpCreate, time.Second, errBusy)
-	reg.SetSandboxStates(func() map[string]int { return nil })
+	reg.SetSandboxes(func() []metrics.SandboxCount { return nil })
+	reg.SetPools(func() metrics.Pools { return metrics.Pools{} })
+	reg.Begin(metrics.OpExec)(nil)
 	reg.SetCapacity(func() metrics.Capacity { return metrics.Capacity{} })
 	reg.SetNodes(func() []metrics.NodeInfo { return nil })
 
@@ -432,4 +452,47 @@ func TestNilRegistry(t *testing.T) {
 	if rec.Code != http.StatusNotFound {
 		t.Errorf("nil registry /metrics: got status %d, want %d", rec.Code, http.StatusNotFound)
 	}
+}
+
+// TestHostAndInFlight reads the host's CPU and memory from /proc and counts
+// operations in flight until their done is called, concurrently.
+func TestHostAndInFlight(t *testing.T) {
+	reg := metrics.New("serve")
+	got := scrape(t, reg)
+	for _, series := range []string{
+		`agentenv_host_cpus{role="serve"}`, `agentenv_host_memory_bytes{role="serve"}`,
+		`agentenv_host_memory_available_bytes{role="serve"}`, `agentenv_host_cpu_seconds_total{mode="busy",role="serve"}`,
+		`agentenv_host_cpu_seconds_total{mode="idle",role="serve"}`,
+	} {
+		if v, ok := got[series]; !ok || v == "0" {
+			t.Errorf("%s: got %q, want a positive value", series, v)
+		}
+	}
+	if _, ok := got[`agentenv_host_load1{role="serve"}`]; !ok {
+		t.Error(`agentenv_host_load1{role="serve"}: absent`)
+	}
+
+	const n = 16
+	dones := make([]func(error), n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { dones[i] = reg.Begin(metrics.OpCreate) })
+	}
+	wg.Wait()
+	checkSamples(t, scrape(t, reg), map[string]string{`agentenv_operations_in_flight{op="create",role="serve"}`: "16"})
+	for i, done := range dones {
+		wg.Go(func() {
+			if i%4 == 0 {
+				done(errBusy)
+			} else {
+				done(nil)
+			}
+		})
+	}
+	wg.Wait()
+	checkSamples(t, scrape(t, reg), map[string]string{
+		`agentenv_operations_in_flight{op="create",role="serve"}`:                 "0",
+		`agentenv_operation_duration_seconds_count{op="create",role="serve"}`:     "16",
+		`agentenv_operation_errors_total{cause="error",op="create",role="serve"}`: "4",
+	})
 }

@@ -38,6 +38,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		if err != nil {
 			return Sandbox{}, err
 		}
+		if req.Owner != "" && sn.Owner != req.Owner {
+			// Another key's snapshot: to this one it does not exist.
+			return Sandbox{}, errdefs.NotFound("template or snapshot %q does not exist", req.Template)
+		}
 		if sn.Runtime != m.d.Runtime.Version() {
 			// gVisor restores only what its own build checkpointed.
 			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
@@ -88,6 +92,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		// A restored sandbox keeps the snapshotted one's template, limits
 		// and environment: they are part of its memory.
 		req.Template, req.CPUs, req.MemoryMB, req.EnvVars = src.snap.Template, src.snap.CPUs, src.snap.MemoryMB, src.snap.EnvVars
+		if req.Owner == "" {
+			req.Owner = src.snap.Owner // a fork child, or the operator restoring a key's snapshot
+		}
 	}
 	if err := m.d.Limits.check(&req); err != nil {
 		return Sandbox{}, err
@@ -128,7 +135,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 		ID: newID(), Template: req.Template, State: StateCreating,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
 		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
-		Timeout: req.Timeout, Lifecycle: req.Lifecycle,
+		Timeout: req.Timeout, Lifecycle: req.Lifecycle, Owner: req.Owner,
 	}
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()

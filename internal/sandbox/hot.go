@@ -59,7 +59,7 @@ func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (San
 	}
 	next := e.sb
 	next.AccessToken = newToken()
-	next.Metadata, next.EnvVars, next.Network = req.Metadata, req.EnvVars, *req.Network
+	next.Metadata, next.EnvVars, next.Network, next.Owner = req.Metadata, req.EnvVars, *req.Network, req.Owner
 	next.TrafficToken = ""
 	if req.Network.PrivateTraffic {
 		next.TrafficToken = newToken()

@@ -95,7 +95,11 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		m.lost[id] = tomb
 	} else if was != StatePooled {
 		// Past its end while running: its timer (or a kill racing it).
-		m.ended.add(id, was == StateRunning && !now.Before(sb.EndAt), now)
+		timedOut := was == StateRunning && !now.Before(sb.EndAt)
+		m.ended.add(id, timedOut, now)
+		if timedOut {
+			m.reaped.Add(1)
+		}
 	}
 	if was == StatePooled {
 		// No longer waiting in the hot pool: let it refill.

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentenv/internal/envd"
@@ -70,6 +71,8 @@ type Manager struct {
 	slots    map[int]bool
 	lost     map[string]Sandbox
 	ended    ended // how the last killed and timed-out sandboxes ended
+	// reaped counts the sandboxes killed by their timeout (for /metrics).
+	reaped   atomic.Int64
 	closed   bool
 	inflight sync.WaitGroup
 
@@ -315,11 +318,16 @@ type Filter struct {
 	Template string `json:",omitempty"`
 	// StartedAfter, if set, keeps those started at or after it.
 	StartedAfter time.Time `json:",omitzero"`
+	// Owner, if set, keeps the sandboxes of that API key's name.
+	Owner string `json:",omitempty"`
 }
 
 // Match reports whether sb passes the filter.
 func (f Filter) Match(sb Sandbox) bool {
 	if f.Template != "" && sb.Template != f.Template {
+		return false
+	}
+	if f.Owner != "" && sb.Owner != f.Owner {
 		return false
 	}
 	if !f.StartedAfter.IsZero() && sb.StartedAt.Before(f.StartedAfter) {

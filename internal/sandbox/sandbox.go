@@ -91,6 +91,9 @@ type Sandbox struct {
 	// FilesOnly marks a sandbox paused without its memory: its container
 	// is gone and its files wait in its directory; a resume boots it again.
 	FilesOnly bool `json:"filesOnly,omitempty"`
+	// Owner is the name of the API key that made the sandbox (named keys,
+	// --api-keys-file); "" for the single key's and the operator's.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Lifecycle is E2B's lifecycle policy (create's autoPause, autoPauseMemory
@@ -132,6 +135,10 @@ type CreateRequest struct {
 	MemoryMB int
 	// Lifecycle: what happens at the timeout (default: kill).
 	Lifecycle Lifecycle
+	// Owner names the API key the sandbox is for (see Sandbox.Owner). A
+	// create from a snapshot with an Owner refuses another owner's
+	// snapshot; with none, the sandbox inherits the snapshot's owner.
+	Owner string
 }
 
 // Limits bound what a create request may ask for.

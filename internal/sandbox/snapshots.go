@@ -116,7 +116,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	// lacks (see internal/snapshot).
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, Parent: e.sb.Snapshot,
-		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal,
+		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Owner: e.sb.Owner,
 		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {

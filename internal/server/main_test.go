@@ -44,6 +44,11 @@ const (
 	testDomain   = "agentenv.localhost"
 	testKey      = "test-api-key"
 	testSlotPool = 4
+	// Named keys and the operator's (keys_test.go); testKey is the single
+	// key, which sees every sandbox.
+	aliceKey    = "alice-key-0123456789"
+	bobKey      = "bob-key-0123456789ab"
+	operatorKey = "operator-key-0123456789"
 )
 
 // startServer starts an in-process server on free ports with its own data
@@ -60,7 +65,7 @@ func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*serve
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
 		Domain: testDomain, ProxyTLS: server.ProxyTLS{Listen: "127.0.0.1:0"},
-		APIKey: testKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
+		APIKey: testKey, APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, OperatorKey: operatorKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if change != nil {

@@ -9,6 +9,13 @@ import (
 	"agentenv/internal/sandbox"
 )
 
+// The live page's history: a point every LiveInterval, the last LiveKeep
+// kept (15 minutes).
+const (
+	LiveInterval = 5 * time.Second
+	LiveKeep     = 180
+)
+
 // NewMetrics returns the Prometheus registry of a role, errors counted by
 // their errdefs class.
 func NewMetrics(role string) *metrics.Registry {
@@ -31,24 +38,47 @@ func WithMetrics(reg *metrics.Registry, h http.Handler) http.Handler {
 }
 
 // MeterProxy records the latency of commands (and file calls) proxied to
-// envd: what an exec costs as the client sees it.
+// envd, and counts them in flight: what an exec costs as the client sees
+// it.
 func MeterProxy(reg *metrics.Registry, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		h.ServeHTTP(w, r)
-		if op := metrics.ProxyOp(r); op != metrics.OpPort {
-			reg.ObserveOp(op, time.Since(start), nil)
+		op := metrics.ProxyOp(r)
+		if op == metrics.OpPort {
+			h.ServeHTTP(w, r)
+			return
 		}
+		// Deferred: the reverse proxy panics with http.ErrAbortHandler
+		// when the client leaves mid-stream, as the SDKs do once a
+		// command's end event arrives (before the stream's trailer).
+		done := reg.Begin(op)
+		defer done(nil)
+		h.ServeHTTP(w, r)
 	})
 }
 
-// SandboxStates counts a host's sandboxes by state for /metrics.
-func SandboxStates(m *sandbox.Manager) func() map[string]int {
-	return func() map[string]int {
-		out := map[string]int{}
-		for _, sb := range m.List(sandbox.Filter{}) {
-			out[string(sb.State)]++
+// WatchHost reports a host's sandboxes by state and template, its warm and
+// hot pools, its snapshot store and its timeout reaps at every scrape.
+func WatchHost(reg *metrics.Registry, h *Host) {
+	reg.SetSandboxes(func() []metrics.SandboxCount { return CountSandboxes(h.Manager.List(sandbox.Filter{})) })
+	reg.SetPools(func() metrics.Pools {
+		p := h.Manager.Pools()
+		for _, t := range h.Templates.List() { // an empty pool shows as 0, not as no series
+			p.Warm[t.Name] += 0
+			p.Hot[t.Name] += 0
 		}
-		return out
+		return metrics.Pools{Warm: p.Warm, Hot: p.Hot, SnapshotBytes: h.Snapshots.StoredBytes(), ReapedByTimeout: p.ReapedByTimeout}
+	})
+}
+
+// CountSandboxes counts sandboxes by state and template for /metrics.
+func CountSandboxes(sbs []sandbox.Sandbox) []metrics.SandboxCount {
+	n := map[[2]string]int{}
+	for _, sb := range sbs {
+		n[[2]string{string(sb.State), sb.Template}]++
 	}
+	out := make([]metrics.SandboxCount, 0, len(n))
+	for k, v := range n {
+		out = append(out, metrics.SandboxCount{State: k[0], Template: k[1], N: v})
+	}
+	return out
 }

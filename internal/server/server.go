@@ -46,8 +46,14 @@ type Config struct {
 	// ProxyTLS is the HTTPS listener's address and certificate (its
 	// Domain is Domain; without a certificate, a local CA in DataDir).
 	ProxyTLS ProxyTLS
-	APIKey   string
-	Limits   sandbox.Limits
+	// APIKey is the single key (the host owner's: it sees every
+	// sandbox); empty: the data dir's api-key file, made on first start.
+	APIKey string
+	// APIKeys maps named keys to their names (--api-keys-file): each sees
+	// only its own sandboxes and snapshots. OperatorKey sees all.
+	APIKeys     map[string]string
+	OperatorKey string
+	Limits      sandbox.Limits
 	// Runtime says how gVisor is driven: "go" (its Go packages in-process)
 	// or "cli" (the runsc binary per call).
 	Runtime string
@@ -242,6 +248,10 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err := ptls.Check(); err != nil {
 		return err
 	}
+	acfg := api.Config{APIKey: key, APIKeys: cfg.APIKeys, OperatorKey: cfg.OperatorKey, Domain: cfg.Domain, Log: log}
+	if err := api.CheckKeys(acfg); err != nil {
+		return err
+	}
 	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -254,9 +264,11 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	front.Limits = cfg.HTTP
 	reg := NewMetrics("serve")
-	reg.SetSandboxStates(SandboxStates(h.Manager))
-	backend := api.Metered(h.Backend, reg.ObserveOp)
-	apiH := WithMetrics(reg, api.New(api.Config{APIKey: key, Backend: backend, Domain: front.Domain, Log: log}).Handler())
+	WatchHost(reg, h)
+	backend := api.Metered(h.Backend, reg)
+	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
+	acfg.Backend, acfg.Domain, acfg.Metrics = backend, front.Domain, reg
+	apiH := WithMetrics(reg, api.New(acfg).Handler())
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
 	log.Info("shutting down; running sandboxes stay up and are adopted at the next start")

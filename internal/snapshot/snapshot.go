@@ -36,6 +36,9 @@ type Snapshot struct {
 	CreatedAt time.Time         `json:"createdAt"`
 	// Internal snapshots (made for a fork) are not listed.
 	Internal bool `json:"internal,omitempty"`
+	// Owner is the name of the API key whose sandbox it was taken of
+	// (named keys); only that key (and the operator) sees it.
+	Owner string `json:"owner,omitempty"`
 	// What a restored sandbox inherits from the snapshotted one.
 	CPUs     int `json:"cpuCount"`
 	MemoryMB int `json:"memoryMB"`

@@ -26,6 +26,21 @@ def shared_transport() -> Transport:
         return _transport
 
 
+DEFAULT_DATA_DIR = "/var/lib/agentenv"
+
+
+def _key_file() -> Optional[str]:
+    """The server's own key (``$AGENTENV_DATA_DIR/api-key``, default
+    /var/lib/agentenv), when this user may read it: root on the server's
+    host. Other users of a shared server set a named key instead."""
+    path = os.path.join(os.environ.get("AGENTENV_DATA_DIR") or DEFAULT_DATA_DIR, "api-key")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def _env(*names: str) -> Optional[str]:
     for n in names:
         v = os.environ.get(n)
@@ -40,13 +55,14 @@ class ConnectionConfig:
     - API URL: ``api_url``, ``E2B_API_URL``, ``AGENTENV_SERVER``, else http://127.0.0.1:3000
     - sandbox proxy: ``sandbox_url``, ``E2B_SANDBOX_URL``, ``AGENTENV_PROXY``, else the API's
       host on port 3001
-    - key: ``api_key``, ``E2B_API_KEY``, ``AGENTENV_API_KEY``
+    - key: ``api_key``, ``AGENTENV_API_KEY``, ``E2B_API_KEY``, else the server's key file
+      (``$AGENTENV_DATA_DIR/api-key``, default /var/lib/agentenv/api-key) when readable
     """
 
     def __init__(self, api_key: Optional[str] = None, api_url: Optional[str] = None,
                  sandbox_url: Optional[str] = None, request_timeout: Optional[float] = None,
                  domain: Optional[str] = None, debug: Optional[bool] = None):
-        self.api_key = api_key or _env("E2B_API_KEY", "AGENTENV_API_KEY")
+        self.api_key = api_key or _env("AGENTENV_API_KEY", "E2B_API_KEY") or _key_file()
         self.api_url = (api_url or _env("E2B_API_URL", "AGENTENV_SERVER") or DEFAULT_API_URL).rstrip("/")
         proxy = sandbox_url or _env("E2B_SANDBOX_URL", "AGENTENV_PROXY")
         if not proxy:
@@ -74,7 +90,7 @@ class ConnectionConfig:
         ``X-Next-Token`` header of a listing page (None on the last page)."""
         if not self.api_key:
             raise exc.AuthenticationException(
-                "no API key: pass api_key=, or set E2B_API_KEY or AGENTENV_API_KEY "
+                "no API key: pass api_key=, or set AGENTENV_API_KEY or E2B_API_KEY "
                 "(agentenv serve prints where its key is stored)")
         import json
         headers = {"X-API-Key": self.api_key, "Accept": "application/json"}

@@ -121,12 +121,30 @@ class ConfigTests(unittest.TestCase):
             self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://e2b:1", "http://e2b:3001", "k2"))
             c = ConnectionConfig(api_url="http://arg:9/", sandbox_url="http://p:8", api_key="k")
             self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://arg:9", "http://p:8", "k"))
-        with mock.patch.dict(os.environ, {"AGENTENV_SERVER": "http://ae:2", "AGENTENV_PROXY": "http://ae:5"},
-                             clear=True):
+        with tempfile.TemporaryDirectory() as d, mock.patch.dict(
+                os.environ, {"AGENTENV_SERVER": "http://ae:2", "AGENTENV_PROXY": "http://ae:5", "AGENTENV_DATA_DIR": d},
+                clear=True):
             c = ConnectionConfig()
             self.assertEqual((c.api_url, c.sandbox_url, c.api_key), ("http://ae:2", "http://ae:5", None))
             with self.assertRaises(AuthenticationException):
                 c.api("GET", "/sandboxes")
+
+    def test_key_order(self):
+        """AGENTENV_API_KEY, then E2B_API_KEY, then the server's key file when readable."""
+        with tempfile.TemporaryDirectory() as d:
+            key_file = os.path.join(d, "api-key")
+            with open(key_file, "w") as f:
+                f.write("from-file\n")
+            cases = [({"AGENTENV_API_KEY": "ae", "E2B_API_KEY": "e2b"}, "ae"),
+                     ({"E2B_API_KEY": "e2b"}, "e2b"),
+                     ({}, "from-file")]
+            for env, want in cases:
+                with mock.patch.dict(os.environ, dict(env, AGENTENV_DATA_DIR=d), clear=True):
+                    self.assertEqual(ConnectionConfig().api_key, want, env)
+            if os.geteuid() != 0:  # root reads any file
+                os.chmod(key_file, 0)
+                with mock.patch.dict(os.environ, {"AGENTENV_DATA_DIR": d}, clear=True):
+                    self.assertIsNone(ConnectionConfig().api_key)
 
 
 class BuildBackendTests(unittest.TestCase):
