@@ -273,18 +273,20 @@ func (g *Gvisor) call(ctx context.Context, req request) error {
 		return err
 	}
 	resp, pidfd, err := g.pool.call(ctx, req)
-	for retried := false; errors.Is(err, errWorker); retried = true {
+	for retries := 0; errors.Is(err, errWorker); retries++ {
 		// The worker died or hung: it did not clean up after itself.
 		if cerr := g.cleanUp(context.WithoutCancel(ctx), req.Spec.ID); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up after the worker: %w", cerr))
 			break
 		}
-		// A worker killed from outside (OOM, an operator) fails the request
-		// it held; once cleaned up, the request runs once more elsewhere.
-		// A hung worker (timeout) is not tried again.
-		if retried || !errors.Is(err, errWorkerDied) || ctx.Err() != nil {
+		// A worker killed from outside (OOM, an operator; also one that died
+		// idle before its watcher saw it) fails the request it held or was
+		// handed; once cleaned up after, the request runs again elsewhere,
+		// at most twice. A hung worker (timeout) is not tried again.
+		if retries == 2 || !errors.Is(err, errWorkerDied) || ctx.Err() != nil {
 			break
 		}
+		g.pool.log.Warn("gVisor worker died with a request; running it again", "op", req.Op, "sandbox", req.Spec.ID, "err", err)
 		resp, pidfd, err = g.pool.call(ctx, req)
 	}
 	if err != nil {

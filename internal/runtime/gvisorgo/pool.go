@@ -223,23 +223,13 @@ func (p *pool) call(ctx context.Context, req request) (response, *os.File, error
 	if req.Op == opPrepare {
 		prio = background
 	}
-	var w *proc
-	var err error
-	// A worker that died while idle, before its watcher saw it, fails the
-	// write: the request never reached it, so another worker takes it.
-	for undelivered := 0; ; undelivered++ {
-		if w, err = p.idleWorker(ctx, prio); err != nil {
-			return response{}, nil, err
-		}
-		w.conn.SetDeadline(time.Now().Add(p.timeout))
-		if err = writeFrame(w.conn, req, nil); err == nil || undelivered == 2 {
-			break
-		}
-		p.log.Warn("gVisor worker gone before it got a request; giving it to another", "pid", w.pid, "op", req.Op, "sandbox", req.Spec.ID, "err", err)
-		w.kill()
-		<-w.exited
+	w, err := p.idleWorker(ctx, prio)
+	if err != nil {
+		return response{}, nil, err
 	}
 	var resp response
+	w.conn.SetDeadline(time.Now().Add(p.timeout))
+	err = writeFrame(w.conn, req, nil)
 	var f *os.File
 	if err == nil {
 		f, err = readFrame(w.conn, &resp)
