@@ -157,16 +157,7 @@ func TestForkSharesTheWriteLayer(t *testing.T) {
 		t.Fatalf("parent write: %q", res.Stderr)
 	}
 	sum := strings.TrimSpace(string(e.sh(t, parent, "md5sum /tmp/blob | cut -d' ' -f1").Stdout))
-	kids, errs, err := e.client.ForkSandbox(ctx, parent.SandboxID, 2)
-	if err != nil {
-		t.Fatalf("fork: %v", err)
-	}
-	for i, k := range kids {
-		if errs[i] != nil {
-			t.Fatalf("fork child %d: %v", i, errs[i])
-		}
-		t.Cleanup(func() { e.client.KillSandbox(ctx, k.SandboxID) })
-	}
+	kids := e.fork(t, e.client, parent.SandboxID, 2)
 	for i, k := range kids {
 		e.sh(t, k, fmt.Sprintf("echo %d > /home/user/child%d; echo changed > /home/user/p.%d", i, i, i))
 	}

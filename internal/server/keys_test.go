@@ -133,16 +133,7 @@ func TestNamedKeys(t *testing.T) {
 
 	// Bob's restores and fork children are his.
 	r := create(bob, snap.SnapshotID)
-	kids, errs, err := bob.ForkSandbox(ctx, b.SandboxID, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range kids {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
-		}
-		t.Cleanup(func() { e.client.KillSandbox(context.Background(), k.SandboxID) })
-	}
+	kids := e.fork(t, bob, b.SandboxID, 2)
 	// The fork children take the parent's metadata (the suite).
 	wantBob := ids([]client.Sandbox{b, r, kids[0], kids[1]})
 	if got := list(bob); !slices.Equal(got, wantBob) {

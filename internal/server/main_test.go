@@ -175,6 +175,23 @@ func (e *env) create(t testing.TB, req client.CreateRequest) client.Sandbox {
 	return sb
 }
 
+// fork forks sb into n children through c, fails the test unless every
+// child started, and kills them (through the server's key) when it ends.
+func (e *env) fork(t testing.TB, c *client.Client, id string, n int) []client.Sandbox {
+	t.Helper()
+	kids, errs, err := c.ForkSandbox(context.Background(), id, n)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	for i, k := range kids {
+		if errs[i] != nil {
+			t.Fatalf("fork child %d: %v", i, errs[i])
+		}
+		t.Cleanup(func() { e.client.KillSandbox(context.Background(), k.SandboxID) })
+	}
+	return kids
+}
+
 func (e *env) sh(t testing.TB, sb client.Sandbox, script string) client.ExecResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -64,16 +64,7 @@ func TestLivePage(t *testing.T) {
 	b := e.create(t, client.CreateRequest{Metadata: map[string]string{"run": "ui-b", "policy": "grpo"}})
 	e.sh(t, a, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done") // some CPU, an exec
 	e.sh(t, b, "echo hi")
-	kids, errs, err := e.client.ForkSandbox(ctx, b.SandboxID, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range kids {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
-		}
-		t.Cleanup(func() { e.client.KillSandbox(context.Background(), k.SandboxID) })
-	}
+	kids := e.fork(t, e.client, b.SandboxID, 2)
 	if err := e.client.PauseSandbox(ctx, kids[1].SandboxID); err != nil {
 		t.Fatal(err)
 	}
