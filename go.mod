@@ -1,4 +1,4 @@
-module agentenv
+module github.com/agentenv/agentenv
 
 go 1.26.8
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/cli"
+	"github.com/agentenv/agentenv/internal/cli"
 )
 
 // command is an agentenv subcommand a deployment file runs: the flags it

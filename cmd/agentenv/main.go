@@ -7,8 +7,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"agentenv/internal/cli"
-	"agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/cli"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
 )
 
 func main() {

@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd"
 )
 
 func main() {

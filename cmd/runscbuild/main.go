@@ -15,7 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"agentenv/internal/runscbuild"
+	"github.com/agentenv/agentenv/internal/runscbuild"
 )
 
 func main() {

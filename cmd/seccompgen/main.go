@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"os"
 
-	"agentenv/internal/runscbuild/seccompgen"
+	"github.com/agentenv/agentenv/internal/runscbuild/seccompgen"
 )
 
 func main() {

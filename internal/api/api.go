@@ -13,10 +13,10 @@ import (
 	"net/http"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/metrics"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // MaxBody caps JSON request bodies.

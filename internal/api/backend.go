@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Backend is everything the REST API asks of sandboxes, snapshots and

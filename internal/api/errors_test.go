@@ -8,7 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 func TestWriteErrorRetryAfter(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // FuzzRequestBodies feeds arbitrary bodies to the JSON decoding of the

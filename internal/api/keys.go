@@ -11,7 +11,7 @@ import (
 	"regexp"
 	"strings"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Who a request's key says the caller is. One API key (the default) is one

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // Listing follows E2B's GET /v2/sandboxes: filters (metadata, state,

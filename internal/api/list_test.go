@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 func listed(n int, t0 time.Time) []sandbox.Sandbox {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/metrics"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Metered wraps a Backend so that every operation that changes a sandbox

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // metricJSON is E2B's SandboxMetric.

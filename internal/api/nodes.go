@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Fleet is what the node routes need of a fleet's API server.

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // openapiPath is the REST API's description, relative to this package.

@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // backend is the Backend as the request's caller may use it: the whole of

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // networkJSON is E2B's network settings of a sandbox.

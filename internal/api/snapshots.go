@@ -4,9 +4,9 @@ import (
 	"net/http"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // snapshotJSON is a snapshot as the API shows it (E2B's snapshotID and

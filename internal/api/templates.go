@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // templateJSON is E2B's Template shape plus agentenv's fields.

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/metrics"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // The live page (/ui): one self-contained HTML file (no CDN, no build

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // uploadBackend reads an upload the way the template store does and

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // benchLabel is the metadata key that marks the sandboxes of one bench run,

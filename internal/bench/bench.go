@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // Config says what to measure.

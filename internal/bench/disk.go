@@ -11,8 +11,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"agentenv/internal/runtime/ocispec"
-	"agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
 
 // The disk row: a sandbox writes a file into its write layer (dd from

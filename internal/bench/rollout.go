@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // The rollout workload: what an RL trainer does with sandboxes. An agent

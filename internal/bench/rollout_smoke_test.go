@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestRolloutSmoke runs the rollout group for real with tiny counts: a

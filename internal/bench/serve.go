@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
 // ServeOptions make Run start its own agentenv server, in a cgroup of its

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/bench"
+	"github.com/agentenv/agentenv/internal/bench"
 )
 
 func benchCmd(g *globals) *cobra.Command {

@@ -10,7 +10,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 
-	"agentenv/internal/fleet"
+	"github.com/agentenv/agentenv/internal/fleet"
 )
 
 // etcdCmd runs a single-member etcd from etcd's own Go module: enough to

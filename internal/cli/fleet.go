@@ -9,10 +9,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/client"
-	"agentenv/internal/fleet"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/fleet"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // nodeCmd is both the node agent (`agentenv node --etcd ...`) and the

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/api"
 )
 
 // keyFlags are the server roles' key files: named API keys and the

@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/runtime/gvisorgo"
-	"agentenv/internal/runtime/pidfd"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/runtime/pidfd"
 )
 
 // `agentenv serve` records its PID in <data-dir>/serve.pid so that

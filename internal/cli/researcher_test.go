@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // The researcher's path (issue 21): the agentenv binary, built from this

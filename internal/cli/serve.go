@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // hostFlags are the flags of the sandbox stack on this machine, shared by

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // sandboxShell opens an interactive terminal in a sandbox, like

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/client"
-	"agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/envd"
 )
 
 // shellEnv serves an envd in-process and returns a client and sandbox whose

@@ -9,8 +9,8 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/client"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 func templateCmd(g *globals) *cobra.Command {

@@ -6,8 +6,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
 
-	"agentenv/internal/client"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // imageFlags are template build's OCI image sources and process settings.

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd"
 )
 
 // Client talks to one agentenv server.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd"
 )
 
 // fakeSandboxes serves an envd in-process behind a stand-in for the

@@ -18,11 +18,11 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"agentenv/internal/envd"
-	fspb "agentenv/internal/envd/gen/filesystempb"
-	"agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	procpb "agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/envd"
+	fspb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
+	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // unprivileged is the user the ownership tests act as: it exists on every

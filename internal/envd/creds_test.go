@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 func nobody(t *testing.T) account {

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // allowedDeps are the only non-standard packages the in-sandbox daemon may
 // link: it must stay a small static binary.
 var allowedDeps = []string{
-	"agentenv/cmd/envd",
-	"agentenv/internal/envd",
+	"github.com/agentenv/agentenv/cmd/envd",
+	"github.com/agentenv/agentenv/internal/envd",
 	"connectrpc.com/connect",
 	"google.golang.org/protobuf",
 	"golang.org/x/sys",
@@ -20,17 +20,17 @@ var allowedDeps = []string{
 
 // bannedDeps must never reach envd, even through an allowed package.
 var bannedDeps = []string{
-	"agentenv/internal/sandbox",
-	"agentenv/internal/runtime",
-	"agentenv/internal/api",
-	"agentenv/internal/server",
-	"agentenv/internal/proxy",
-	"agentenv/internal/template",
-	"agentenv/internal/netns",
-	"agentenv/internal/cli",
-	"agentenv/internal/client",
-	"agentenv/internal/bench",
-	"agentenv/internal/testenv",
+	"github.com/agentenv/agentenv/internal/sandbox",
+	"github.com/agentenv/agentenv/internal/runtime",
+	"github.com/agentenv/agentenv/internal/api",
+	"github.com/agentenv/agentenv/internal/server",
+	"github.com/agentenv/agentenv/internal/proxy",
+	"github.com/agentenv/agentenv/internal/template",
+	"github.com/agentenv/agentenv/internal/netns",
+	"github.com/agentenv/agentenv/internal/cli",
+	"github.com/agentenv/agentenv/internal/client",
+	"github.com/agentenv/agentenv/internal/bench",
+	"github.com/agentenv/agentenv/internal/testenv",
 	"github.com/vishvananda",
 	"github.com/spf13",
 	"github.com/opencontainers",
@@ -48,7 +48,7 @@ func underAny(pkg string, prefixes []string) bool {
 
 func TestEnvdDependencies(t *testing.T) {
 	testenv.NeedCommand(t, "go", "lists the daemon's dependencies")
-	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "agentenv/cmd/envd")
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "github.com/agentenv/agentenv/cmd/envd")
 	cmd.Dir = testenv.RepoRoot()
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.Output()

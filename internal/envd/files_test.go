@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd"
 )
 
 type fileEntry struct {

@@ -13,9 +13,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	"agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 )
 
 const testToken = "tok"

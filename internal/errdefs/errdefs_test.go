@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 func TestHTTPStatus(t *testing.T) {

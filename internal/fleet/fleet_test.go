@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/runtime/gvisorgo"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -26,8 +26,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"agentenv/internal/client"
-	"agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
 )
 
 // The fleet test's environment, for real: a 3-member etcd cluster

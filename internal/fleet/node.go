@@ -20,12 +20,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/singleflight"
 
-	"agentenv/internal/api"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/metrics"
-	"agentenv/internal/proxy"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // NodeConfig configures a node agent.

@@ -21,10 +21,10 @@ import (
 	"sync"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/server"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // fakePeer answers the node export routes (node.go) with what its fields

@@ -8,8 +8,8 @@ import (
 	"net/url"
 	"strconv"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/proxy"
 )
 
 // Proxy is an API server's sandbox proxy: it finds the node that owns the

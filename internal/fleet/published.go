@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"agentenv/internal/api"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // published is the node's api.Backend: the host's, with each change

@@ -14,11 +14,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"agentenv/internal/api"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Remote is the api.Backend of an API server: it places new sandboxes on

@@ -19,10 +19,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"agentenv/internal/api"
-	"agentenv/internal/metrics"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // EtcdAuth is how a fleet role authenticates to etcd: etcd is trusted

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/api"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // metricsBackend answers Metrics only (the rest of api.Backend is nil).

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // Snapshot chunks are sparse: the pages a snapshot shares with its parent

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // countingWriter cuts the answer after limit bytes (0: never) and counts

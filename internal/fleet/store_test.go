@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 func newTestCache() *Cache {

@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Tombstones live a day: long enough for a client to learn why its

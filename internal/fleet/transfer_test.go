@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // flakyPeer serves one file like a node's export route, but the first

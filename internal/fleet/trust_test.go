@@ -14,10 +14,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"agentenv/internal/api"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 var testSeal = NewSealer("test-secret-0123456789abcdef")

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/metrics"
 )
 
 // TestLive reads latency quantiles per interval, errors by cause and the

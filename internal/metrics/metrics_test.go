@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/metrics"
 )
 
 // scrape serves reg's /metrics and returns each sample line as series →

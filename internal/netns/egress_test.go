@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/netns"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // cpuTime is the CPU (user + system) this process and its waited-for

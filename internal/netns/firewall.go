@@ -1,10 +1,10 @@
 package netns
 
 import (
-	"agentenv/internal/childproc"
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"net/netip"
 	"os"
 	"os/exec"

@@ -19,8 +19,8 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
-	"agentenv/internal/childproc"
-	"agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
 // markedDialEnv makes the test binary a helper that dials the address in

@@ -13,8 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
-	"agentenv/internal/netns"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // The tests' own range and tag, apart from those of the server tests.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/proxy"
 )
 
 // checkTarget checks what any accepted client input must satisfy.

@@ -19,8 +19,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Resolver finds the host-reachable address of a running sandbox's port.

@@ -21,10 +21,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	pb "agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/envd/gen/processpb/processpbconnect"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/proxy"
+	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/proxy"
 )
 
 func TestParseHost(t *testing.T) {

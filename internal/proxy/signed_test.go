@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/proxy"
 )
 
 // tokenResolver routes sandboxes to backends and knows their envd tokens.

@@ -16,10 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	agentruntime "agentenv/internal/runtime"
-	"agentenv/internal/runtime/ocispec"
-	"agentenv/internal/runtime/runscbin"
-	"agentenv/internal/testenv"
+	agentruntime "github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // StubPath is where `make setup` keeps a runsc built like the installed one

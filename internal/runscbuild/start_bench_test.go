@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	agentruntime "agentenv/internal/runtime"
-	"agentenv/internal/runtime/ocispec"
-	"agentenv/internal/runtime/runscbin"
-	"agentenv/internal/testenv"
+	agentruntime "github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // benchFeatures are given to every bundle of BenchmarkRunscStart: a

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"testing"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 func TestTail(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"syscall"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Disk admission (issue 16, finding 5). What agentenv keeps in its data

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 const (

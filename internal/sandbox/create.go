@@ -10,11 +10,11 @@ import (
 	"os"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/netns"
-	"agentenv/internal/runtime"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // source is where a new sandbox comes from when it is not booted fresh: a

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 func TestBusyClassesCreateFailures(t *testing.T) {

@@ -1,7 +1,7 @@
 package sandbox
 
 import (
-	"agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 	"golang.org/x/sys/unix"
 )
 

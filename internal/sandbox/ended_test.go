@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // A sandbox that is gone says how it went: killed, or timed out (with

@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
 // A pause without memory (E2B's pause with memory: false, or autoPause

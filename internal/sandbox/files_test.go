@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // zeros reads as an endless stream, as a sandbox's huge sparse file does.

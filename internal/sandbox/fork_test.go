@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // TestForkAdmission: a fork whose children do not all fit on the node

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // FuzzCheckCreate feeds arbitrary create requests (as a client can send

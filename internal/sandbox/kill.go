@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Killing answers at once and tears down behind the answer: Kill persists

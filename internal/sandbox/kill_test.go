@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/netns"
-	"agentenv/internal/runtime"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // fakeRuntime counts Destroy calls and runs destroy (if set) for each.

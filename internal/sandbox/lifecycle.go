@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // E2B's lifecycle: at its timeout a sandbox is killed, or paused when it

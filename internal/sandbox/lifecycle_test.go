@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // pausingRuntime is the fake runtime with pause and resume, counted; a

@@ -15,12 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/netns"
-	"agentenv/internal/runtime"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Deps are the parts the manager drives.

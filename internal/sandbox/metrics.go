@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Metric is one sample of a sandbox's resource use (E2B's SandboxMetric).

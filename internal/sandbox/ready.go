@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // Ready templates: a template is booted once, its envd is waited for, and

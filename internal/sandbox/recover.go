@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Recover reconciles the records on disk with what exists on the host after

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
 // State is a sandbox's lifecycle state.

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // Pause freezes a running sandbox in place: its processes stop, it uses no

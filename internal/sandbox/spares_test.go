@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // sparesManager is a manager with the fake runtime and a template store

@@ -12,11 +12,11 @@ import (
 
 	"connectrpc.com/connect"
 
-	"agentenv/internal/envd"
-	"agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/envd/gen/processpb/processpbconnect"
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // A template's process settings reach its sandboxes two ways: its default

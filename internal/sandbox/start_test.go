@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // TestTemplateProcess: a sandbox's spec holds the template's environment

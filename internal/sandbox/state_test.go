@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 var allStates = []State{StateCreating, StateRunning, StatePaused, StateKilling, StateLost}

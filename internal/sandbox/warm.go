@@ -7,9 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"agentenv/internal/netns"
-	"agentenv/internal/runtime"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Warm containers: sandboxes created in advance (runtime.Preparer) with the

@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/client"
-	"agentenv/internal/runtime/ocispec"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // diskTemplate builds (once per server) a busybox template whose sandboxes

@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // loopFS mounts a fresh ext4 file system of size bytes (a loop device over

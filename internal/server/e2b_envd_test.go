@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/childproc"
-	"agentenv/internal/client"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestE2BEnvd runs tests/e2b/envd.test.mjs: the official e2b SDK against

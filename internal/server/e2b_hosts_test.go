@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/childproc"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // needLocalhostNames fails (in CI) or skips the test when names under

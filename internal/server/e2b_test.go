@@ -1,13 +1,13 @@
 package server_test
 
 import (
-	"agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestE2BSDK runs the official e2b npm SDK (pinned in tests/e2b) against the

@@ -14,11 +14,11 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"agentenv/internal/client"
-	fspb "agentenv/internal/envd/gen/filesystempb"
-	"agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	procpb "agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/client"
+	fspb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
+	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 )
 
 // envdAs talks to a sandbox's envd as one user of the sandbox, as the E2B

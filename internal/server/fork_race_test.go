@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // TestForkRacesSnapshotsAndKills runs forks (whose children take warm

@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"time"
 
-	"agentenv/internal/localca"
+	"github.com/agentenv/agentenv/internal/localca"
 )
 
 // Front is the public listeners of `serve` and of a fleet's API server:

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // TestFrontHTTPS: with a domain, the proxy also serves HTTPS with a

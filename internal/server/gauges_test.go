@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // scrapeMetrics reads the server's /metrics as series → value.

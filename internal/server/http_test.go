@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // startFront serves h as both the API and the proxy of a Front with limits

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // TestIncrementalSnapshotChain takes a snapshot of a sandbox and then 10

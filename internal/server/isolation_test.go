@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 func TestHostIsInvisible(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // E2B's lifecycle: autoPause at the timeout (with or without memory),

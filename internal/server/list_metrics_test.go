@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // TestListPagesREST pages through GET /v2/sandboxes as E2B's SDKs do:

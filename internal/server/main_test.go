@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/runtime/gvisorgo"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/server"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // env is one agentenv server shared by the tests of this package.

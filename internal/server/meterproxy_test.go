@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/server"
 )
 
 // TestMeterProxyAbort: a proxied exec whose client leaves mid-stream (the

@@ -4,9 +4,9 @@ import (
 	"net/http"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/metrics"
-	"agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 // The live page's history: a point every LiveInterval, the last LiveKeep

@@ -1,9 +1,9 @@
 package server_test
 
 import (
-	"agentenv/internal/childproc"
 	"context"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"net"
 	"net/http"
@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/netns"
-	"agentenv/internal/proxy"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // inet is the fake internet of a test: addresses served by an HTTP

@@ -10,9 +10,9 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"agentenv/internal/cli"
-	"agentenv/internal/client"
-	"agentenv/internal/template/ocitest"
+	"github.com/agentenv/agentenv/internal/cli"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/template/ocitest"
 )
 
 // runCLI runs `agentenv --json ARGS` against the server in this process.

@@ -16,10 +16,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"agentenv/internal/client"
-	procpb "agentenv/internal/envd/gen/processpb"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // A pause without memory must use no tool of the sandbox and must not let

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // python3 returns the interpreter the Python SDK's tests run with, or

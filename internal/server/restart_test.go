@@ -1,9 +1,9 @@
 package server_test
 
 import (
-	"agentenv/internal/childproc"
 	"context"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"net"
 	"os"
 	"os/exec"
@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // process is `agentenv serve` run as a separate process, so that it can be

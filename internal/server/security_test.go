@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"agentenv/internal/client"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // TestTemplateBuildCannotReachHost turns the template findings of the

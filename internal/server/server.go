@@ -18,15 +18,15 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/api"
-	"agentenv/internal/netns"
-	"agentenv/internal/proxy"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/gvisor"
-	"agentenv/internal/runtime/gvisorgo"
-	"agentenv/internal/sandbox"
-	"agentenv/internal/snapshot"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/gvisor"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Config is everything `agentenv serve` can be told.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/client"
 )
 
 // startMemoryServer starts, in sb, a shell that holds a random value only

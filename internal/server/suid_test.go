@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/client"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestSetuidBinariesWork: E2B's templates give user passwordless sudo,

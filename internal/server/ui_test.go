@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/client"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // chromium runs Debian's headless Chromium on url with args (--dump-dom,

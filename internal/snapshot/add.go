@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // newChunk is a chunk file an Add wrote and has not yet put in place.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // memory imitates a sandbox's pages file across checkpoints: pages change

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Import adds snapshot sn, the description (Manifest) another node sent

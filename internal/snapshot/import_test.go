@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // peerSnapshots is a source store (another node) holding two snapshots of

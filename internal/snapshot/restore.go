@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Acquire marks the snapshot as used by one more sandbox and returns a

@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Snapshot is one stored snapshot.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // checkpoint writes files into a new checkpoint directory of the store.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestBasePackages checks the package list of the demo's template "base"

@@ -1,12 +1,12 @@
 package template
 
 import (
-	"agentenv/internal/childproc"
 	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"os"
 	"os/exec"
@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Build builds (or rebuilds) a template and reports progress as it goes. A

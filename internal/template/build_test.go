@@ -17,9 +17,9 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 var (

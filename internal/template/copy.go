@@ -11,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // errExists: the template is here already (Adopt has nothing to do).

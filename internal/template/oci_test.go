@@ -16,7 +16,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"agentenv/internal/template/ocitest"
+	"github.com/agentenv/agentenv/internal/template/ocitest"
 )
 
 // testImage is two layers: the upper one deletes data/b (whiteout) and

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Template storage quotas (issue 16, finding 5: an 11.9 MB gzip upload

@@ -13,9 +13,9 @@ import (
 	"sync"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // bomb streams a gzip'd tar whose entries fill writes: a few MB on the

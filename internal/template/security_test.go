@@ -19,9 +19,9 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // hostState records everything a build could change under dir: names,

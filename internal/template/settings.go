@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Defaults are what every process in a sandbox of the template gets unless

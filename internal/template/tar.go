@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // ExtractTar unpacks a tar stream (plain or gzip) into the directory dst as

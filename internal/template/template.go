@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // EnvdPath is where envd lives inside every template.

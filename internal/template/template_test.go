@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 func TestValidName(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestPackageDocs checks that every package under internal/ and cmd/ says

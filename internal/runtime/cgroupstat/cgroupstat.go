@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Root is where the cgroup hierarchies are mounted.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 func write(t *testing.T, root string, files map[string]string) {

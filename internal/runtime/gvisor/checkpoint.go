@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 var _ runtime.Checkpointer = (*Gvisor)(nil)

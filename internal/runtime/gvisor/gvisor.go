@@ -7,21 +7,21 @@
 package gvisor
 
 import (
-	"agentenv/internal/childproc"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/childproc"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/ocispec"
-	"agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
 
 // Config configures the runtime.

@@ -3,9 +3,9 @@ package gvisor
 import (
 	"context"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/cgroupstat"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/cgroupstat"
 )
 
 var _ runtime.Statser = (*Gvisor)(nil)

@@ -1,12 +1,12 @@
 package gvisor
 
 import (
-	"agentenv/internal/runtime/pidfd"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/runtime/pidfd"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 var _ runtime.Watcher = (*Gvisor)(nil)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/gvisor"
-	"agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/gvisor"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 )
 
 // BenchmarkRuntimes measures each lifecycle operation of this runtime ("go")

@@ -9,7 +9,7 @@ import (
 	"gvisor.dev/gvisor/pkg/state/statefile"
 	"gvisor.dev/gvisor/runsc/sandbox"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Checkpoint implements runtime.Checkpointer: it writes the sandbox's

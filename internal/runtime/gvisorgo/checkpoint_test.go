@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // TestRestoreIntoPrepared restores a checkpoint into a sandbox made in

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // shared holds what the tests and benchmarks of this package share: one

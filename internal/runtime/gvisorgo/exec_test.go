@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // TestExecOutputIsCapped: a sandbox printing 200 MB to an Exec leaves the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // BenchmarkFork measures what a fork of 16 costs the runtime: one

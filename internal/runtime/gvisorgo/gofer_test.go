@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 )
 
 // TestDiskLayerWithoutGofer checks patch 0002 (patches/gvisor): with the

@@ -45,9 +45,9 @@ import (
 	"gvisor.dev/gvisor/runsc/flag"
 	"gvisor.dev/gvisor/runsc/hostsettings"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
 
 // gvisorModule is the module whose version must match the runsc binary's;

@@ -6,11 +6,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/gvisorgo"
-	"agentenv/internal/runtime/runtimetest"
-	"agentenv/internal/template"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/runtime/runtimetest"
+	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 func TestConformance(t *testing.T) {

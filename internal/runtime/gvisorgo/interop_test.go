@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/gvisor"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/gvisor"
 )
 
 // TestCLIInterop checks that this runtime, the CLI runtime and the runsc CLI

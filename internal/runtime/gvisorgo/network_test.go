@@ -15,8 +15,8 @@ import (
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/gvisor"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/gvisor"
 )
 
 // TestRestoreRescrapesNetwork checkpoints a sandbox in one network namespace

@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // pool runs the workers of one runtime.

@@ -11,7 +11,7 @@ import (
 	glog "gvisor.dev/gvisor/pkg/log"
 	"gvisor.dev/gvisor/runsc/specutils"
 
-	"agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Process-wide settings of gVisor's packages. They are globals in gVisor, so

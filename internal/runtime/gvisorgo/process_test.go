@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // fileID names an open file by device and inode.

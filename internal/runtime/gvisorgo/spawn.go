@@ -15,9 +15,9 @@ import (
 	"gvisor.dev/gvisor/runsc/container"
 	"gvisor.dev/gvisor/runsc/specutils"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 )
 
 func consolePath(dir string) string { return filepath.Join(dir, "console.log") }

@@ -13,10 +13,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/pidfd"
-	"agentenv/internal/testenv"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/pidfd"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestPinnedVersion keeps gvisorVersion (checked against the runsc binary at

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime/pidfd"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime/pidfd"
 )
 
 // child is a sandbox whose process a worker of this runtime started.

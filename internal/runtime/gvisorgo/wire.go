@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // The protocol between the server and a worker, over a unix stream

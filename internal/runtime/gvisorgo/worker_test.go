@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentenv/internal/errdefs"
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // TestManyCreatesAtOnce runs rounds of 16 create → exec → destroy cycles at

@@ -13,8 +13,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
 
 // Capabilities of the sandbox's init process (envd runs as root inside the

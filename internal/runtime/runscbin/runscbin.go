@@ -12,7 +12,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/childproc"
 )
 
 // Features are what a runsc build can do beyond upstream's, from the

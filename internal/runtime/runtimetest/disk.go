@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"agentenv/internal/runtime"
-	"agentenv/internal/runtime/ocispec"
+	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 )
 
 // diskLayer checks the write layer on disk (Spec.DiskMB): df shows its

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime"
 )
 
 // Env is what the suite needs from the host.

@@ -10,10 +10,10 @@
 package filesystempbconnect
 
 import (
-	filesystempb "agentenv/internal/envd/gen/filesystempb"
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
+	filesystempb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
 	http "net/http"
 	strings "strings"
 )

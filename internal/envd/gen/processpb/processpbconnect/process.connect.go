@@ -11,10 +11,10 @@
 package processpbconnect
 
 import (
-	processpb "agentenv/internal/envd/gen/processpb"
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
+	processpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 	http "net/http"
 	strings "strings"
 )
