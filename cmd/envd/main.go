@@ -19,6 +19,7 @@ func main() {
 	version := flag.Bool("version", false, "print the version and exit")
 	user := flag.String("user", "", "default user of commands and file operations (default \"user\")")
 	workdir := flag.String("workdir", "", "default working directory of commands (default: the user's home)")
+	changesRoot := flag.String("changes-root", "/", "tree a pause without memory saves and restores (tests running envd on the host)")
 	flag.Parse()
 	if *version {
 		fmt.Println(envd.Version)
@@ -35,7 +36,7 @@ func main() {
 			envs[k] = v
 		}
 	}
-	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir})
+	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir, ChangesRoot: *changesRoot})
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		log.Fatalf("envd: %v", err)

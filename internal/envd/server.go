@@ -60,6 +60,10 @@ type Config struct {
 	// requests that name no user or working directory (empty: "user" and
 	// the user's home). They are process-wide: one envd runs per sandbox.
 	DefaultUser, DefaultWorkdir string
+	// ChangesRoot is the tree a pause without memory saves and restores
+	// (empty: "/", the sandbox's root). The unprivileged test tier, whose
+	// envd runs on the host, points it at the sandbox's own directory.
+	ChangesRoot string
 }
 
 // Server is the daemon.
@@ -79,7 +83,10 @@ func New(cfg Config) *Server {
 	if cfg.MaxUpload <= 0 {
 		cfg.MaxUpload = 1 << 30
 	}
-	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload, changesRoot: "/"}
+	if cfg.ChangesRoot == "" {
+		cfg.ChangesRoot = "/"
+	}
+	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload, changesRoot: cfg.ChangesRoot}
 	for k, v := range cfg.Envs {
 		s.envs[k] = v
 	}

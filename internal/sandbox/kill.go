@@ -88,7 +88,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		sb.Reason = reason
 		tomb = lostRecord(sb)
 	}
-	now := time.Now()
+	now := m.d.Clock.Now()
 	m.mu.Lock()
 	delete(m.boxes, id)
 	if reason != "" {

@@ -22,7 +22,7 @@ import (
 func (m *Manager) expire(e *entry) {
 	ctx := context.Background()
 	e.mu.Lock()
-	if e.sb.State != StateRunning || time.Now().Before(e.sb.EndAt) {
+	if e.sb.State != StateRunning || m.d.Clock.Now().Before(e.sb.EndAt) {
 		e.mu.Unlock()
 		return
 	}
@@ -54,7 +54,7 @@ func (m *Manager) expire(e *entry) {
 		e.mu.Unlock()
 		m.d.Log.Info("sandbox timed out", "sandbox", id)
 	}
-	expired := func(sb Sandbox) bool { return sb.State == StateRunning && !time.Now().Before(sb.EndAt) }
+	expired := func(sb Sandbox) bool { return sb.State == StateRunning && !m.d.Clock.Now().Before(sb.EndAt) }
 	if err := m.killWhen(ctx, e, "", expired); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
 	}
@@ -97,7 +97,7 @@ func (m *Manager) stopClock(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	e.sb.Remaining = time.Until(e.sb.EndAt)
+	e.sb.Remaining = e.sb.EndAt.Sub(m.d.Clock.Now())
 }
 
 // resumeLocked continues a paused sandbox (a reboot with its files when
@@ -132,7 +132,7 @@ func (m *Manager) resumeLocked(ctx context.Context, e *entry, timeout time.Durat
 	if left <= 0 {
 		left = m.d.Limits.DefaultTimeout
 	}
-	e.sb.EndAt = time.Now().UTC().Add(left)
+	e.sb.EndAt = m.d.Clock.Now().UTC().Add(left)
 	e.sb.Remaining = 0
 	if err := m.move(e, StateRunning); err != nil {
 		return err

@@ -50,6 +50,8 @@ type Deps struct {
 	// state transition, timeout and network change), while the sandbox's
 	// lock is held: it must not block or call back into the manager.
 	OnPersist func(Sandbox)
+	// Clock runs the sandboxes' timeouts (nil: the real clock).
+	Clock Clock
 }
 
 // Manager creates, tracks and kills sandboxes.
@@ -103,7 +105,7 @@ type Manager struct {
 type entry struct {
 	mu      sync.Mutex // serialises lifecycle operations on this sandbox
 	sb      Sandbox
-	timer   *time.Timer
+	timer   Timer
 	release func()
 	// gone is closed when the sandbox stops being reachable (killed,
 	// died, or paused without its memory), so that proxied requests to it
@@ -131,6 +133,9 @@ func New(d Deps) (*Manager, error) {
 	}
 	if d.Log == nil {
 		d.Log = slog.Default()
+	}
+	if d.Clock == nil {
+		d.Clock = realClock{}
 	}
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	if d.Net != nil {
@@ -269,7 +274,7 @@ func (m *Manager) armTimer(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(e) })
+	e.timer = m.d.Clock.AfterFunc(e.sb.EndAt.Sub(m.d.Clock.Now()), func() { m.expire(e) })
 }
 
 func (m *Manager) entry(id string) (*entry, error) {
@@ -408,7 +413,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
 	defer e.mu.Unlock()
-	e.sb.EndAt = time.Now().UTC().Add(d)
+	e.sb.EndAt = m.d.Clock.Now().UTC().Add(d)
 	if err := m.persist(e.sb); err != nil {
 		return Sandbox{}, err
 	}
@@ -534,7 +539,7 @@ func (m *Manager) Extend(id string, d time.Duration) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if sb.State != StateRunning || !time.Now().Add(d).After(sb.EndAt) {
+	if sb.State != StateRunning || !m.d.Clock.Now().Add(d).After(sb.EndAt) {
 		return sb, nil
 	}
 	return m.SetTimeout(id, d)

@@ -154,7 +154,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if sb.State != StateRunning && sb.State != StatePaused {
 		return fmt.Sprintf("the server stopped while it was %s", sb.State)
 	}
-	if sb.State == StateRunning && !time.Now().Before(sb.EndAt) {
+	if sb.State == StateRunning && !m.d.Clock.Now().Before(sb.EndAt) {
 		return "its timeout passed while the server was down"
 	}
 	st, err := m.d.Runtime.State(ctx, sb.ID)
@@ -168,7 +168,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if st != want {
 		return fmt.Sprintf("its container was %s after the restart, not %s", st, want)
 	}
-	if _, err := os.Stat(sb.Slot.Path()); err != nil {
+	if !m.d.Net.Exists(sb.Slot) {
 		return "its network namespace was gone after the restart"
 	}
 	if sb.State == StatePaused {

@@ -87,7 +87,24 @@ type Config struct {
 	// per source).
 	HTTP HTTPLimits
 	Log  *slog.Logger
+
+	// Network is "namespaces" (the default: a namespace, veths and
+	// firewall rules per sandbox) or "none": no network and no isolation,
+	// each sandbox reached at a loopback address of NetworkCIDR (inside
+	// 127.0.0.0/8). None works only with NewRuntime (test-only).
+	Network string
+	// NewRuntime, if set, replaces the gVisor runtime: test-only, for the
+	// unprivileged tier's fake runtime (internal/runtime/fake), which
+	// learns each sandbox's address from nets. With Network "none" the
+	// host then needs no root.
+	NewRuntime func(cfg Config, nets *netns.Manager) (runtime.Runtime, error)
+	// Clock runs the sandboxes' timeouts (test-only; nil: the real clock).
+	Clock sandbox.Clock
 }
+
+// unprivileged says whether cfg runs without root: the fake runtime on no
+// network (the unprivileged test tier).
+func (cfg Config) unprivileged() bool { return cfg.Network == "none" && cfg.NewRuntime != nil }
 
 // Host is this machine's sandbox stack: runtime, template and snapshot
 // stores, network slots and the sandbox manager with its pools. `serve`
@@ -114,7 +131,7 @@ func (h *Host) Close() {
 // sandboxes a previous run left, and keeps the pools filled until Close.
 func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	log := cfg.Log
-	if os.Geteuid() != 0 {
+	if os.Geteuid() != 0 && !cfg.unprivileged() {
 		return nil, errors.New("agentenv needs root to run sandboxes (network namespaces, cgroups, gVisor): run it with sudo")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -135,7 +152,11 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 			h.Close()
 		}
 	}()
-	rt, err := newRuntime(cfg)
+	nets, err := newNetwork(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := newRuntime(cfg, nets)
 	if err != nil {
 		return nil, err
 	}
@@ -157,10 +178,6 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, err
 	}
-	nets, err := netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
-	if err != nil {
-		return nil, err
-	}
 	if err := nets.CheckRange(); err != nil {
 		return nil, err
 	}
@@ -176,7 +193,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
 		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, Disk: disk, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
-		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log, OnPersist: cfg.OnPersist,
+		Dir: filepath.Join(cfg.DataDir, "sandboxes"), Limits: cfg.Limits, Log: log, OnPersist: cfg.OnPersist, Clock: cfg.Clock,
 	})
 	if err != nil {
 		return nil, err
@@ -228,7 +245,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 // addresses once both listeners accept connections.
 func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string)) error {
 	log := cfg.Log
-	if os.Geteuid() != 0 {
+	if os.Geteuid() != 0 && !cfg.unprivileged() {
 		return errors.New("agentenv serve needs root (network namespaces, cgroups, gVisor): run it with sudo")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -334,7 +351,13 @@ func collectSnapshots(ctx context.Context, s *snapshot.Store, p snapshot.Policy,
 // newRuntime builds the configured gVisor driver. Both keep runsc's state
 // layout and version string, so a server can restart with the other one
 // and adopt its sandboxes.
-func newRuntime(cfg Config) (runtime.Runtime, error) {
+func newRuntime(cfg Config, nets *netns.Manager) (runtime.Runtime, error) {
+	if cfg.NewRuntime != nil {
+		return cfg.NewRuntime(cfg, nets)
+	}
+	if nets.Loopback() {
+		return nil, errors.New("--network none runs only with the test tier's fake runtime: gVisor sandboxes need a network namespace")
+	}
 	root := filepath.Join(cfg.DataDir, "runsc")
 	switch cfg.Runtime {
 	case "cli":
@@ -343,4 +366,15 @@ func newRuntime(cfg Config) (runtime.Runtime, error) {
 		return gvisorgo.New(gvisorgo.Config{Runsc: cfg.Runsc, Root: root, Cgroups: !cfg.NoCgroups, Log: cfg.Log})
 	}
 	return nil, fmt.Errorf("--runtime %q: use go (in-process) or cli", cfg.Runtime)
+}
+
+// newNetwork makes the network slots' manager of cfg.Network.
+func newNetwork(cfg Config) (*netns.Manager, error) {
+	switch cfg.Network {
+	case "", "namespaces":
+		return netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
+	case "none":
+		return netns.NewLoopback(cfg.NetworkCIDR, cfg.NetworkTag)
+	}
+	return nil, fmt.Errorf("--network %q: use namespaces or none", cfg.Network)
 }
