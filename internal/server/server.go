@@ -147,9 +147,11 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	h = &Host{}
+	// Every failure returns a nil Host: close this one.
+	started := h
 	defer func() {
 		if err != nil {
-			h.Close()
+			started.Close()
 		}
 	}()
 	nets, err := newNetwork(cfg)

@@ -132,16 +132,18 @@ func (f *Fake) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("fake runtime: start %s: %w", args[0], err)
 	}
-	done, werr := pidfd.Watch(p.Pid, true)
-	start, serr := startTime(p.Pid)
+	pid := p.Pid
+	done, werr := pidfd.Watch(pid, true)
+	start, serr := startTime(pid)
 	if err := errors.Join(werr, serr); err != nil {
-		syscall.Kill(-p.Pid, syscall.SIGKILL)
+		syscall.Kill(-pid, syscall.SIGKILL)
 		p.Wait()
 		return fmt.Errorf("fake runtime: watch %s: %w", spec.ID, err)
 	}
+	// The watch reaps it.
 	p.Release()
-	if err := os.WriteFile(filepath.Join(st, "pid"), []byte(fmt.Sprintf("%d %d\n", p.Pid, start)), 0o600); err != nil {
-		syscall.Kill(-p.Pid, syscall.SIGKILL)
+	if err := os.WriteFile(filepath.Join(st, "pid"), []byte(fmt.Sprintf("%d %d\n", pid, start)), 0o600); err != nil {
+		syscall.Kill(-pid, syscall.SIGKILL)
 		<-done
 		return err
 	}
