@@ -281,6 +281,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	} else if err = m.move(e, StateRunning); err == nil {
 		m.armTimer(e)
 	}
+	// Read under the lock: once registered, a kill may change it.
+	sb = e.sb
 	e.mu.Unlock()
 	if err != nil {
 		return fail(err)
@@ -289,7 +291,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, src *source) (S
 	m.watch(e)
 	log.Info("sandbox running", "ip", slot.SandboxIP.String(), "restored", src != nil, "warm", warm != nil, "took", time.Since(now).Round(time.Millisecond),
 		"slot", tSlot.Round(time.Millisecond), "start", tStart.Round(time.Millisecond), "network", tActive.Round(time.Millisecond), "envd", tEnvd.Round(time.Millisecond))
-	return e.sb, nil
+	return sb, nil
 }
 
 // busy classes a failure of a create step that says nothing about the
