@@ -126,10 +126,16 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		Transport:     transport,
 		FlushInterval: -1, // stream every write (Connect server streams)
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t, _ := r.Context().Value(targetKey{}).(target)
+			if errors.Is(context.Cause(r.Context()), errGone) {
+				// The client is still there: tell it, rather than let an
+				// empty 200 pass for an answer.
+				WriteError(w, t.id, http.StatusBadGateway, "The sandbox stopped while the request was open", map[string]any{"port": t.port})
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			t, _ := r.Context().Value(targetKey{}).(target)
 			p.log.Warn("proxy: sandbox port not reachable", "sandbox", t.id, "port", t.port, "err", err)
 			// E2B's answer when nothing listens on the port.
 			WriteError(w, t.id, http.StatusBadGateway, "The sandbox is running but port is not open", map[string]any{"port": t.port})
@@ -139,6 +145,9 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 }
 
 type targetKey struct{}
+
+// errGone ends a proxied request whose sandbox went away.
+var errGone = errors.New("the sandbox went away")
 
 type target struct {
 	id   string
@@ -303,12 +312,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(TrafficTokenHeader)
 	// End the request when the sandbox goes away: its TCP peer vanishes
 	// without a reset, so the connection would otherwise hang.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port, boot: boot}))
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port, boot: boot}))
+	defer cancel(nil)
 	go func() {
 		select {
 		case <-gone:
-			cancel()
+			cancel(errGone)
 		case <-ctx.Done():
 		}
 	}()
