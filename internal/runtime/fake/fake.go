@@ -4,7 +4,11 @@
 // loopback address), in its own process group and working directory.
 // There is no isolation at all: nothing but tests may use it.
 //
-// Pause is SIGSTOP of the process group, resume SIGCONT, destroy SIGKILL.
+// Pause is SIGSTOP of the sandbox's processes (the init process and its
+// descendants: envd puts each command in its own process group), resume
+// SIGCONT, destroy SIGKILL of the frozen tree. The init process starts a
+// session of its own, so that a crash of the server (its parent) does not
+// orphan a stopped process group, which the kernel would SIGHUP.
 // It implements runtime.Pauser and runtime.Watcher; it does not implement
 // runtime.Checkpointer, runtime.Preparer or runtime.Execer (a host process
 // has no memory image to save, and an Exec would run on the host), so
@@ -122,12 +126,11 @@ func (f *Fake) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return err
 	}
 	defer null.Close()
-	// Its own process group: pause, resume and kill reach every process
-	// of the sandbox. No parent-death signal: sandboxes outlive a crashed
-	// server, as gVisor's do.
+	// Its own session (see the package comment). No parent-death signal:
+	// sandboxes outlive a crashed server, as gVisor's do.
 	p, err := os.StartProcess(args[0], args, &os.ProcAttr{
 		Dir: wd, Env: spec.Env, Files: []*os.File{null, log, log},
-		Sys: &syscall.SysProcAttr{Setpgid: true},
+		Sys: &syscall.SysProcAttr{Setsid: true},
 	})
 	if err != nil {
 		return fmt.Errorf("fake runtime: start %s: %w", args[0], err)
@@ -224,7 +227,7 @@ func (f *Fake) State(_ context.Context, id string) (runtime.Status, error) {
 	}
 	switch procState(pid) {
 	case 0, 'Z', 'X':
-		// A zombie: its parent (a crashed server) never reaped it.
+		// Gone, or a zombie: its parent (a crashed server) never reaped it.
 		return runtime.StatusStopped, nil
 	case 'T', 't':
 		return runtime.StatusPaused, nil
@@ -232,46 +235,102 @@ func (f *Fake) State(_ context.Context, id string) (runtime.Status, error) {
 	return runtime.StatusRunning, nil
 }
 
-// signal sends sig to a sandbox's process group and waits until its init
-// process is in a state that pass accepts.
-func (f *Fake) signal(ctx context.Context, id string, sig syscall.Signal, pass func(byte) bool) error {
+// tree is pid and its live descendants, parents before children.
+func tree(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children(out[i])...)
+	}
+	return out
+}
+
+// children are the child processes of pid, from each of its threads'
+// /proc/PID/task/TID/children.
+func children(pid int) []int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, _ := os.ReadDir(dir)
+	var out []int
+	for _, t := range tasks {
+		b, _ := os.ReadFile(dir + "/" + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+func stopped(s byte) bool { return s == 'T' || s == 't' }
+func dead(s byte) bool    { return s == 0 || s == 'Z' || s == 'X' }
+
+// freeze stops pid and every descendant, again until no new process
+// appears (one may fork while the tree is read).
+func freeze(ctx context.Context, pid int) error {
+	done := map[int]bool{}
+	for {
+		fresh := 0
+		for _, p := range tree(pid) {
+			if !done[p] {
+				syscall.Kill(p, syscall.SIGSTOP)
+				done[p], fresh = true, fresh+1
+			}
+		}
+		// Delivery is asynchronous: wait for each to show stopped.
+		for p := range done {
+			for s := procState(p); !stopped(s) && !dead(s); s = procState(p) {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}
+		if fresh == 0 {
+			return nil
+		}
+	}
+}
+
+func (f *Fake) running(id string) (int, error) {
 	pid, ok, err := f.proc(id)
+	if err != nil {
+		return 0, err
+	}
+	if !ok || pid == 0 || dead(procState(pid)) {
+		return 0, fmt.Errorf("fake runtime: sandbox %s is not running", id)
+	}
+	return pid, nil
+}
+
+// Pause implements runtime.Pauser: SIGSTOP of the sandbox's processes.
+func (f *Fake) Pause(ctx context.Context, id string) error {
+	pid, err := f.running(id)
 	if err != nil {
 		return err
 	}
-	if !ok || pid == 0 {
-		return fmt.Errorf("fake runtime: sandbox %s is not running", id)
+	return freeze(ctx, pid)
+}
+
+// Resume implements runtime.Pauser: SIGCONT of the sandbox's processes,
+// children first, so that none runs while its parent is still stopped.
+func (f *Fake) Resume(ctx context.Context, id string) error {
+	pid, err := f.running(id)
+	if err != nil {
+		return err
 	}
-	if err := syscall.Kill(-pid, sig); err != nil {
-		return fmt.Errorf("fake runtime: signal %s: %w", id, err)
+	t := tree(pid)
+	for i := len(t) - 1; i >= 0; i-- {
+		syscall.Kill(t[i], syscall.SIGCONT)
 	}
-	// Signals are delivered asynchronously: wait for the state to show.
-	for {
-		s := procState(pid)
-		if pass(s) {
-			return nil
-		}
-		if s == 0 || s == 'Z' {
-			return fmt.Errorf("fake runtime: sandbox %s exited", id)
-		}
+	for s := procState(pid); stopped(s); s = procState(pid) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(time.Millisecond):
 		}
 	}
-}
-
-func stopped(s byte) bool { return s == 'T' || s == 't' }
-
-// Pause implements runtime.Pauser: SIGSTOP of the sandbox's process group.
-func (f *Fake) Pause(ctx context.Context, id string) error {
-	return f.signal(ctx, id, syscall.SIGSTOP, stopped)
-}
-
-// Resume implements runtime.Pauser: SIGCONT of the sandbox's process group.
-func (f *Fake) Resume(ctx context.Context, id string) error {
-	return f.signal(ctx, id, syscall.SIGCONT, func(s byte) bool { return s != 0 && !stopped(s) })
+	return nil
 }
 
 // Destroy implements runtime.Runtime: it kills the process group, waits
@@ -285,10 +344,14 @@ func (f *Fake) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	if pid != 0 {
-		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("fake runtime: kill %s: %w", id, err)
+		// Frozen first: nothing forks or escapes while the tree is killed.
+		if err := freeze(ctx, pid); err != nil {
+			return err
 		}
-		for s := procState(pid); s != 0 && s != 'Z' && s != 'X'; s = procState(pid) {
+		for _, p := range tree(pid) {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		for s := procState(pid); !dead(s); s = procState(pid) {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
