@@ -34,6 +34,13 @@ FUZZTIME ?= 10s
 fuzz:
 	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
+# The unprivileged test tier: the sandbox lifecycle (timeouts, races,
+# crash recovery, the proxy) on the fake runtime, run as nobody; prints its
+# wall time. RACE= turns the race detector off.
+.PHONY: test-unprivileged
+test-unprivileged:
+	@scripts/test-unprivileged.sh
+
 # Unit tests only (no root, no runsc).
 test-short:
 	$(GO) test -short ./...
