@@ -256,3 +256,35 @@ func TestUnprivilegedCreatesRaceKills(t *testing.T) {
 
 // runtimeStatus is the runtime's status for each state of the manager's.
 var runtimeStatus = map[string]runtime.Status{"running": runtime.StatusRunning, "paused": runtime.StatusPaused, "gone": runtime.StatusUnknown}
+
+// autoPause without memory (autoPauseMemory: false): the timeout saves
+// the sandbox's files and stops it; a resume boots it again with them.
+func TestUnprivilegedTimeoutPausesWithoutMemory(t *testing.T) {
+	x := newHost(t)
+	sb := x.create(sandbox.CreateRequest{Timeout: 10 * time.Minute, Lifecycle: sandbox.Lifecycle{AutoPause: true, DropMemory: true}})
+	// The fake sandbox's whole filesystem is its work directory.
+	work := filepath.Join(x.dir, "sandboxes", sb.ID, "root")
+	if err := os.WriteFile(filepath.Join(work, "kept"), []byte("yes"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	x.clock.Advance(11 * time.Minute)
+	eventually(t, "paused at its timeout", func() bool { return x.state(sb.ID) == "paused" })
+	got, _ := x.m.Get(sb.ID)
+	if !got.FilesOnly {
+		t.Fatalf("paused without memory: FilesOnly false")
+	}
+	if st := x.fakeState(sb.ID); st != runtime.StatusUnknown {
+		t.Errorf("runtime state of a sandbox paused without memory: %s, want unknown (stopped)", st)
+	}
+	os.Remove(filepath.Join(work, "kept"))
+	res, err := x.m.Resume(t.Context(), sb.ID, 0)
+	if err != nil {
+		t.Fatalf("resume without memory: %v", err)
+	}
+	if err := health(res); err != nil {
+		t.Errorf("envd after the reboot: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(work, "kept")); err != nil || string(b) != "yes" {
+		t.Errorf("file written before the pause: %q, %v; want it restored", b, err)
+	}
+}
