@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 
@@ -261,4 +262,64 @@ func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, id string) 
 		}
 	}
 	contentError(w, err)
+}
+
+// volumeMountJSON is one entry of a create's volumeMounts.
+type volumeMountJSON struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+// resolvedMount is a checked volume mount: the volume and where it goes.
+type resolvedMount struct {
+	volume.Volume
+	Path string
+}
+
+// resolveMounts checks a create's volumeMounts as E2B does (every problem
+// listed, one line per mount, 400) and finds each volume by name among the
+// caller's.
+func (s *Server) resolveMounts(owner string, in []volumeMountJSON) ([]resolvedMount, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	if s.cfg.Volumes == nil {
+		return nil, errdefs.Invalid("volume mounts are not enabled on this server: volumes are served by `agentenv serve`, not yet through `agentenv api`")
+	}
+	var out []resolvedMount
+	var problems []string
+	used := map[string]bool{}
+	for i, m := range in {
+		bad := func(format string, args ...any) {
+			problems = append(problems, fmt.Sprintf("\t- volume mount #%d: %s", i, fmt.Sprintf(format, args...)))
+		}
+		switch {
+		case m.Path == "":
+			bad("path cannot be empty")
+			continue
+		case !strings.HasPrefix(m.Path, "/"):
+			bad("path must be absolute")
+			continue
+		case path.Clean(m.Path) != m.Path:
+			bad("path must not contain any '.' or '..' components")
+			continue
+		case m.Path == "/":
+			bad("path cannot be the root directory")
+			continue
+		case used[m.Path]:
+			bad("path '%s' is already used", m.Path)
+			continue
+		}
+		used[m.Path] = true
+		v, err := s.cfg.Volumes.ByName(owner, m.Name)
+		if err != nil {
+			bad("volume '%s' not found", m.Name)
+			continue
+		}
+		out = append(out, resolvedMount{Volume: v, Path: m.Path})
+	}
+	if len(problems) > 0 {
+		return nil, errdefs.Invalid("invalid mounts:\n%s", strings.Join(problems, "\n"))
+	}
+	return out, nil
 }
