@@ -59,6 +59,10 @@ type Store struct {
 	// content operation goes through it, so no path (.., symlinks) leaves
 	// the volume.
 	roots map[string]*os.Root
+	// held counts, per volume, the creates that resolved it and have not
+	// yet registered their sandbox (Hold): Delete refuses meanwhile, as
+	// InUse cannot see them yet.
+	held map[string]int
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,63}$`)
@@ -75,7 +79,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, key: key, vols: map[string]Volume{}, roots: map[string]*os.Root{}}
+	s := &Store{cfg: cfg, key: key, vols: map[string]Volume{}, roots: map[string]*os.Root{}, held: map[string]int{}}
 	ents, err := os.ReadDir(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -244,6 +248,10 @@ func (s *Store) Delete(owner, id string) error {
 		}
 	}
 	s.mu.Lock()
+	if s.held[id] > 0 {
+		s.mu.Unlock()
+		return errdefs.Conflict("volume '%s' is being mounted by a sandbox that is starting: try again when it has started, after killing it", v.Name)
+	}
 	if r := s.roots[id]; r != nil {
 		r.Close()
 		delete(s.roots, id)
@@ -257,6 +265,35 @@ func (s *Store) Delete(owner, id string) error {
 		return err
 	}
 	return os.RemoveAll(dir)
+}
+
+// Hold keeps the volumes ids from being deleted until release is called:
+// a create holds the volumes it mounts until its sandbox is registered
+// (or has failed), so a delete racing it is refused rather than pulling
+// the directory from under it. An unknown ID is ErrNotFound.
+func (s *Store) Hold(ids ...string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.vols[id]; !ok {
+			return nil, errdefs.NotFound("volume %s not found (deleted meanwhile?)", id)
+		}
+	}
+	for _, id := range ids {
+		s.held[id]++
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, id := range ids {
+				if s.held[id]--; s.held[id] <= 0 {
+					delete(s.held, id)
+				}
+			}
+		})
+	}, nil
 }
 
 // DataDir is the host directory holding volume id's contents: what a

@@ -98,6 +98,16 @@ func TestVolumeLifecycle(t *testing.T) {
 	}
 
 	delete(mounted, v.ID)
+	release, err := s.Hold(v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClass(t, s.Delete("alice", v.ID), errdefs.ErrConflict, "deleting a volume a starting sandbox holds")
+	release()
+	release() // a second release changes nothing
+	if _, err := s.Hold(v.ID, "00000000-0000-4000-8000-000000000000"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("holding an unknown volume: %v", err)
+	}
 	if err := s.Delete("alice", v.ID); err != nil {
 		t.Fatal(err)
 	}
