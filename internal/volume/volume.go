@@ -242,15 +242,19 @@ func (s *Store) Delete(owner, id string) error {
 	if err != nil {
 		return err
 	}
-	if s.cfg.InUse != nil {
-		if users := s.cfg.InUse(id); len(users) > 0 {
-			return errdefs.Conflict("volume '%s' is mounted by sandbox %s: kill them (or wait for them to end) before deleting it", v.Name, strings.Join(users, ", "))
-		}
-	}
+	// Under mu, so that a create that registers its sandbox and releases
+	// its Hold cannot slip between the two checks: it is either held or
+	// registered (InUse). InUse must not call back into the store.
 	s.mu.Lock()
 	if s.held[id] > 0 {
 		s.mu.Unlock()
 		return errdefs.Conflict("volume '%s' is being mounted by a sandbox that is starting: try again when it has started, after killing it", v.Name)
+	}
+	if s.cfg.InUse != nil {
+		if users := s.cfg.InUse(id); len(users) > 0 {
+			s.mu.Unlock()
+			return errdefs.Conflict("volume '%s' is mounted by sandbox %s: kill them (or wait for them to end) before deleting it", v.Name, strings.Join(users, ", "))
+		}
 	}
 	if r := s.roots[id]; r != nil {
 		r.Close()
