@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // MaxBody caps JSON request bodies.
@@ -40,6 +41,9 @@ type Config struct {
 	// Fleet, if set, serves the node routes (agentenv api); without it
 	// they answer that this server is not a fleet.
 	Fleet Fleet
+	// Volumes, if set, holds this host's volumes (/volumes and
+	// /volumecontent); without it those routes answer 503.
+	Volumes *volume.Store
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
@@ -103,6 +107,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /agentenv/templates", s.buildTemplate)
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	auth("GET /agentenv/nodes", s.listNodes)
+	s.volumeRoutes(mux, auth)
 	mux.HandleFunc("GET /ui", s.uiPage)
 	auth("GET /ui/data", s.uiData)
 	mux.Handle("POST /agentenv/nodes/{name}/{action}", s.operatorOnly(s.nodeAction))

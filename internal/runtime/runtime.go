@@ -31,11 +31,22 @@ type Spec struct {
 	// NetNS is the path of the network namespace the sandbox joins; empty
 	// means no network at all.
 	NetNS string
+	// Binds are host directories mounted read-write into the sandbox
+	// (volumes), in order.
+	Binds []Bind
 	// Resource limits. Zero means the runtime's default.
 	CPUs     float64
 	MemoryMB int64
 	Pids     int64
 	Hostname string
+}
+
+// Bind mounts host directory Source at Destination inside a sandbox,
+// read-write, sharing its contents with the host and with every other
+// sandbox that binds it.
+type Bind struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
 }
 
 // Status is what a runtime reports about one sandbox.

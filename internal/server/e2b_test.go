@@ -30,7 +30,9 @@ func runSDKTest(t *testing.T, e *env, file string) {
 	cmd := exec.Command(node, "--test", "--test-reporter=spec", file)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
-		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=")
+		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=",
+		// The SDK's volume content client does not read E2B_API_URL.
+		"E2B_VOLUME_API_URL="+e.api)
 	out, err := childproc.CombinedOutput(cmd)
 	t.Logf("node --test %s:\n%s", file, out)
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // Config is everything `agentenv serve` can be told.
@@ -64,6 +65,8 @@ type Config struct {
 	WarmPool int
 	// SlotPool is how many network slots are kept ready.
 	SlotPool int
+	// MaxVolumes caps the volumes this host holds (0: 100).
+	MaxVolumes int
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
 	SnapshotPolicy snapshot.Policy
 	// DiskBudget bounds what the data directory holds: every sandbox's
@@ -114,6 +117,8 @@ type Host struct {
 	Manager   *sandbox.Manager
 	Templates *template.Store
 	Snapshots *snapshot.Store
+	// Volumes holds this host's volumes.
+	Volumes *volume.Store
 	// Backend is the API's view of this host.
 	Backend *api.Local
 	closers []func()
@@ -201,6 +206,12 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	h.Manager, h.Templates, h.Snapshots = mgr, templates, snaps
+	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes})
+	if err != nil {
+		return nil, fmt.Errorf("volume store: %w", err)
+	}
+	h.Volumes = vols
+	h.closers = append(h.closers, vols.Close)
 	h.Backend = &api.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps}
 	adopted, lost, err := mgr.Recover(ctx)
 	if err != nil {
@@ -287,6 +298,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	backend := api.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
 	acfg.Backend, acfg.Domain, acfg.Metrics = backend, front.Domain, reg
+	acfg.Volumes = h.Volumes
 	apiH := WithMetrics(reg, api.New(acfg).Handler())
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)

@@ -72,6 +72,10 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string, f runscbin.Features) *
 			CgroupsPath: cgroupsPath,
 		},
 	}
+	for _, b := range spec.Binds {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source,
+			Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+	}
 	if spec.DiskMB > 0 {
 		anchor := filepath.Join(filepath.Dir(rootfs), anchorDir)
 		if f.GoferlessFilestore {

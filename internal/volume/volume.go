@@ -1,0 +1,359 @@
+// Package volume owns persistent volumes: named directories on this host
+// that outlive sandboxes, mounted read-write into the sandboxes that name
+// them, with E2B's volume content API (list, stat, read, write, mkdir,
+// remove, chmod/chown) served on them from outside any sandbox.
+//
+// It keeps one directory per volume under its root: volume.json (the
+// record) and data/ (the contents). It must not know about sandboxes,
+// HTTP or the fleet: who mounts a volume is asked of the caller through
+// InUse, and the API layer maps its error classes (errdefs) to HTTP.
+package volume
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/errdefs"
+)
+
+// Volume is a volume's record.
+type Volume struct {
+	ID      string    `json:"id"`
+	Name    string    `json:"name"`
+	Owner   string    `json:"owner,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// Config configures a Store.
+type Config struct {
+	// Dir holds the volumes (created if missing).
+	Dir string
+	// MaxVolumes caps how many volumes may exist (0: 100).
+	MaxVolumes int
+	// InUse, if set, names the sandboxes that mount volume id now: Delete
+	// refuses while it names any.
+	InUse func(id string) []string
+}
+
+// Store creates, lists and deletes volumes and serves their contents.
+type Store struct {
+	cfg Config
+	key []byte // signs volume tokens
+
+	mu   sync.Mutex
+	vols map[string]Volume
+	// roots holds an open os.Root per volume's data directory: every
+	// content operation goes through it, so no path (.., symlinks) leaves
+	// the volume.
+	roots map[string]*os.Root
+	// held counts, per volume, the creates that resolved it and have not
+	// yet registered their sandbox (Hold): Delete refuses meanwhile, as
+	// InUse cannot see them yet.
+	held map[string]int
+}
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,63}$`)
+
+// Open loads the volumes under cfg.Dir.
+func Open(cfg Config) (*Store, error) {
+	if cfg.MaxVolumes <= 0 {
+		cfg.MaxVolumes = 100
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	key, err := loadKey(filepath.Join(cfg.Dir, ".token-key"))
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{cfg: cfg, key: key, vols: map[string]Volume{}, roots: map[string]*os.Root{}, held: map[string]int{}}
+	ents, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(cfg.Dir, e.Name(), "volume.json"))
+		if err != nil {
+			// A create that died before its record was written: nothing
+			// was handed out, so its directory goes.
+			os.RemoveAll(filepath.Join(cfg.Dir, e.Name()))
+			continue
+		}
+		var v Volume
+		if err := json.Unmarshal(b, &v); err != nil || v.ID != e.Name() {
+			return nil, fmt.Errorf("volume record %s: unreadable (%v); move the directory away to drop it", e.Name(), err)
+		}
+		s.vols[v.ID] = v
+	}
+	return s, nil
+}
+
+func loadKey(path string) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil && len(b) == 32 {
+		return b, nil
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return nil, err
+	}
+	return b, os.Rename(tmp, path)
+}
+
+// Close releases the open volume roots.
+func (s *Store) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, r := range s.roots {
+		r.Close()
+		delete(s.roots, id)
+	}
+}
+
+// Create makes an empty volume called name for owner. Names are unique
+// per owner.
+func (s *Store) Create(owner, name string) (Volume, error) {
+	if !nameRE.MatchString(name) {
+		return Volume{}, errdefs.Invalid("invalid volume name %q: use 1 to 63 letters, digits, '_' or '-'", name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, v := range s.vols {
+		if v.Owner == owner && v.Name == name {
+			return Volume{}, errdefs.Invalid("volume with name '%s' already exists", name)
+		}
+	}
+	if len(s.vols) >= s.cfg.MaxVolumes {
+		return Volume{}, errdefs.Conflict("this host holds %d volumes, its limit (--max-volumes): delete one first", len(s.vols))
+	}
+	v := Volume{ID: newID(), Name: name, Owner: owner, Created: time.Now().UTC()}
+	dir := filepath.Join(s.cfg.Dir, v.ID)
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		os.RemoveAll(dir)
+		return Volume{}, err
+	}
+	// Every user inside a sandbox may write at the top, as on E2B.
+	if err := os.Chmod(filepath.Join(dir, "data"), 0o777); err != nil {
+		os.RemoveAll(dir)
+		return Volume{}, err
+	}
+	b, _ := json.Marshal(v)
+	if err := writeFileSync(filepath.Join(dir, "volume.json"), b); err != nil {
+		os.RemoveAll(dir)
+		return Volume{}, err
+	}
+	s.vols[v.ID] = v
+	return v, nil
+}
+
+func writeFileSync(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// newID returns a random UUID (version 4), the shape E2B's volume IDs have.
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+var idRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// Get returns the volume id, if owner may see it (owner "" sees all).
+func (s *Store) Get(owner, id string) (Volume, error) {
+	if !idRE.MatchString(id) {
+		return Volume{}, errdefs.Invalid("invalid volume ID %q: volume IDs are UUIDs as POST /volumes returns them", id)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vols[id]
+	if !ok || (owner != "" && v.Owner != owner) {
+		return Volume{}, errdefs.NotFound("volume %s not found", id)
+	}
+	return v, nil
+}
+
+// ByName returns owner's volume called name.
+func (s *Store) ByName(owner, name string) (Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, v := range s.vols {
+		if v.Name == name && (owner == "" || v.Owner == owner) {
+			return v, nil
+		}
+	}
+	return Volume{}, errdefs.NotFound("volume '%s' not found", name)
+}
+
+// Volumes returns owner's volumes (all for owner ""), oldest first.
+func (s *Store) Volumes(owner string) []Volume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Volume
+	for _, v := range s.vols {
+		if owner == "" || v.Owner == owner {
+			out = append(out, v)
+		}
+	}
+	slices.SortFunc(out, func(a, b Volume) int { return a.Created.Compare(b.Created) })
+	return out
+}
+
+// Delete removes a volume and its contents; it is refused while a
+// sandbox mounts it.
+func (s *Store) Delete(owner, id string) error {
+	v, err := s.Get(owner, id)
+	if err != nil {
+		return err
+	}
+	// Under mu, so that a create that registers its sandbox and releases
+	// its Hold cannot slip between the two checks: it is either held or
+	// registered (InUse). InUse must not call back into the store.
+	s.mu.Lock()
+	if s.held[id] > 0 {
+		s.mu.Unlock()
+		return errdefs.Conflict("volume '%s' is being mounted by a sandbox that is starting: try again when it has started, after killing it", v.Name)
+	}
+	if s.cfg.InUse != nil {
+		if users := s.cfg.InUse(id); len(users) > 0 {
+			s.mu.Unlock()
+			return errdefs.Conflict("volume '%s' is mounted by sandbox %s: kill them (or wait for them to end) before deleting it", v.Name, strings.Join(users, ", "))
+		}
+	}
+	if r := s.roots[id]; r != nil {
+		r.Close()
+		delete(s.roots, id)
+	}
+	delete(s.vols, id)
+	s.mu.Unlock()
+	dir := filepath.Join(s.cfg.Dir, id)
+	// The record goes first: a crash mid-removal leaves a directory
+	// without a record, which Open removes.
+	if err := os.Remove(filepath.Join(dir, "volume.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// Hold keeps the volumes ids from being deleted until release is called:
+// a create holds the volumes it mounts until its sandbox is registered
+// (or has failed), so a delete racing it is refused rather than pulling
+// the directory from under it. An unknown ID is ErrNotFound.
+func (s *Store) Hold(ids ...string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.vols[id]; !ok {
+			return nil, errdefs.NotFound("volume %s not found (deleted meanwhile?)", id)
+		}
+	}
+	for _, id := range ids {
+		s.held[id]++
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, id := range ids {
+				if s.held[id]--; s.held[id] <= 0 {
+					delete(s.held, id)
+				}
+			}
+		})
+	}, nil
+}
+
+// DataDir is the host directory holding volume id's contents: what a
+// sandbox mounts.
+func (s *Store) DataDir(id string) string { return filepath.Join(s.cfg.Dir, id, "data") }
+
+// root returns the open root of volume id's contents.
+func (s *Store) root(id string) (*os.Root, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.vols[id]; !ok {
+		return nil, errdefs.NotFound("volume %s not found", id)
+	}
+	if r := s.roots[id]; r != nil {
+		return r, nil
+	}
+	r, err := os.OpenRoot(s.DataDir(id))
+	if err != nil {
+		return nil, err
+	}
+	s.roots[id] = r
+	return r, nil
+}
+
+// tokenTTL is how long a volume token lets its bearer use the content API.
+const tokenTTL = 24 * time.Hour
+
+// Token returns a bearer token for volume id's content API, valid for a
+// day. Tokens are signed with the store's key, not stored.
+func (s *Store) Token(id string) string {
+	exp := time.Now().Add(tokenTTL).Unix()
+	msg := fmt.Sprintf("%s.%d", id, exp)
+	return "vt_" + base64.RawURLEncoding.EncodeToString([]byte(msg)) + "." + s.sign(msg)
+}
+
+func (s *Store) sign(msg string) string {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte(msg))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// CheckToken reports whether tok grants access to volume id now.
+func (s *Store) CheckToken(id, tok string) error {
+	body, sig, ok := strings.Cut(strings.TrimPrefix(tok, "vt_"), ".")
+	raw, err := base64.RawURLEncoding.DecodeString(body)
+	if !ok || err != nil || !strings.HasPrefix(tok, "vt_") || !hmac.Equal([]byte(sig), []byte(s.sign(string(raw)))) {
+		return fmt.Errorf("not a valid token for volume %s: send the token GET /volumes/{id} returns as 'Authorization: Bearer <token>': %w", id, errdefs.ErrUnauthenticated)
+	}
+	vid, expS, _ := strings.Cut(string(raw), ".")
+	var exp int64
+	fmt.Sscan(expS, &exp)
+	if vid != id {
+		return fmt.Errorf("the token is for another volume: %w", errdefs.ErrUnauthenticated)
+	}
+	if time.Now().Unix() > exp {
+		return fmt.Errorf("the volume token expired: get a new one with GET /volumes/%s: %w", id, errdefs.ErrUnauthenticated)
+	}
+	return nil
+}
