@@ -21,6 +21,7 @@ demo: setup build
 # sandboxes and the official e2b SDK test (needs root and `make setup`).
 test: setup build
 	AGENTENV_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 30m ./...
+	@scripts/test-unprivileged.sh
 	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # The load test (TestLoad: create → exec → kill at 16 in flight, forks and

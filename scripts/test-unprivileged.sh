@@ -40,10 +40,15 @@ rc=0
 for p in "${pkgs[@]}"; do
 	bin="$dir/${p//\//-}.test"
 	echo "== internal/$p"
+	st=0
 	(cd "$dir/tmp" && "${as[@]}" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir/home" TMPDIR="$dir/tmp" \
-		AGENTENV_TEST_ENVD="$dir/envd" "$bin" -test.count=1 -test.timeout=2m -test.v) |
-		grep -E '^(--- |=== RUN|ok|PASS|FAIL|panic)|_test\.go:[0-9]+:' | grep -v '^=== RUN' || true
-	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+		AGENTENV_TEST_ENVD="$dir/envd" "$bin" -test.count=1 -test.timeout=2m -test.v) >"$bin.out" 2>&1 || st=$?
+	grep -E '^(--- |ok|PASS|FAIL|panic)|_test\.go:[0-9]+:' "$bin.out" || true
+	if [ "$st" != 0 ]; then
+		rc=1
+		echo "internal/$p failed (exit $st); its last 40 lines:"
+		tail -40 "$bin.out"
+	fi
 done
 t2=$(date +%s%N)
 printf 'unprivileged tier (as uid %s): build %.1fs, tests %.1fs\n' \
