@@ -33,7 +33,7 @@ func (e *usageError) Unwrap() error { return e.err }
 
 // passesCommand marks commands whose arguments after the sandbox ID are a
 // command line of their own (exec): a flag error there gets a hint at `--`.
-const passesCommand = "github.com/agentenv/agentenv/passes-command"
+const passesCommand = "agentenv/passes-command"
 
 const dashDashHint = "flags after the sandbox ID are agentenv's: put the command after `--`, as in\n  "
 
