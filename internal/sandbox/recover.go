@@ -57,7 +57,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 				release = rel
 			}
-			m.recoverTeardown(ctx, sb, release)
+			m.tearDown(ctx, sb, recordUndo(sb, release), true)
 			continue
 		}
 		if m.adoptFilesOnly(sb) {
@@ -194,7 +194,7 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	}
 	sb.Reason = reason
 	m.tombstone(sb)
-	m.recoverTeardown(ctx, sb, nil)
+	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 
 // tombstone remembers (on disk too) why a sandbox is gone.
