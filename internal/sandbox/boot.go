@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -355,12 +354,29 @@ func (b *boot) persist(ctx context.Context) error {
 	if err := m.persist(b.sb); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	m.boxes[b.sb.ID] = b.e
-	m.mu.Unlock()
+	m.list(b.e)
 	b.layer.bind(b.sb.ID)
 	b.u.push(undoStep{kind: undoListed})
 	return nil
+}
+
+// list makes e findable by its ID.
+func (m *Manager) list(e *entry) {
+	m.mu.Lock()
+	m.boxes[e.sb.ID] = e
+	m.mu.Unlock()
+}
+
+// adopt lists a sandbox found after a restart, holding its snapshot (if
+// it still exists) and, through releaseTemplate, its template.
+func (m *Manager) adopt(sb Sandbox, releaseTemplate func()) *entry {
+	releaseSnap := func() {}
+	if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
+		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
+	}
+	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
+	m.list(e)
+	return e
 }
 
 // applyEgress sets the sandbox's egress policy. A warm container's slot
@@ -497,12 +513,4 @@ func (m *Manager) restoreBoot(kind string, req CreateRequest, sn snapshot.Snapsh
 		}
 	}
 	return m.newBoot(kind, req, &sn)
-}
-
-// marker file of a warm container (Recover removes it as one).
-func writeWarmMarker(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, warmMarker), nil, 0o600)
 }

@@ -260,14 +260,7 @@ func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
 	if err != nil {
 		return false
 	}
-	releaseSnap := func() {}
-	if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
-		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
-	}
-	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-	m.mu.Lock()
-	m.boxes[sb.ID] = e
-	m.mu.Unlock()
+	m.adopt(sb, releaseTemplate)
 	m.d.Log.Info("adopted sandbox paused without memory after restart", "sandbox", sb.ID)
 	return true
 }

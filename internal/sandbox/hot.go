@@ -145,13 +145,5 @@ func (m *Manager) RunHot(ctx context.Context) {
 }
 
 func (m *Manager) drainHot() {
-	m.mu.Lock()
-	all := m.hot
-	m.hot = map[string][]string{}
-	m.mu.Unlock()
-	for _, ids := range all {
-		for _, id := range ids {
-			m.Kill(context.Background(), id)
-		}
-	}
+	drainPool(m, &m.hot, func(id string) { m.Kill(context.Background(), id) })
 }

@@ -80,14 +80,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 			releaseTemplate = rel
 		}
-		releaseSnap := func() {}
-		if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
-			releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
-		}
-		e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-		m.mu.Lock()
-		m.boxes[sb.ID] = e
-		m.mu.Unlock()
+		e := m.adopt(sb, releaseTemplate)
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 		if sb.State == StateRunning {
 			e.mu.Lock()

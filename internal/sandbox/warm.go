@@ -282,15 +282,7 @@ func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
 }
 
 func (m *Manager) drainWarm() {
-	m.mu.Lock()
-	all := m.warm
-	m.warm = map[string][]warmEntry{}
-	m.mu.Unlock()
-	for _, list := range all {
-		for _, w := range list {
-			m.dropWarm(context.Background(), w)
-		}
-	}
+	drainPool(m, &m.warm, func(w warmEntry) { m.dropWarm(context.Background(), w) })
 }
 
 // dropWarmOf removes the warm containers of a template (it was deleted or
