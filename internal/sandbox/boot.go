@@ -33,6 +33,7 @@ const (
 	BootFork    = "fork"    // a fork child
 	BootReboot  = "reboot"  // a resume without memory: booted again with its files
 	BootWarm    = "warm"    // a warm container prepared for a restore
+	BootHot     = "hot"     // a hot pool's sandbox handed out (booted before)
 )
 
 // BootRecord says where a sandbox's last boot spent its time.

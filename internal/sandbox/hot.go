@@ -75,6 +75,12 @@ func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (San
 	if err := m.rekey(ctx, next, e.sb.AccessToken, readyEnv(next)); err != nil {
 		return Sandbox{}, err
 	}
+	// Its boot happened before: the create's record is the hand-out.
+	took := time.Since(now)
+	next.Boot = &BootRecord{Kind: BootHot, Steps: []StepTime{{Step: "handout", Wall: took}}}
+	if fn := m.stepObs.Load(); fn != nil && *fn != nil {
+		(*fn)(BootHot, "handout", took, -1)
+	}
 	e.sb = next
 	if err := m.move(e, StateRunning); err != nil {
 		return Sandbox{}, err
