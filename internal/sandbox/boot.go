@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -91,11 +90,10 @@ type boot struct {
 	container  bool // its container may exist: its cgroup can be sampled
 	rec        BootRecord
 	start      time.Time
-	log        *slog.Logger
 }
 
 func (m *Manager) newBoot(kind string, req CreateRequest, snap *snapshot.Snapshot) *boot {
-	return &boot{m: m, kind: kind, req: req, snap: snap, u: &undo{}, rec: BootRecord{Kind: kind}, log: m.d.Log}
+	return &boot{m: m, kind: kind, req: req, snap: snap, u: &undo{}, rec: BootRecord{Kind: kind}}
 }
 
 // runBoot runs steps in order. When one fails, what the boot pushed on the
@@ -111,18 +109,18 @@ func (m *Manager) runBoot(ctx context.Context, b *boot, steps []step) error {
 	b.start = time.Now()
 	for _, s := range steps {
 		if err := b.timed(ctx, s); err != nil {
-			b.log.Warn("boot failed", "kind", b.kind, "step", s.name, "sandbox", b.sb.ID, "err", err)
+			m.d.Log.Warn("boot failed", "kind", b.kind, "step", s.name, "sandbox", b.sb.ID, "template", b.sb.Template, "err", err)
 			if uerr := m.runUndo(ctx, b.u, b.floor); uerr != nil && b.floor == 0 {
 				// The answer keeps the step's error class; what could not
 				// be removed is retried behind it.
 				m.tearDown(ctx, b.sb, *b.u, false)
 			} else if uerr != nil {
-				b.log.Error("undo of a failed boot; left for the next", "kind", b.kind, "sandbox", b.sb.ID, "err", uerr)
+				m.d.Log.Error("undo of a failed boot; left for the next boot or the kill", "kind", b.kind, "sandbox", b.sb.ID, "err", uerr)
 			}
 			return err
 		}
 	}
-	b.log.Info("box up", "kind", b.kind, "sandbox", b.sb.ID, "ip", b.sb.Slot.SandboxIP.String(), "warm", b.warm != nil,
+	m.d.Log.Info("boot done", "kind", b.kind, "sandbox", b.sb.ID, "template", b.sb.Template, "ip", b.sb.Slot.SandboxIP.String(), "warm", b.warm != nil,
 		"took", time.Since(b.start).Round(time.Millisecond), "steps", b.rec.String())
 	return nil
 }
@@ -234,7 +232,6 @@ func (b *boot) admit(ctx context.Context) error {
 	b.sb = sb
 	b.e = blankEntry(sb)
 	b.u = &b.e.undo
-	b.log = m.d.Log.With("sandbox", sb.ID, "template", sb.Template)
 	return nil
 }
 
@@ -318,7 +315,6 @@ func (b *boot) takeWarm(ctx context.Context) error {
 	b.warm, b.container = w, true
 	b.sb.ID, b.u.id = w.id, w.id
 	b.sb.Slot = w.slot
-	b.log = m.d.Log.With("sandbox", w.id, "template", b.sb.Template)
 	w.undo.moveTo(b.u)
 	return nil
 }

@@ -131,7 +131,6 @@ func (b *boot) clearLeftovers(ctx context.Context) error {
 	}
 	b.sb.Slot, b.e.sb.Slot = netns.Slot{}, netns.Slot{}
 	b.floor = len(b.u.steps)
-	b.log = b.m.d.Log.With("sandbox", b.sb.ID, "template", b.sb.Template)
 	return nil
 }
 
