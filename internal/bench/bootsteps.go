@@ -111,14 +111,19 @@ func writeBootSteps(w io.Writer, rep Report) error {
 	fmt.Fprintln(w, "agentenv boot steps, p50 in ms: wall / CPU of the sandbox's own processes (- where not known); a sum of p50s is not the p50 of the sum")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := []string{"step"}
+	// Rows in the order the steps run: a step one kind has alone goes
+	// after the step that precedes it there.
 	var steps []string
 	for _, k := range kinds {
-		n := 0
+		n, at := 0, 0
 		for _, s := range rep.BootSteps[k] {
 			n = max(n, s.N)
-			if !slices.Contains(steps, s.Step) {
-				steps = append(steps, s.Step)
+			if i := slices.Index(steps, s.Step); i >= 0 {
+				at = i + 1
+				continue
 			}
+			steps = slices.Insert(steps, at, s.Step)
+			at++
 		}
 		header = append(header, fmt.Sprintf("%s (%d)", k, n))
 	}

@@ -18,7 +18,7 @@ func TestBootStepsTable(t *testing.T) {
 			{Step: "boot", WallMs: wall, CPUMs: cpu(wall / 2)},
 		}})
 	}
-	r.add(&client.BootRecord{Kind: "restore", Steps: []client.BootStep{{Step: "restore", WallMs: 5, CPUMs: cpu(4)}}})
+	r.add(&client.BootRecord{Kind: "restore", Steps: []client.BootStep{{Step: "slot", WallMs: 1}, {Step: "restore", WallMs: 5, CPUMs: cpu(4)}}})
 	got := summarizeBoots(r.byKey["create"])
 	if len(got) != 2 || got[0].Step != "slot" || got[1].Step != "boot" {
 		t.Fatalf("got steps %+v, want slot then boot", got)
@@ -33,6 +33,9 @@ func TestBootStepsTable(t *testing.T) {
 	var b strings.Builder
 	if err := writeBootSteps(&b, rep); err != nil {
 		t.Fatal(err)
+	}
+	if i, j := strings.Index(b.String(), "\nrestore "), strings.Index(b.String(), "\nboot "); i < 0 || j < 0 || i > j {
+		t.Errorf("want the restore step's row before boot's (it follows slot in its kind):\n%s", b.String())
 	}
 	for _, want := range []string{"create (3)", "restore (1)", "20.0 / 10.0", "1.0 / -", "5.0 / 4.0"} {
 		if !strings.Contains(b.String(), want) {
