@@ -212,13 +212,22 @@ func (b *boot) admit(ctx context.Context) error {
 		return err
 	}
 	b.after = append(b.after, m.inflight.Done)
+	b.sb = b.record(diskMB)
+	b.e = blankEntry(b.sb)
+	b.u = &b.e.undo
+	return nil
+}
+
+// record is the new sandbox's record, from its request.
+func (b *boot) record(diskMB int) Sandbox {
+	req := b.req
 	now := time.Now().UTC()
 	sb := Sandbox{
 		ID: newID(), Template: req.Template, State: StateCreating,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
 		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
 		Timeout: req.Timeout, Lifecycle: req.Lifecycle, Owner: req.Owner,
-		Nproc: m.d.Limits.nproc(req.MemoryMB), DiskMB: diskMB,
+		Nproc: b.m.d.Limits.nproc(req.MemoryMB), DiskMB: diskMB,
 	}
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()
@@ -229,10 +238,7 @@ func (b *boot) admit(ctx context.Context) error {
 		// from the checkpoint's.
 		sb.Nproc = b.snap.Nproc
 	}
-	b.sb = sb
-	b.e = blankEntry(sb)
-	b.u = &b.e.undo
-	return nil
+	return sb
 }
 
 // acquireTemplate takes the template's image; the sandbox holds it for its
