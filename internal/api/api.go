@@ -235,7 +235,41 @@ type sandboxJSON struct {
 	// and the sandbox its memory came from (a fork's parent).
 	SnapshotID      string `json:"snapshotID,omitempty"`
 	ParentSandboxID string `json:"parentSandboxID,omitempty"`
+	// Boot (agentenv's, on create, connect and get) says where the
+	// sandbox's last boot spent its time.
+	Boot *bootJSON `json:"boot,omitempty"`
 }
+
+// bootJSON is a sandbox's BootRecord in milliseconds.
+type bootJSON struct {
+	Kind  string         `json:"kind"`
+	Steps []bootStepJSON `json:"steps"`
+}
+
+type bootStepJSON struct {
+	Step   string   `json:"step"`
+	WallMs float64  `json:"wallMs"`
+	CPUMs  *float64 `json:"cpuMs,omitempty"`
+}
+
+func toBootJSON(r *sandbox.BootRecord) *bootJSON {
+	if r == nil {
+		return nil
+	}
+	out := &bootJSON{Kind: r.Kind, Steps: make([]bootStepJSON, 0, len(r.Steps))}
+	for _, s := range r.Steps {
+		st := bootStepJSON{Step: s.Step, WallMs: ms(s.Wall)}
+		if s.CPU != nil {
+			c := ms(*s.CPU)
+			st.CPUMs = &c
+		}
+		out.Steps = append(out.Steps, st)
+	}
+	return out
+}
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // lifecycleJSON is E2B's SandboxLifecycle.
 type lifecycleJSON struct {
@@ -265,6 +299,7 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 	if withToken {
 		out.EnvdAccessToken = sb.AccessToken
 		out.TrafficToken = sb.TrafficToken
+		out.Boot = toBootJSON(sb.Boot)
 	}
 	return out
 }

@@ -28,6 +28,7 @@ type agentenvTarget struct {
 	mu    sync.Mutex
 	boxes map[string]client.Sandbox
 	snaps map[string]bool // snapshots this run made and has not deleted
+	boots bootRecorder
 }
 
 func newAgentenvTarget(c *client.Client, template string) *agentenvTarget {
@@ -75,6 +76,7 @@ func (t *agentenvTarget) start(ctx context.Context, req client.CreateRequest) (s
 func (t *agentenvTarget) remember(sb client.Sandbox) {
 	t.mu.Lock()
 	t.boxes[sb.SandboxID] = sb
+	t.boots.add(sb.Boot)
 	t.mu.Unlock()
 }
 

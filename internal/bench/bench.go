@@ -135,6 +135,9 @@ type Report struct {
 	Limits *Limits `json:"limits,omitempty"`
 	// Memory holds, per target and memory row, PSS per sandbox.
 	Memory map[string]map[Operation]Memory `json:"memory,omitempty"`
+	// BootSteps holds, per kind of agentenv boot (create, ready, restore),
+	// the p50 of each step over the basic and restore groups' creates.
+	BootSteps map[string][]BootStep `json:"boot_steps,omitempty"`
 	// Bandwidth holds, per target and throughput row, MiB/s over a few
 	// transfers.
 	Bandwidth map[string]map[Operation]Bandwidth `json:"bandwidth,omitempty"`
@@ -273,6 +276,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	r := &runner{cfg: cfg, ts: ts, groups: groups, rep: &rep, payload: payload, samples: map[string]map[Operation][]time.Duration{}}
 	err = r.run(ctx)
 	rep.Stats = r.stats()
+	rep.BootSteps = ts.agentenv.bootSteps()
 	if err != nil {
 		return rep, err
 	}
@@ -401,6 +405,8 @@ func (r *runner) rounds(ctx context.Context, what string, iterations, warmup int
 
 // basic measures create/exec/file/kill cycles on every target.
 func (r *runner) basic(ctx context.Context) error {
+	r.ts.agentenv.recordBoots(true)
+	defer r.ts.agentenv.recordBoots(false)
 	var steps []step
 	for _, t := range r.ts.all {
 		steps = append(steps, step{t.name(), func(ctx context.Context) (map[Operation]time.Duration, error) {

@@ -190,6 +190,8 @@ func (r *runner) dirtySnapshots(ctx context.Context) error {
 // restore measures restoring a snapshot of an idle sandbox until a command
 // has run in the new sandbox.
 func (r *runner) restore(ctx context.Context) error {
+	r.ts.agentenv.recordBoots(true)
+	defer r.ts.agentenv.recordBoots(false)
 	return r.withSandboxes(ctx, 0, func(ids map[string]string) (err error) {
 		snaps := map[string]string{}
 		defer func() {

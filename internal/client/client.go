@@ -59,6 +59,24 @@ type Sandbox struct {
 	// snapshot was taken of (a fork's parent).
 	SnapshotID      string `json:"snapshotID,omitempty"`
 	ParentSandboxID string `json:"parentSandboxID,omitempty"`
+	// Boot (agentenv's; on create, connect and get) says where the
+	// sandbox's last boot spent its time.
+	Boot *BootRecord `json:"boot,omitempty"`
+}
+
+// BootRecord is a boot's steps in the order they ran (api/openapi.yaml's
+// BootRecord).
+type BootRecord struct {
+	Kind  string     `json:"kind"`
+	Steps []BootStep `json:"steps"`
+}
+
+// BootStep is one step of a boot; CPUMs is nil where the sandbox's CPU
+// was not known.
+type BootStep struct {
+	Step   string   `json:"step"`
+	WallMs float64  `json:"wallMs"`
+	CPUMs  *float64 `json:"cpuMs,omitempty"`
 }
 
 // CreateRequest is the body of POST /sandboxes.

@@ -1,6 +1,6 @@
 // Package metrics is agentenv's Prometheus instrumentation: one Registry per
 // server role (serve, node, api) serving /metrics, with operation latencies
-// and errors by cause, operations in flight, HTTP routes, sandboxes by state
+// and errors by cause, the steps of sandbox boots, operations in flight, HTTP routes, sandboxes by state
 // and template, warm and hot pools, the snapshot store, timeout reaps, the
 // host's CPU and memory, node capacity and fleet nodes. Gauges are read through callbacks at scrape time, so nothing
 // has to push.
@@ -49,6 +49,18 @@ var durationBuckets = []float64{
 	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
 }
 
+// stepBuckets span 100 µs (a record write) to 30 s (a slow start command):
+// boot steps are each a part of a create.
+var stepBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+}
+
+// Clocks of agentenv_boot_step_seconds.
+const (
+	ClockWall = "wall"
+	ClockCPU  = "cpu"
+)
+
 // Registry holds one server role's metrics. Its methods are safe for
 // concurrent use, and every method of a nil *Registry is a no-op.
 type Registry struct {
@@ -59,6 +71,7 @@ type Registry struct {
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
 	inFlight     *prometheus.GaugeVec
+	bootStep     *prometheus.HistogramVec
 
 	// hist is the live page's history (live.go); start the registry's
 	// first reading.
@@ -102,13 +115,18 @@ func New(role string) *Registry {
 			Name: "agentenv_operations_in_flight",
 			Help: "Sandbox operations under way, to set against the host's CPU and memory.",
 		}, []string{"op"}),
+		bootStep: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "agentenv_boot_step_seconds",
+			Help:    "Duration of each step of a sandbox's boot (kind: create, restore, ready, fork, reboot, warm), failed ones included: clock=wall, and clock=cpu for the CPU the sandbox's own processes used where it is known.",
+			Buckets: stepBuckets,
+		}, []string{"kind", "step", "clock"}),
 	}
 	r.start = r.read()
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"role": role}, r.reg)
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		r.opDuration, r.opErrors, r.httpRequests, r.httpDuration, r.inFlight,
+		r.opDuration, r.opErrors, r.httpRequests, r.httpDuration, r.inFlight, r.bootStep,
 		&callbackCollector{r: r}, newHostCollector(),
 	)
 	return r
@@ -151,6 +169,20 @@ func (r *Registry) ObserveOp(op string, d time.Duration, err error) {
 	r.opDuration.WithLabelValues(op).Observe(d.Seconds())
 	if err != nil {
 		r.opErrors.WithLabelValues(op, r.causeOf(err)).Inc()
+	}
+}
+
+// ObserveBootStep records one step of a sandbox's boot in
+// agentenv_boot_step_seconds{kind,step,clock}: its wall time, and its CPU
+// time unless cpu < 0 (unknown). kind and step come from small fixed sets
+// (the sandbox package's boot kinds and step names).
+func (r *Registry) ObserveBootStep(kind, step string, wall, cpu time.Duration) {
+	if r == nil {
+		return
+	}
+	r.bootStep.WithLabelValues(kind, step, ClockWall).Observe(wall.Seconds())
+	if cpu >= 0 {
+		r.bootStep.WithLabelValues(kind, step, ClockCPU).Observe(cpu.Seconds())
 	}
 }
 

@@ -68,6 +68,22 @@ func cause(err error) string {
 	return ""
 }
 
+func TestObserveBootStep(t *testing.T) {
+	reg := metrics.New("serve")
+	reg.ObserveBootStep("create", "envd", 30*time.Millisecond, 2*time.Millisecond)
+	reg.ObserveBootStep("create", "envd", 10*time.Millisecond, -1)
+	reg.ObserveBootStep("create", "slot", 200*time.Microsecond, -1)
+	var nilReg *metrics.Registry
+	nilReg.ObserveBootStep("create", "envd", time.Second, time.Second) // a no-op
+	checkSamples(t, scrape(t, reg), map[string]string{
+		`agentenv_boot_step_seconds_count{clock="wall",kind="create",role="serve",step="envd"}`:               "2",
+		`agentenv_boot_step_seconds_count{clock="cpu",kind="create",role="serve",step="envd"}`:                "1",
+		`agentenv_boot_step_seconds_bucket{clock="cpu",kind="create",role="serve",step="envd",le="0.0025"}`:   "1",
+		`agentenv_boot_step_seconds_bucket{clock="wall",kind="create",role="serve",step="slot",le="0.00025"}`: "1",
+		`agentenv_boot_step_seconds_count{clock="cpu",kind="create",role="serve",step="slot"}`:                "",
+	})
+}
+
 func TestObserveOp(t *testing.T) {
 	type obs struct {
 		op  string

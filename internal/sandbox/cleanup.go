@@ -2,53 +2,121 @@ package sandbox
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"os"
+
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
-// cleanup is a stack of teardown steps for a create path: each acquired
-// resource pushes its release; on failure they run in reverse, once, under
-// a context that the caller's cancellation cannot cut short. Steps that
-// fail are kept for retry, so that nothing stays behind for good.
-type cleanup struct {
-	steps  []func(context.Context) error
-	failed []func(context.Context) error
-	done   bool
+// undo is what a box (a sandbox, or a warm container) holds, as a stack of
+// the steps that give it back: each boot step that acquires something
+// pushes its undo (boot.go). A failed boot, a kill and a pause without
+// memory run it: in reverse, under a context the caller's cancellation
+// cannot cut short, stopping at the first step that fails and keeping it
+// and those below for the next run — so a container that failed to go
+// keeps its network slot, and a retry resumes where the last run stopped.
+type undo struct {
+	id    string
+	steps []undoStep
 }
 
-func (c *cleanup) add(f func(context.Context) error) { c.steps = append(c.steps, f) }
+// undoKind names what an undo step gives back. Teardown is written once,
+// in Manager.undoOne.
+type undoKind string
 
-// run tears everything down and returns the joined errors.
-func (c *cleanup) run(ctx context.Context) error {
-	if c.done {
-		return nil
-	}
-	c.done = true
-	ctx = context.WithoutCancel(ctx)
-	var errs []error
-	for i := len(c.steps) - 1; i >= 0; i-- {
-		if err := c.steps[i](ctx); err != nil {
-			errs = append(errs, err)
-			c.failed = append(c.failed, c.steps[i])
+const (
+	undoRelease   undoKind = "release"   // a reference (template, snapshot, disk claim): fn
+	undoDir       undoKind = "dir"       // the box's directory (record, bundle, logs, layer)
+	undoSlot      undoKind = "slot"      // its network slot
+	undoContainer undoKind = "container" // its runtime container (a no-op when none was made)
+	undoListed    undoKind = "listed"    // its place in Manager.boxes
+)
+
+type undoStep struct {
+	kind undoKind
+	name string // what a release gives back, for errors
+	slot netns.Slot
+	fn   func()
+}
+
+func (u *undo) push(s undoStep) { u.steps = append(u.steps, s) }
+
+func (u *undo) has(kind undoKind) bool {
+	for _, s := range u.steps {
+		if s.kind == kind {
+			return true
 		}
 	}
-	return errors.Join(errs...)
+	return false
 }
 
-// retry runs the steps that failed again, in the same order, and keeps
-// those that fail again.
-func (c *cleanup) retry(ctx context.Context) error {
+// moveTo puts u's steps on top of dst's and empties u.
+func (u *undo) moveTo(dst *undo) {
+	dst.steps = append(dst.steps, u.steps...)
+	u.steps = nil
+}
+
+// runUndo runs u's steps above floor from the top, those of kinds (all
+// when none are given), and removes each that succeeds; it stops at the
+// first failure.
+func (m *Manager) runUndo(ctx context.Context, u *undo, floor int, kinds ...undoKind) error {
 	ctx = context.WithoutCancel(ctx)
-	steps := c.failed
-	c.failed = nil
-	var errs []error
-	for _, f := range steps {
-		if err := f(ctx); err != nil {
-			errs = append(errs, err)
-			c.failed = append(c.failed, f)
+	for i := len(u.steps) - 1; i >= floor; i-- {
+		s := u.steps[i]
+		if len(kinds) > 0 && !containsKind(kinds, s.kind) {
+			continue
+		}
+		if err := m.undoOne(ctx, u.id, s); err != nil {
+			return err
+		}
+		u.steps = append(u.steps[:i:i], u.steps[i+1:]...)
+	}
+	return nil
+}
+
+func containsKind(kinds []undoKind, k undoKind) bool {
+	for _, x := range kinds {
+		if x == k {
+			return true
 		}
 	}
-	return errors.Join(errs...)
+	return false
 }
 
-// keep marks the create as successful: nothing will be torn down.
-func (c *cleanup) keep() { c.done = true }
+func (m *Manager) undoOne(ctx context.Context, id string, s undoStep) error {
+	switch s.kind {
+	case undoRelease:
+		s.fn()
+	case undoDir:
+		return os.RemoveAll(m.dir(id))
+	case undoSlot:
+		if err := m.d.Slots.Put(ctx, s.slot); err != nil {
+			return fmt.Errorf("release network slot %d: %w", s.slot.Index, err)
+		}
+	case undoContainer:
+		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
+			return fmt.Errorf("destroy container: %w", err)
+		}
+	case undoListed:
+		m.mu.Lock()
+		delete(m.boxes, id)
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+// recordUndo is the undo of a sandbox that exists already (adopted after a
+// restart, or torn down from its record): all a sandbox holds.
+func recordUndo(sb Sandbox, release func()) undo {
+	u := undo{id: sb.ID}
+	if release != nil {
+		u.push(undoStep{kind: undoRelease, name: "template", fn: release})
+	}
+	u.push(undoStep{kind: undoDir})
+	if sb.Slot.Namespace != "" {
+		u.push(undoStep{kind: undoSlot, slot: sb.Slot})
+	}
+	u.push(undoStep{kind: undoContainer})
+	u.push(undoStep{kind: undoListed})
+	return u
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -41,33 +42,41 @@ func TestBusyClassesCreateFailures(t *testing.T) {
 	}
 }
 
-func TestCleanupRetryRunsOnlyFailedSteps(t *testing.T) {
-	var c cleanup
-	runs := map[string]int{}
-	fails := map[string]int{"destroy": 2}
-	for _, name := range []string{"slot", "destroy", "dir"} {
-		c.add(func(context.Context) error {
-			runs[name]++
-			if fails[name] > 0 {
-				fails[name]--
-				return fmt.Errorf("%s failed", name)
-			}
-			return nil
-		})
+func TestUndoStopsAtFailureAndResumes(t *testing.T) {
+	rt := newFakeRuntime()
+	rt.destroy = func(_ string, call int) error {
+		if call <= 2 {
+			return fmt.Errorf("device busy (call %d)", call)
+		}
+		return nil
 	}
-	if err := c.run(context.Background()); err == nil {
-		t.Fatal("run: got nil, want the destroy error")
+	m := testManager(t, rt, 10)
+	id := newID()
+	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+		t.Fatal(err)
 	}
-	if err := c.retry(context.Background()); err == nil {
-		t.Fatal("first retry: got nil, want the destroy error again")
+	released := 0
+	u := undo{id: id}
+	u.push(undoStep{kind: undoRelease, name: "template", fn: func() { released++ }})
+	u.push(undoStep{kind: undoDir})
+	u.push(undoStep{kind: undoContainer})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // an undo is not cut short by its caller's cancellation
+	for i := range 2 {
+		if err := m.runUndo(ctx, &u, 0); err == nil {
+			t.Fatalf("run %d: got nil, want the destroy error", i+1)
+		}
+		if _, err := os.Stat(m.dir(id)); err != nil || released != 0 {
+			t.Fatalf("run %d: dir %v, released %d; want both kept while the container stays", i+1, err, released)
+		}
 	}
-	if err := c.retry(context.Background()); err != nil {
-		t.Fatalf("second retry: %v", err)
+	if err := m.runUndo(ctx, &u, 0); err != nil {
+		t.Fatalf("third run: %v", err)
 	}
-	if err := c.retry(context.Background()); err != nil {
-		t.Fatalf("retry with nothing left: %v", err)
+	if err := m.runUndo(ctx, &u, 0); err != nil || len(u.steps) != 0 {
+		t.Fatalf("run with nothing left: %v, %d steps", err, len(u.steps))
 	}
-	if want := map[string]int{"slot": 1, "destroy": 3, "dir": 1}; fmt.Sprint(runs) != fmt.Sprint(want) {
-		t.Errorf("got runs %v, want %v", runs, want)
+	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) || released != 1 || rt.calls(id) != 3 {
+		t.Errorf("got dir %v, released %d, destroyed %d; want removed, 1, 3", err, released, rt.calls(id))
 	}
 }

@@ -80,14 +80,14 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	// longer unexpected.
 	e.sb.FilesOnly = true
 	e.markGone()
-	if err := m.d.Runtime.Destroy(ctx, sb.ID); err != nil {
+	if err := m.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
 		// Still running as far as we know: reachable and watched again.
 		e.sb.FilesOnly = false
 		e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 		go m.watch(e)
 		return fmt.Errorf("stop sandbox %s after saving its files: %w", sb.ID, err)
 	}
-	if err := m.d.Slots.Put(ctx, sb.Slot); err != nil {
+	if err := m.runUndo(ctx, &e.undo, 0, undoSlot); err != nil {
 		// Kept in the record: the resume or the teardown frees it.
 		m.d.Log.Warn("pause without memory: network slot not released yet", "sandbox", sb.ID, "err", err)
 	} else {
@@ -101,82 +101,63 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	return nil
 }
 
-// rebootLocked boots a sandbox paused without memory again, from its
-// template in a new network slot, and puts its files back. On failure
-// nothing of the new boot is kept and the sandbox stays paused with its
-// files. Callers hold e.mu.
-func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
+// rebootSteps boot a sandbox paused without memory again, from its
+// template in a new network slot, and put its files back.
+var rebootSteps = []step{{"leftovers", (*boot).clearLeftovers, false}, tmplStep, slotStep, egStep,
+	{"boot", (*boot).bootRuntime, true}, netStep, envdStep, {"files", (*boot).restoreFiles, true}, startStep,
+	{"rebooted", (*boot).rebooted, false}, {"watch", (*boot).watchLocked, false}}
+
+// rebootLocked runs rebootSteps. On failure nothing of the new boot is
+// kept and the sandbox stays paused with its files. Callers hold e.mu.
+func (m *Manager) rebootLocked(ctx context.Context, e *entry) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), filesTimeout)
 	defer cancel()
-	start := time.Now()
-	next := e.sb
-	if next.Slot.Namespace != "" {
-		// The pause could not release it: do it now.
-		if err := m.d.Slots.Put(ctx, next.Slot); err != nil {
-			return busy("release the sandbox's previous network slot", err)
-		}
-		e.sb.Slot = netns.Slot{}
-	}
-	egress, err := next.Network.egress()
+	b := m.newBoot(BootReboot, CreateRequest{}, nil)
+	b.e, b.sb, b.u, b.floor = e, e.sb, &e.undo, len(e.undo.steps)
+	eg, err := e.sb.Network.egress()
 	if err != nil {
 		return err
 	}
-	image, releaseTemplate, err := m.d.Templates.Acquire(next.Template)
-	if err != nil {
-		return err
+	b.egress = eg
+	return m.runBoot(ctx, b, rebootSteps)
+}
+
+// clearLeftovers gives back the slot and container a pause could not
+// release, or a failed reboot left (a late destroy behind the answer would
+// hit this boot of the ID).
+func (b *boot) clearLeftovers(ctx context.Context) error {
+	if err := b.m.runUndo(ctx, b.u, 0, undoContainer, undoSlot); err != nil {
+		return busy("remove what the pause or a failed resume left", err)
 	}
-	defer releaseTemplate()
-	var cl cleanup
-	defer func() {
-		if err != nil {
-			// Not retried behind: a late destroy would hit the next boot
-			// of this ID. The next resume destroys a leftover first.
-			if cerr := cl.run(ctx); cerr != nil {
-				m.d.Log.Error("cleanup after failed resume without memory", "sandbox", next.ID, "err", cerr)
-			}
-		}
-	}()
-	// A container left by a failed resume before this one (no-op if none).
-	if err := m.d.Runtime.Destroy(ctx, next.ID); err != nil {
-		return busy("remove what a failed resume left", err)
-	}
-	if next.Slot, err = m.d.Slots.Get(ctx); err != nil {
-		return busy("set up the sandbox's network", err)
-	}
-	slot := next.Slot
-	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
-	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, next.ID) })
-	if err := m.d.Net.SetEgress(ctx, slot, egress); err != nil {
-		return busy("apply the egress policy", err)
-	}
-	if err := m.d.Runtime.Create(ctx, m.spec(next, image)); err != nil {
-		return busy("boot the sandbox again", err)
-	}
-	if err := m.d.Net.Activate(ctx, slot); err != nil {
-		return busy("activate the sandbox's network", err)
-	}
-	if err := m.waitEnvd(ctx, next); err != nil {
-		return err
-	}
-	booted := time.Since(start)
-	if err := m.restoreFiles(ctx, next); err != nil {
+	b.sb.Slot, b.e.sb.Slot = netns.Slot{}, netns.Slot{}
+	b.floor = len(b.u.steps)
+	return nil
+}
+
+func (b *boot) restoreFiles(ctx context.Context) error {
+	if err := b.m.restoreFiles(ctx, b.sb); err != nil {
 		return fmt.Errorf("could not put the sandbox's files back (it stays paused with them; retry): %w: %w", err, errdefs.ErrUnavailable)
 	}
-	// A boot runs the template's start command, here over the files the
-	// sandbox had (as a boot from its disk would).
-	if err := m.runStart(ctx, next); err != nil {
-		return err
-	}
-	cl.keep()
-	os.RemoveAll(m.filesDir(next.ID))
+	return nil
+}
+
+// rebooted makes the new boot the sandbox's (its caller resumes it).
+func (b *boot) rebooted(ctx context.Context) error {
+	e := b.e
+	os.RemoveAll(b.m.filesDir(e.sb.ID))
+	next := b.sb
 	next.FilesOnly = false
+	next.Boot = b.rec.clone()
 	e.sb = next
 	e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 	e.boot++
-	e.bootAt = start
-	// watch takes e.mu, which the caller holds.
-	go m.watch(e)
-	m.d.Log.Info("sandbox booted again with its files", "sandbox", next.ID, "took", time.Since(start).Round(time.Millisecond), "boot", booted.Round(time.Millisecond))
+	e.bootAt = b.start
+	return nil
+}
+
+// watchLocked is watch for a caller that holds e.mu.
+func (b *boot) watchLocked(ctx context.Context) error {
+	b.m.watchBoot(b.e, b.e.sb.ID, b.e.gone, b.e.boot)
 	return nil
 }
 
@@ -278,14 +259,7 @@ func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
 	if err != nil {
 		return false
 	}
-	releaseSnap := func() {}
-	if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
-		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
-	}
-	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-	m.mu.Lock()
-	m.boxes[sb.ID] = e
-	m.mu.Unlock()
+	m.adopt(sb, releaseTemplate)
 	m.d.Log.Info("adopted sandbox paused without memory after restart", "sandbox", sb.ID)
 	return true
 }

@@ -75,6 +75,12 @@ func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (San
 	if err := m.rekey(ctx, next, e.sb.AccessToken, readyEnv(next)); err != nil {
 		return Sandbox{}, err
 	}
+	// Its boot happened before: the create's record is the hand-out.
+	took := time.Since(now)
+	next.Boot = &BootRecord{Kind: BootHot, Steps: []StepTime{{Step: "handout", Wall: took}}}
+	if fn := m.stepObs.Load(); fn != nil && *fn != nil {
+		(*fn)(BootHot, "handout", took, -1)
+	}
 	e.sb = next
 	if err := m.move(e, StateRunning); err != nil {
 		return Sandbox{}, err
@@ -145,13 +151,5 @@ func (m *Manager) RunHot(ctx context.Context) {
 }
 
 func (m *Manager) drainHot() {
-	m.mu.Lock()
-	all := m.hot
-	m.hot = map[string][]string{}
-	m.mu.Unlock()
-	for _, ids := range all {
-		for _, id := range ids {
-			m.Kill(context.Background(), id)
-		}
-	}
+	drainPool(m, &m.hot, func(id string) { m.Kill(context.Background(), id) })
 }

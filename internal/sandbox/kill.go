@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,7 +79,8 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		e.timer.Stop()
 	}
 	e.markGone()
-	sb := e.sb
+	sb, u := e.sb, e.undo
+	e.undo = undo{}
 	e.mu.Unlock()
 
 	var tomb Sandbox
@@ -105,25 +105,19 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		// No longer waiting in the hot pool: let it refill.
 		m.hot[sb.Template] = slices.DeleteFunc(m.hot[sb.Template], func(h string) bool { return h == id })
 	}
-	t := newTeardown(sb, e.release)
+	t := newTeardown(sb, u)
 	tracked := m.track(id, t)
 	m.mu.Unlock()
 	if reason != "" {
 		m.saveTombstone(tomb)
 	}
-	ctx = context.WithoutCancel(ctx)
-	if !tracked {
-		// After Shutdown nothing waits for a goroutine: one attempt now.
-		m.attempt(ctx, t, false)
-		return nil
-	}
-	go m.retry(ctx, t, 1)
+	m.runTeardown(ctx, t, tracked, false)
 	return nil
 }
 
-// track registers id as being torn down (t is nil for the cleanup of a
-// failed create). It says whether a goroutine may do it: after Shutdown
-// none may (nothing would wait for it). Callers hold m.mu.
+// track registers id as being torn down. It says whether a goroutine may
+// do it: after Shutdown none may (nothing would wait for it). Callers hold
+// m.mu.
 func (m *Manager) track(id string, t *teardown) bool {
 	m.dying[id] = t
 	if m.closed {
@@ -133,36 +127,51 @@ func (m *Manager) track(id string, t *teardown) bool {
 	return true
 }
 
-// teardown is one sandbox's removal, resumable: steps that succeeded are
-// not run again by a retry (a network slot must go back to the pool once).
+// teardown is one box's removal: its undo stack, which keeps what a failed
+// attempt could not give back (a network slot goes back to the pool once).
 type teardown struct {
-	sb        Sandbox
-	release   func()
-	start     time.Time
-	destroyed bool
-	slotFreed bool
+	sb    Sandbox
+	u     undo
+	start time.Time
 	// done is closed once it is all gone.
 	done chan struct{}
 }
 
-func newTeardown(sb Sandbox, release func()) *teardown {
-	return &teardown{sb: sb, release: release, start: time.Now(), done: make(chan struct{})}
+func newTeardown(sb Sandbox, u undo) *teardown {
+	u.id = sb.ID
+	return &teardown{sb: sb, u: u, start: time.Now(), done: make(chan struct{})}
 }
 
-// recoverTeardown removes a sandbox that Recover does not adopt: a first
-// attempt before the server serves, retries behind it.
-func (m *Manager) recoverTeardown(ctx context.Context, sb Sandbox, release func()) {
-	t := newTeardown(sb, release)
+// tearDown gives back what u holds for sb (a box Recover does not adopt,
+// what a failed boot could not undo at once): the first attempt now when
+// now is set, retries behind while it fails. Until it is done the box
+// counts against MaxSandboxes.
+func (m *Manager) tearDown(ctx context.Context, sb Sandbox, u undo, now bool) {
+	t := newTeardown(sb, u)
 	m.mu.Lock()
 	tracked := m.track(sb.ID, t)
 	m.mu.Unlock()
-	if m.attempt(ctx, t, tracked) || !tracked {
-		if tracked {
-			m.teardowns.Done()
-		}
+	m.runTeardown(ctx, t, tracked, now)
+}
+
+// runTeardown runs t, the first attempt now when now is set (else behind
+// the caller's answer, as a kill), and ends the teardown track counted.
+func (m *Manager) runTeardown(ctx context.Context, t *teardown, tracked, now bool) {
+	ctx = context.WithoutCancel(ctx)
+	if !tracked {
+		// After Shutdown nothing waits for a goroutine: one attempt now.
+		m.attempt(ctx, t, false)
 		return
 	}
-	go m.retry(ctx, t, 2)
+	n := 1
+	if now {
+		if m.attempt(ctx, t, true) {
+			m.teardowns.Done()
+			return
+		}
+		n = 2
+	}
+	go m.retry(ctx, t, n)
 }
 
 // retry runs attempts from the n-th on until one succeeds or the server
@@ -187,12 +196,11 @@ func (m *Manager) retry(ctx context.Context, t *teardown, n int) {
 	}
 }
 
-// attempt runs the steps of t not done yet and says whether it is all
-// gone; then it releases what the sandbox held (its template) and forgets
-// it.
+// attempt runs what is left of t's undo stack and says whether it is all
+// gone; then it forgets the box.
 func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool {
 	m.tearSem <- struct{}{}
-	err := m.teardownSteps(ctx, t)
+	err := m.runUndo(ctx, &t.u, 0)
 	<-m.tearSem
 	if err != nil {
 		if willRetry {
@@ -202,74 +210,12 @@ func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool
 		}
 		return false
 	}
-	if t.release != nil {
-		t.release()
-	}
 	m.mu.Lock()
 	delete(m.dying, t.sb.ID)
 	m.mu.Unlock()
 	close(t.done)
-	m.d.Log.Info("sandbox killed", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
+	m.d.Log.Info("sandbox torn down", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
 	return true
-}
-
-// teardownSteps removes a sandbox's runtime container, then its network
-// slot (never while a container that failed to go may still use it), then
-// its files.
-func (m *Manager) teardownSteps(ctx context.Context, t *teardown) error {
-	ctx = context.WithoutCancel(ctx)
-	if !t.destroyed {
-		if err := m.d.Runtime.Destroy(ctx, t.sb.ID); err != nil {
-			return fmt.Errorf("destroy container: %w", err)
-		}
-		t.destroyed = true
-	}
-	if !t.slotFreed && t.sb.Slot.Namespace != "" {
-		if err := m.d.Slots.Put(ctx, t.sb.Slot); err != nil {
-			return fmt.Errorf("release network slot %d: %w", t.sb.Slot.Index, err)
-		}
-		t.slotFreed = true
-	}
-	return os.RemoveAll(m.dir(t.sb.ID))
-}
-
-// retryCleanup keeps retrying the steps of a failed create's cleanup that
-// failed, like a teardown, so that nothing stays behind for good.
-func (m *Manager) retryCleanup(ctx context.Context, id string, c *cleanup) {
-	if len(c.failed) == 0 {
-		return
-	}
-	m.mu.Lock()
-	tracked := m.track(id, nil)
-	m.mu.Unlock()
-	if !tracked {
-		m.d.Log.Error("cleanup of a failed create left to the next start", "sandbox", id)
-		return
-	}
-	go func() {
-		defer m.teardowns.Done()
-		delay := m.retryBase
-		for n := 1; ; n++ {
-			select {
-			case <-time.After(delay):
-			case <-m.stopping:
-				m.d.Log.Error("cleanup of a failed create left to the next start", "sandbox", id, "attempts", n)
-				return
-			}
-			delay = min(2*delay, teardownRetryMax)
-			m.tearSem <- struct{}{}
-			err := c.retry(ctx)
-			<-m.tearSem
-			if err == nil {
-				break
-			}
-			m.d.Log.Warn("cleanup after failed create failed again; will retry", "sandbox", id, "err", err)
-		}
-		m.mu.Lock()
-		delete(m.dying, id)
-		m.mu.Unlock()
-		m.d.Log.Info("cleanup after failed create done", "sandbox", id)
-	}()
 }
 
 // settle waits, up to settleMax, for the teardowns of killed sandboxes that
@@ -324,13 +270,18 @@ func (m *Manager) Shutdown() {
 // crash of its kernel, its init process gone), whatever its state, and
 // keeps a tombstone saying so, instead of listing a dead sandbox.
 func (m *Manager) watch(e *entry) {
+	e.mu.Lock()
+	id, gone, boot := e.sb.ID, e.gone, e.boot
+	e.mu.Unlock()
+	m.watchBoot(e, id, gone, boot)
+}
+
+// watchBoot is watch of e's boot-th boot, whose gone channel is gone.
+func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64) {
 	w, ok := m.d.Runtime.(runtime.Watcher)
 	if !ok {
 		return
 	}
-	e.mu.Lock()
-	id, gone, boot := e.sb.ID, e.gone, e.boot
-	e.mu.Unlock()
 	exited, err := w.Exited(context.Background(), id)
 	if err != nil {
 		m.d.Log.Warn("cannot watch sandbox for unexpected exits", "sandbox", id, "err", err)

@@ -99,14 +99,17 @@ type Manager struct {
 	// retryBase is the first wait between teardown attempts; grace how
 	// long Shutdown lets failing teardowns retry.
 	retryBase, grace time.Duration
+	// stepObs is told of every boot step (boot.go).
+	stepObs atomic.Pointer[StepObserver]
 }
 
 // entry is a live sandbox with its runtime-only parts.
 type entry struct {
-	mu      sync.Mutex // serialises lifecycle operations on this sandbox
-	sb      Sandbox
-	timer   Timer
-	release func()
+	mu    sync.Mutex // serialises lifecycle operations on this sandbox
+	sb    Sandbox
+	timer Timer
+	// undo gives back what the sandbox holds (cleanup.go); kill runs it.
+	undo undo
 	// gone is closed when the sandbox stops being reachable (killed,
 	// died, or paused without its memory), so that proxied requests to it
 	// end at once. A boot after a pause without memory gets a new one.
@@ -120,8 +123,17 @@ type entry struct {
 	bootAt time.Time
 }
 
+// newEntry is the entry of an existing sandbox record (adopted after a
+// restart): its undo holds all a sandbox holds, release last.
 func newEntry(sb Sandbox, release func()) *entry {
-	return &entry{sb: sb, release: release, gone: make(chan struct{}), bootAt: time.Now()}
+	e := blankEntry(sb)
+	e.undo = recordUndo(sb, release)
+	return e
+}
+
+// blankEntry is an entry that holds nothing yet (a boot fills its undo).
+func blankEntry(sb Sandbox) *entry {
+	return &entry{sb: sb, undo: undo{id: sb.ID}, gone: make(chan struct{}), bootAt: time.Now()}
 }
 
 func (e *entry) markGone() { e.goneOnce.Do(func() { close(e.gone) }) }

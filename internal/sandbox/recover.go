@@ -57,7 +57,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 			if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 				release = rel
 			}
-			m.recoverTeardown(ctx, sb, release)
+			m.tearDown(ctx, sb, recordUndo(sb, release), true)
 			continue
 		}
 		if m.adoptFilesOnly(sb) {
@@ -80,14 +80,7 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
 			releaseTemplate = rel
 		}
-		releaseSnap := func() {}
-		if sb.Snapshot != "" && m.d.Snapshots != nil && m.d.Snapshots.Has(sb.Snapshot) {
-			releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
-		}
-		e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-		m.mu.Lock()
-		m.boxes[sb.ID] = e
-		m.mu.Unlock()
+		e := m.adopt(sb, releaseTemplate)
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 		if sb.State == StateRunning {
 			e.mu.Lock()
@@ -194,7 +187,7 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	}
 	sb.Reason = reason
 	m.tombstone(sb)
-	m.recoverTeardown(ctx, sb, nil)
+	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 
 // tombstone remembers (on disk too) why a sandbox is gone.

@@ -94,6 +94,9 @@ type Sandbox struct {
 	// Owner is the name of the API key that made the sandbox (named keys,
 	// --api-keys-file); "" for the single key's and the operator's.
 	Owner string `json:"owner,omitempty"`
+	// Boot says where the sandbox's last boot (its create, or a resume
+	// without memory) spent its time, step by step.
+	Boot *BootRecord `json:"boot,omitempty"`
 }
 
 // Lifecycle is E2B's lifecycle policy (create's autoPause, autoPauseMemory

@@ -169,7 +169,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	for i := range count {
 		wg.Go(func() {
 			network := parent.Network
-			sb, err := m.create(ctx, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, &source{snap: sn})
+			sb, err := m.bootSandbox(ctx, m.restoreBoot(BootFork, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, sn), forkSteps)
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}

@@ -75,3 +75,17 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	m.settle(func(sb Sandbox) bool { return sb.Template == template })
 	return done
 }
+
+// drainPool empties a pool of spares (per template, under m.mu) and drops
+// each outside the lock.
+func drainPool[T any](m *Manager, pool *map[string][]T, drop func(T)) {
+	m.mu.Lock()
+	all := *pool
+	*pool = map[string][]T{}
+	m.mu.Unlock()
+	for _, list := range all {
+		for _, x := range list {
+			drop(x)
+		}
+	}
+}

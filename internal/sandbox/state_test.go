@@ -196,40 +196,24 @@ func TestNewID(t *testing.T) {
 	}
 }
 
-func TestCleanup(t *testing.T) {
-	t.Run("reverse order, once, errors joined, not cancelled", func(t *testing.T) {
-		var c cleanup
-		var order []int
-		errA, errB := errors.New("a failed"), errors.New("b failed")
-		for i, err := range []error{errA, nil, errB} {
-			c.add(func(ctx context.Context) error {
-				if ctx.Err() != nil {
-					t.Errorf("step %d ran with a cancelled context", i)
-				}
-				order = append(order, i)
-				return err
-			})
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := c.run(ctx)
-		if !errors.Is(err, errA) || !errors.Is(err, errB) {
-			t.Errorf("got %v, want both step errors", err)
-		}
-		if got := c.run(ctx); got != nil || len(order) != 3 {
-			t.Errorf("second run: got %v and %d steps run, want nil and 3", got, len(order))
-		}
-		if want := []int{2, 1, 0}; len(order) != 3 || order[0] != want[0] || order[1] != want[1] || order[2] != want[2] {
-			t.Errorf("got order %v, want %v", order, want)
-		}
-	})
-	t.Run("keep", func(t *testing.T) {
-		var c cleanup
-		ran := false
-		c.add(func(context.Context) error { ran = true; return nil })
-		c.keep()
-		if err := c.run(context.Background()); err != nil || ran {
-			t.Errorf("after keep: run = %v, ran = %v; want nil, false", err, ran)
-		}
-	})
+func TestUndoKindsAndFloor(t *testing.T) {
+	m := testManager(t, newFakeRuntime(), 10)
+	var order []string
+	u := undo{id: newID()}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		u.push(undoStep{kind: undoRelease, name: name, fn: func() { order = append(order, name) }})
+	}
+	u.push(undoStep{kind: undoContainer})
+	if err := m.runUndo(context.Background(), &u, 0, undoContainer); err != nil || len(order) != 0 || len(u.steps) != 4 {
+		t.Fatalf("only the container: err %v, released %v, %d steps left; want nil, none, 4", err, order, len(u.steps))
+	}
+	if err := m.runUndo(context.Background(), &u, 2); err != nil || len(u.steps) != 2 {
+		t.Fatalf("above the floor: err %v, %d steps left; want nil, 2", err, len(u.steps))
+	}
+	if err := m.runUndo(context.Background(), &u, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(order, ""), "dcba"; got != want {
+		t.Errorf("got order %q, want %q (the reverse of the pushes)", got, want)
+	}
 }

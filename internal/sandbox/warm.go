@@ -39,13 +39,16 @@ const (
 )
 
 type warmEntry struct {
-	id      string
-	slot    netns.Slot
-	cpus    int
-	memMB   int
-	pids    int64
-	diskMB  int
-	release func()
+	id       string
+	template string
+	slot     netns.Slot
+	cpus     int
+	memMB    int
+	pids     int64
+	diskMB   int
+	// undo gives back what the container holds (its template, directory,
+	// slot and container); a restore into it takes it over.
+	undo undo
 }
 
 // warmState is the demand for warm containers; guarded by Manager.mu.
@@ -221,81 +224,65 @@ func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
 	}
 }
 
-func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, template string) (err error) {
-	var cl cleanup
-	defer func() {
-		if err != nil {
-			cl.run(ctx)
-		}
-	}()
-	image, release, err := m.d.Templates.Acquire(template)
+// warmSteps prepare a warm container: a box with the default limits, its
+// own slot and the default egress policy, created but not started.
+var warmSteps = []step{tmplStep, slotStep, {"marker", (*boot).warmMarker, false},
+	{"prepare", (*boot).prepare, true}, {"readdress", (*boot).readdress, false}, egStep, {"listed", (*boot).listWarm, false}}
+
+func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, template string) error {
+	l := m.d.Limits
+	b := m.newBoot(BootWarm, CreateRequest{}, nil)
+	b.sb = Sandbox{ID: newID(), Template: template, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB), DiskMB: m.diskMB(template)}
+	b.making = &warmEntry{id: b.sb.ID, template: template, cpus: b.sb.CPUs, memMB: b.sb.MemoryMB, pids: l.pids(b.sb.Nproc), diskMB: b.sb.DiskMB, undo: undo{id: b.sb.ID}}
+	b.u = &b.making.undo
+	// The default egress policy now, so that a restore that wants it
+	// skips that step (Slots.Put removes it with the slot).
+	eg, err := (&Network{AllowInternet: true}).egress()
 	if err != nil {
 		return err
 	}
-	cl.add(func(context.Context) error { release(); return nil })
-	slot, err := m.d.Slots.Get(ctx)
-	if err != nil {
-		return err
-	}
-	cl.add(func(ctx context.Context) error { return m.d.Slots.Put(ctx, slot) })
-	id := newID()
-	dir := m.dir(id)
+	b.egress = eg
+	b.prep = prep
+	return m.runBoot(ctx, b, warmSteps)
+}
+
+// warmMarker makes the container's directory, marked as a warm
+// container's (Recover removes it as one).
+func (b *boot) warmMarker(ctx context.Context) error {
+	dir := b.m.dir(b.sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	cl.add(func(context.Context) error { return os.RemoveAll(dir) })
-	if err := os.WriteFile(filepath.Join(dir, warmMarker), nil, 0o600); err != nil {
-		return err
-	}
-	l := m.d.Limits
-	sb := Sandbox{ID: id, Template: template, Slot: slot, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB), DiskMB: m.diskMB(template)}
-	cl.add(func(ctx context.Context) error { return m.d.Runtime.Destroy(ctx, id) })
-	if err := prep.Prepare(ctx, m.spec(sb, image)); err != nil {
-		return err
-	}
-	// Creating the container took the interface's addresses; the restore
-	// looks at the namespace again and needs them back.
-	if err := m.d.Net.Readdress(ctx, slot); err != nil {
-		return err
-	}
-	// The default egress policy now, so that a restore that wants it
-	// skips this step (Slots.Put removes it with the slot).
-	def := Network{AllowInternet: true}
-	eg, err := def.egress()
-	if err != nil {
-		return err
-	}
-	if err := m.d.Net.SetEgress(ctx, slot, eg); err != nil {
-		return err
-	}
+	return os.WriteFile(filepath.Join(dir, warmMarker), nil, 0o600)
+}
+
+// prepare creates the container without starting it.
+func (b *boot) prepare(ctx context.Context) error {
+	b.container = true
+	return b.prep.Prepare(ctx, b.m.spec(b.sb, b.image))
+}
+
+// readdress gives the slot's interface its addresses back: creating the
+// container took them, and the restore looks at the namespace again.
+func (b *boot) readdress(ctx context.Context) error { return b.m.d.Net.Readdress(ctx, b.sb.Slot) }
+
+func (b *boot) listWarm(ctx context.Context) error {
+	w := b.making
+	w.slot = b.sb.Slot
+	m := b.m
 	m.mu.Lock()
-	m.warm[template] = append(m.warm[template], warmEntry{id: id, slot: slot, cpus: sb.CPUs, memMB: sb.MemoryMB, pids: l.pids(sb.Nproc), diskMB: sb.DiskMB, release: release})
+	m.warm[b.sb.Template] = append(m.warm[b.sb.Template], *w)
 	m.mu.Unlock()
 	return nil
 }
 
 // dropWarm removes one warm container and what it holds.
 func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
-	if err := m.d.Runtime.Destroy(ctx, w.id); err != nil {
-		m.d.Log.Warn("remove warm container", "container", w.id, "err", err)
-	}
-	if err := m.d.Slots.Put(ctx, w.slot); err != nil {
-		m.d.Log.Warn("release warm container's slot", "container", w.id, "err", err)
-	}
-	os.RemoveAll(m.dir(w.id))
-	w.release()
+	m.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
 }
 
 func (m *Manager) drainWarm() {
-	m.mu.Lock()
-	all := m.warm
-	m.warm = map[string][]warmEntry{}
-	m.mu.Unlock()
-	for _, list := range all {
-		for _, w := range list {
-			m.dropWarm(context.Background(), w)
-		}
-	}
+	drainPool(m, &m.warm, func(w warmEntry) { m.dropWarm(context.Background(), w) })
 }
 
 // dropWarmOf removes the warm containers of a template (it was deleted or

@@ -57,8 +57,10 @@ func MeterProxy(reg *metrics.Registry, h http.Handler) http.Handler {
 }
 
 // WatchHost reports a host's sandboxes by state and template, its warm and
-// hot pools, its snapshot store and its timeout reaps at every scrape.
+// hot pools, its snapshot store and its timeout reaps at every scrape, and
+// records the steps of its sandboxes' boots.
 func WatchHost(reg *metrics.Registry, h *Host) {
+	h.Manager.ObserveBootSteps(reg.ObserveBootStep)
 	reg.SetSandboxes(func() []metrics.SandboxCount { return CountSandboxes(h.Manager.List(sandbox.Filter{})) })
 	reg.SetPools(func() metrics.Pools {
 		p := h.Manager.Pools()
