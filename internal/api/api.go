@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
@@ -167,21 +168,13 @@ func (s *Server) operatorOnly(next http.HandlerFunc) http.Handler {
 	})
 }
 
-// errorBody is the JSON error every route returns. code is the HTTP status
-// (what E2B's SDKs read); errorCode is a machine-readable class.
-type errorBody struct {
-	Code      int    `json:"code"`
-	ErrorCode string `json:"error_code"`
-	Message   string `json:"message"`
-}
-
 func writeError(w http.ResponseWriter, err error) {
 	status, code := errdefs.HTTPStatus(err)
 	if errdefs.Retryable(err) {
 		// The same request may succeed in a moment (503, 429): say when.
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, errorBody{Code: status, ErrorCode: code, Message: err.Error()})
+	writeJSON(w, status, wire.Error{Status: status, ErrorCode: code, Message: err.Error()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -206,50 +199,20 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	}
 }
 
-// sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox shape.
-type sandboxJSON struct {
-	SandboxID       string            `json:"sandboxID"`
-	TemplateID      string            `json:"templateID"`
-	Alias           string            `json:"alias,omitempty"`
-	ClientID        string            `json:"clientID"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
-	TrafficToken    string            `json:"trafficAccessToken,omitempty"`
-	Domain          *string           `json:"domain"`
-	StartedAt       time.Time         `json:"startedAt"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-	DiskSizeMB      int               `json:"diskSizeMB"`
-	Metadata        map[string]string `json:"metadata,omitempty"`
-	State           string            `json:"state"`
-	AllowInternet   bool              `json:"allowInternetAccess"`
-	Network         *networkJSON      `json:"network,omitempty"`
-	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
-	// Lineage (agentenv's): the snapshot the sandbox was restored from,
-	// and the sandbox its memory came from (a fork's parent).
-	SnapshotID      string `json:"snapshotID,omitempty"`
-	ParentSandboxID string `json:"parentSandboxID,omitempty"`
-}
-
-// lifecycleJSON is E2B's SandboxLifecycle.
-type lifecycleJSON struct {
-	AutoResume bool   `json:"autoResume"`
-	OnTimeout  string `json:"onTimeout"` // kill or pause
-}
-
-func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
-	out := sandboxJSON{
+// toJSON is a sandbox as the API shows it; withToken adds its tokens
+// (create, connect and get; not lists).
+func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
+	out := wire.Sandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
 		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State),
-		AllowInternet: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
+		AllowInternetAccess: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}
 	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {
 		public := !sb.Network.PrivateTraffic
-		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
+		out.Network = &wire.Network{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
 	}
-	out.Lifecycle = &lifecycleJSON{AutoResume: sb.Lifecycle.AutoResume, OnTimeout: "kill"}
+	out.Lifecycle = &wire.Lifecycle{AutoResume: sb.Lifecycle.AutoResume, OnTimeout: "kill"}
 	if sb.Lifecycle.AutoPause {
 		out.Lifecycle.OnTimeout = "pause"
 	}
@@ -259,7 +222,7 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 	}
 	if withToken {
 		out.EnvdAccessToken = sb.AccessToken
-		out.TrafficToken = sb.TrafficToken
+		out.TrafficAccessToken = sb.TrafficToken
 	}
 	return out
 }
