@@ -13,9 +13,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/api"
 )
 
 // Client talks to one agentenv server.
@@ -30,73 +29,6 @@ type Client struct {
 func New(api, proxy, key string) *Client {
 	return &Client{API: strings.TrimRight(api, "/"), Proxy: strings.TrimRight(proxy, "/"), APIKey: key,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-}
-
-// Error is an error answered by the server.
-type Error struct {
-	Status    int    `json:"code"`
-	ErrorCode string `json:"error_code"`
-	Message   string `json:"message"`
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
-
-// Sandbox is the API's view of a sandbox.
-type Sandbox struct {
-	SandboxID       string            `json:"sandboxID"`
-	TemplateID      string            `json:"templateID"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
-	StartedAt       time.Time         `json:"startedAt"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-	DiskSizeMB      int               `json:"diskSizeMB,omitempty"`
-	Metadata        map[string]string `json:"metadata,omitempty"`
-	State           string            `json:"state"`
-	// SnapshotID is the snapshot the sandbox was restored from (for a
-	// fork's child: its parent's), ParentSandboxID the sandbox that
-	// snapshot was taken of (a fork's parent).
-	SnapshotID      string `json:"snapshotID,omitempty"`
-	ParentSandboxID string `json:"parentSandboxID,omitempty"`
-}
-
-// CreateRequest is the body of POST /sandboxes.
-type CreateRequest struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    int               `json:"timeout,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	EnvVars    map[string]string `json:"envVars,omitempty"`
-	CPUCount   int               `json:"cpuCount,omitempty"`
-	MemoryMB   int               `json:"memoryMB,omitempty"`
-	// Network is E2B's network object ({allowOut, denyOut}).
-	Network             map[string]any `json:"network,omitempty"`
-	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"`
-}
-
-// Template is the API's view of a template.
-type Template struct {
-	TemplateID string    `json:"templateID"`
-	CreatedAt  time.Time `json:"createdAt"`
-	Source     string    `json:"source"`
-	Packages   []string  `json:"packages,omitempty"`
-	ImageSize  int64     `json:"imageSizeBytes"`
-	InUse      int       `json:"sandboxesInUse"`
-	Ready      bool      `json:"ready"`
-	DiskSizeMB int       `json:"diskSizeMB,omitempty"`
-	TemplateSettings
-}
-
-// TemplateSettings are a template's process settings: defaults for every
-// process in its sandboxes (an OCI image's env, workdir and user) and a
-// start command running in every sandbox once its ready check passes.
-type TemplateSettings struct {
-	Env          map[string]string `json:"env,omitempty"`
-	Workdir      string            `json:"workdir,omitempty"`
-	User         string            `json:"user,omitempty"`
-	StartCmd     string            `json:"startCmd,omitempty"`
-	ReadyCmd     string            `json:"readyCmd,omitempty"`
-	ReadyTimeout int               `json:"readyTimeout,omitempty"`
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
@@ -204,19 +136,6 @@ func (c *Client) ListSandboxesPage(ctx context.Context, q url.Values) ([]Sandbox
 	return out, resp.Header.Get("X-Next-Token"), nil
 }
 
-// Metric is one sample of a sandbox's resource use (E2B's SandboxMetric).
-type Metric struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
-
 // SandboxMetrics samples one sandbox's resource use (a list of one).
 func (c *Client) SandboxMetrics(ctx context.Context, id string) ([]Metric, error) {
 	var out []Metric
@@ -226,9 +145,7 @@ func (c *Client) SandboxMetrics(ctx context.Context, id string) ([]Metric, error
 
 // SandboxesMetrics samples several sandboxes; unknown ones are left out.
 func (c *Client) SandboxesMetrics(ctx context.Context, ids []string) (map[string]Metric, error) {
-	var out struct {
-		Sandboxes map[string]Metric `json:"sandboxes"`
-	}
+	var out api.SandboxesMetrics
 	err := c.do(ctx, http.MethodGet, "/sandboxes/metrics?sandbox_ids="+url.QueryEscape(strings.Join(ids, ",")), nil, &out)
 	return out.Sandboxes, err
 }
@@ -247,7 +164,7 @@ func (c *Client) KillSandbox(ctx context.Context, id string) error {
 
 // SetTimeout sets a sandbox's remaining life.
 func (c *Client) SetTimeout(ctx context.Context, id string, seconds int) error {
-	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", map[string]int{"timeout": seconds}, nil)
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", api.TimeoutRequest{Timeout: new(int64(seconds))}, nil)
 }
 
 // ListTemplates lists templates.
@@ -260,31 +177,6 @@ func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
 // DeleteTemplate deletes a template.
 func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(name), nil, nil)
-}
-
-// BuildRequest is the body of POST /agentenv/templates.
-type BuildRequest struct {
-	Name     string   `json:"name"`
-	Debian   string   `json:"debian,omitempty"`
-	Packages []string `json:"packages,omitempty"`
-	// Rootfs is a directory or tarball inside the server's --import-dir.
-	Rootfs string `json:"rootfs,omitempty"`
-	// Busybox builds the tiny busybox template.
-	Busybox bool `json:"busybox,omitempty"`
-	// Image labels an uploaded rootfs flattened from an OCI image
-	// (UploadTemplateWith only).
-	Image string `json:"image,omitempty"`
-	TemplateSettings
-	// DiskMB is the write-layer size of the template's sandboxes (0: the
-	// server's default).
-	DiskMB int `json:"diskMB,omitempty"`
-}
-
-// BuildProgress is one progress step of a build.
-type BuildProgress struct {
-	Phase   string  `json:"phase"`
-	Percent float64 `json:"percent"`
-	Message string  `json:"message"`
 }
 
 // BuildTemplate builds a template, calling progress for each step.
@@ -341,11 +233,7 @@ func readBuildStream(resp *http.Response, progress func(BuildProgress)) (Templat
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var ev struct {
-			Progress *BuildProgress `json:"progress"`
-			Template *Template      `json:"template"`
-			Error    *Error         `json:"error"`
-		}
+		var ev api.BuildEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return Template{}, fmt.Errorf("bad build stream line: %w", err)
 		}
@@ -374,7 +262,7 @@ type envdTransport struct {
 func (t *envdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("E2b-Sandbox-Id", t.id)
-	r.Header.Set("E2b-Sandbox-Port", fmt.Sprint(envd.Port))
+	r.Header.Set("E2b-Sandbox-Port", fmt.Sprint(EnvdPort))
 	if t.token != "" {
 		r.Header.Set("X-Access-Token", t.token)
 	}
@@ -408,21 +296,6 @@ func (c *Client) Exec(ctx context.Context, sb Sandbox, cmd string, args []string
 	return p.Wait(stdout, stderr)
 }
 
-// Snapshot is the API's view of a snapshot.
-type Snapshot struct {
-	SnapshotID string            `json:"snapshotID"`
-	Name       string            `json:"name,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	TemplateID string            `json:"templateID"`
-	Parent     string            `json:"parentSnapshotID,omitempty"`
-	SandboxID  string            `json:"sandboxID"`
-	SizeBytes  int64             `json:"sizeBytes"`
-	// StoredBytes is what the snapshot added to the server's store.
-	StoredBytes int64     `json:"storedBytes"`
-	CreatedAt   time.Time `json:"createdAt"`
-	InUse       int       `json:"sandboxesInUse"`
-}
-
 // PauseSandbox freezes a sandbox.
 func (c *Client) PauseSandbox(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", struct{}{}, nil)
@@ -439,18 +312,15 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (Sandbox, error) 
 func (c *Client) SnapshotSandbox(ctx context.Context, id, name string, metadata map[string]string) (Snapshot, error) {
 	var sn Snapshot
 	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/snapshots",
-		map[string]any{"name": name, "metadata": metadata}, &sn)
+		api.SnapshotRequest{Name: name, Metadata: metadata}, &sn)
 	return sn, err
 }
 
 // ForkSandbox forks a sandbox into count children. Children that failed
 // come back as errors in the same positions.
 func (c *Client) ForkSandbox(ctx context.Context, id string, count int) ([]Sandbox, []error, error) {
-	var out []struct {
-		Sandbox *Sandbox `json:"sandbox"`
-		Error   *Error   `json:"error"`
-	}
-	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", map[string]int{"count": count}, &out); err != nil {
+	var out []api.ForkResult
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", api.ForkRequest{Count: &count}, &out); err != nil {
 		return nil, nil, err
 	}
 	sbs := make([]Sandbox, len(out))
@@ -503,26 +373,6 @@ func (c *Client) SnapshotByName(ctx context.Context, name string) (sn Snapshot, 
 // DeleteSnapshot deletes a snapshot.
 func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(id), nil, nil)
-}
-
-// Node is a fleet node as `agentenv api` lists it.
-type Node struct {
-	Name      string    `json:"name"`
-	Addr      string    `json:"addr"`
-	Alive     bool      `json:"alive"`
-	Cordoned  bool      `json:"cordoned"`
-	Draining  bool      `json:"draining"`
-	LostAt    time.Time `json:"lostAt"`
-	Sandboxes int       `json:"sandboxes"`
-	Capacity  struct {
-		CPUs         int   `json:"cpus"`
-		MemoryMB     int64 `json:"memoryMB"`
-		FreeMemoryMB int64 `json:"freeMemoryMB"`
-		MaxSandboxes int   `json:"maxSandboxes"`
-		Sandboxes    int   `json:"sandboxes"`
-		Templates    int   `json:"templates"`
-		Snapshots    int   `json:"snapshots"`
-	} `json:"capacity"`
 }
 
 // Nodes lists a fleet's nodes (an `agentenv api` server only).
