@@ -1,20 +1,38 @@
-// Package client is the Go client of agentenv's REST API and of envd through
-// the sandbox proxy. The CLI and the benchmarks use it.
+// Package client is the Go client of agentenv: create, list, pause, resume,
+// connect to, snapshot, fork and kill sandboxes through agentenv's REST API,
+// and run commands (their output streamed), move files and drive terminals
+// inside them through envd, the daemon in every sandbox, which the sandbox
+// proxy reaches. It does for Go what the Python SDK (sdk/python) and E2B's
+// SDKs do.
+//
+// A Client needs the API's URL (`agentenv serve` listens on
+// http://127.0.0.1:3000), the proxy's (port 3001 of the same host) and an
+// API key:
+//
+//	c := client.New("http://127.0.0.1:3000", "http://127.0.0.1:3001", os.Getenv("AGENTENV_API_KEY"))
+//	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(60))})
+//	...
+//	res, err := c.Exec(ctx, sb, "echo", []string{"hello"}, os.Stdout, os.Stderr)
+//
+// The bodies it sends and receives are the types of package
+// github.com/agentenv/agentenv/api, which the server uses too and a test
+// checks against api/openapi.yaml; this package names the ones its methods
+// take (Sandbox, CreateRequest, Snapshot...) as aliases, so one import is
+// enough. An error the server answers is an *Error; an envd call to a
+// sandbox that is paused or gone is a *NotRunningError that says which.
+//
+// It must not import the server's packages: it builds on any OS.
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
-
-	"github.com/agentenv/agentenv/api"
 )
 
 // Client talks to one agentenv server.
@@ -84,305 +102,48 @@ func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// CreateSandbox creates a sandbox.
-func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	var sb Sandbox
-	err := c.do(ctx, http.MethodPost, "/sandboxes", req, &sb)
-	return sb, err
+// portTransport adds the proxy's routing headers (which sandbox, which
+// port) and the token the port needs.
+type portTransport struct {
+	base      http.RoundTripper
+	id        string
+	port      int
+	tokenName string
+	token     string
 }
 
-// ListSandboxes lists running and paused sandboxes, optionally filtered
-// by metadata, newest first. It follows the server's pages to the end.
-func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string) ([]Sandbox, error) {
-	q := url.Values{}
-	if len(metadata) > 0 {
-		m := url.Values{}
-		for k, v := range metadata {
-			m.Set(url.QueryEscape(k), url.QueryEscape(v))
-		}
-		q.Set("metadata", m.Encode())
-	}
-	var out []Sandbox
-	for {
-		page, next, err := c.ListSandboxesPage(ctx, q)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page...)
-		if next == "" {
-			return out, nil
-		}
-		q.Set("nextToken", next)
-	}
-}
-
-// ListSandboxesPage answers one GET /v2/sandboxes with the query q (E2B's
-// parameters: metadata, state, template, startedAfter, order, limit,
-// nextToken) and returns the token of the next page ("" after the last).
-func (c *Client) ListSandboxesPage(ctx context.Context, q url.Values) ([]Sandbox, string, error) {
-	path := "/v2/sandboxes"
-	if len(q) > 0 {
-		path += "?" + q.Encode()
-	}
-	resp, err := c.send(ctx, http.MethodGet, path, nil)
-	if err != nil {
-		return nil, "", err
-	}
-	defer resp.Body.Close()
-	var out []Sandbox
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, "", fmt.Errorf("reading the sandbox list: %w", err)
-	}
-	return out, resp.Header.Get("X-Next-Token"), nil
-}
-
-// SandboxMetrics samples one sandbox's resource use (a list of one).
-func (c *Client) SandboxMetrics(ctx context.Context, id string) ([]Metric, error) {
-	var out []Metric
-	err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id)+"/metrics", nil, &out)
-	return out, err
-}
-
-// SandboxesMetrics samples several sandboxes; unknown ones are left out.
-func (c *Client) SandboxesMetrics(ctx context.Context, ids []string) (map[string]Metric, error) {
-	var out api.SandboxesMetrics
-	err := c.do(ctx, http.MethodGet, "/sandboxes/metrics?sandbox_ids="+url.QueryEscape(strings.Join(ids, ",")), nil, &out)
-	return out.Sandboxes, err
-}
-
-// GetSandbox returns one sandbox.
-func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
-	var sb Sandbox
-	err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, &sb)
-	return sb, err
-}
-
-// KillSandbox kills a sandbox.
-func (c *Client) KillSandbox(ctx context.Context, id string) error {
-	return c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil)
-}
-
-// SetTimeout sets a sandbox's remaining life.
-func (c *Client) SetTimeout(ctx context.Context, id string, seconds int) error {
-	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", api.TimeoutRequest{Timeout: new(int64(seconds))}, nil)
-}
-
-// ListTemplates lists templates.
-func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
-	var out []Template
-	err := c.do(ctx, http.MethodGet, "/templates", nil, &out)
-	return out, err
-}
-
-// DeleteTemplate deletes a template.
-func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(name), nil, nil)
-}
-
-// BuildTemplate builds a template, calling progress for each step.
-func (c *Client) BuildTemplate(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (Template, error) {
-	resp, err := c.send(ctx, http.MethodPost, "/agentenv/templates", req)
-	if err != nil {
-		return Template{}, err
-	}
-	return readBuildStream(resp, progress)
-}
-
-// UploadTemplate builds a template from a rootfs tar stream (plain or
-// gzip), calling progress for each step.
-func (c *Client) UploadTemplate(ctx context.Context, name string, tarball io.Reader, progress func(BuildProgress)) (Template, error) {
-	return c.UploadTemplateWith(ctx, BuildRequest{Name: name}, tarball, progress)
-}
-
-// UploadTemplateWith is UploadTemplate with the image label and settings
-// of b (its source fields are not used).
-func (c *Client) UploadTemplateWith(ctx context.Context, b BuildRequest, tarball io.Reader, progress func(BuildProgress)) (Template, error) {
-	q := url.Values{}
-	for k, v := range map[string]string{"image": b.Image, "workdir": b.Workdir, "user": b.User, "startCmd": b.StartCmd, "readyCmd": b.ReadyCmd} {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	if b.DiskMB != 0 {
-		q.Set("diskMB", strconv.Itoa(b.DiskMB))
-	}
-	if b.ReadyTimeout != 0 {
-		q.Set("readyTimeout", fmt.Sprint(b.ReadyTimeout))
-	}
-	for k, v := range b.Env {
-		q.Add("env", k+"="+v)
-	}
-	u := c.API + "/agentenv/templates/" + url.PathEscape(b.Name) + "/rootfs"
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, tarball)
-	if err != nil {
-		return Template{}, err
-	}
-	req.Header.Set("Content-Type", "application/x-tar")
-	resp, err := c.roundTrip(req)
-	if err != nil {
-		return Template{}, err
-	}
-	return readBuildStream(resp, progress)
-}
-
-func readBuildStream(resp *http.Response, progress func(BuildProgress)) (Template, error) {
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var ev api.BuildEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return Template{}, fmt.Errorf("bad build stream line: %w", err)
-		}
-		switch {
-		case ev.Progress != nil:
-			progress(*ev.Progress)
-		case ev.Error != nil:
-			return Template{}, ev.Error
-		case ev.Template != nil:
-			return *ev.Template, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return Template{}, err
-	}
-	return Template{}, fmt.Errorf("build stream ended without a result")
-}
-
-// envdTransport adds the proxy routing headers and the access token.
-type envdTransport struct {
-	base  http.RoundTripper
-	id    string
-	token string
-}
-
-func (t *envdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (t *portTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("E2b-Sandbox-Id", t.id)
-	r.Header.Set("E2b-Sandbox-Port", fmt.Sprint(EnvdPort))
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
 	if t.token != "" {
-		r.Header.Set("X-Access-Token", t.token)
+		r.Header.Set(t.tokenName, t.token)
 	}
 	return t.base.RoundTrip(r)
+}
+
+// Port returns an HTTP client whose requests reach port of the sandbox
+// through the proxy (a server the sandbox runs, say), and the base URL to
+// use with it. A sandbox created with Network.AllowPublicTraffic false
+// needs its TrafficAccessToken, which this adds (sb must come from create,
+// get or connect: lists leave tokens out).
+func (c *Client) Port(sb Sandbox, port int) (*http.Client, string) {
+	if port == EnvdPort {
+		return c.Envd(sb)
+	}
+	return c.portClient(sb.SandboxID, port, "E2b-Traffic-Access-Token", sb.TrafficAccessToken), c.Proxy
 }
 
 // Envd returns an HTTP client whose requests reach the sandbox's envd
 // through the proxy, and the base URL to use with it.
 func (c *Client) Envd(sb Sandbox) (*http.Client, string) {
+	return c.portClient(sb.SandboxID, EnvdPort, "X-Access-Token", sb.EnvdAccessToken), c.Proxy
+}
+
+func (c *Client) portClient(id string, port int, tokenName, token string) *http.Client {
 	base := c.HTTP.Transport
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &http.Client{Transport: &envdTransport{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}}, c.Proxy
-}
-
-// ExecResult is the outcome of a command.
-type ExecResult struct {
-	ExitCode int
-	Stdout   []byte
-	Stderr   []byte
-}
-
-// Exec runs cmd with args in the sandbox through envd and waits for it.
-// stdout/stderr, when not nil, receive the output as it streams.
-func (c *Client) Exec(ctx context.Context, sb Sandbox, cmd string, args []string, stdout, stderr io.Writer) (ExecResult, error) {
-	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: cmd, Args: args})
-	if err != nil {
-		return ExecResult{}, err
-	}
-	return p.Wait(stdout, stderr)
-}
-
-// PauseSandbox freezes a sandbox.
-func (c *Client) PauseSandbox(ctx context.Context, id string) error {
-	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", struct{}{}, nil)
-}
-
-// ResumeSandbox continues a paused sandbox.
-func (c *Client) ResumeSandbox(ctx context.Context, id string) (Sandbox, error) {
-	var sb Sandbox
-	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/resume", struct{}{}, &sb)
-	return sb, err
-}
-
-// SnapshotSandbox snapshots a running sandbox.
-func (c *Client) SnapshotSandbox(ctx context.Context, id, name string, metadata map[string]string) (Snapshot, error) {
-	var sn Snapshot
-	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/snapshots",
-		api.SnapshotRequest{Name: name, Metadata: metadata}, &sn)
-	return sn, err
-}
-
-// ForkSandbox forks a sandbox into count children. Children that failed
-// come back as errors in the same positions.
-func (c *Client) ForkSandbox(ctx context.Context, id string, count int) ([]Sandbox, []error, error) {
-	var out []api.ForkResult
-	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", api.ForkRequest{Count: &count}, &out); err != nil {
-		return nil, nil, err
-	}
-	sbs := make([]Sandbox, len(out))
-	errs := make([]error, len(out))
-	for i, o := range out {
-		if o.Sandbox != nil {
-			sbs[i] = *o.Sandbox
-		}
-		if o.Error != nil {
-			errs[i] = o.Error
-		}
-	}
-	return sbs, errs, nil
-}
-
-// ListSnapshots lists snapshots, optionally of one sandbox.
-func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapshot, error) {
-	var out []Snapshot
-	path := "/snapshots"
-	if sandboxID != "" {
-		path += "?sandboxID=" + url.QueryEscape(sandboxID)
-	}
-	err := c.do(ctx, http.MethodGet, path, nil, &out)
-	return out, err
-}
-
-// SnapshotByName returns the snapshot named name; ok is false when none
-// is, and two or more are an error that lists their IDs.
-func (c *Client) SnapshotByName(ctx context.Context, name string) (sn Snapshot, ok bool, err error) {
-	if name == "" {
-		return Snapshot{}, false, nil
-	}
-	all, err := c.ListSnapshots(ctx, "")
-	if err != nil {
-		return Snapshot{}, false, err
-	}
-	var ids []string
-	for _, s := range all {
-		if s.Name == name {
-			sn = s
-			ids = append(ids, s.SnapshotID)
-		}
-	}
-	if len(ids) > 1 {
-		return Snapshot{}, false, fmt.Errorf("%d snapshots are named %q (%s): give one's ID", len(ids), name, strings.Join(ids, ", "))
-	}
-	return sn, len(ids) == 1, nil
-}
-
-// DeleteSnapshot deletes a snapshot.
-func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
-	return c.do(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(id), nil, nil)
-}
-
-// Nodes lists a fleet's nodes (an `agentenv api` server only).
-func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
-	var out []Node
-	err := c.do(ctx, http.MethodGet, "/agentenv/nodes", nil, &out)
-	return out, err
-}
-
-// NodeAction cordons, uncordons or drains a fleet node.
-func (c *Client) NodeAction(ctx context.Context, name, action string) error {
-	return c.do(ctx, http.MethodPost, "/agentenv/nodes/"+url.PathEscape(name)+"/"+action, nil, nil)
+	return &http.Client{Transport: &portTransport{base: base, id: id, port: port, tokenName: tokenName, token: token}}
 }

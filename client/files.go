@@ -87,6 +87,25 @@ func (f *Files) MakeDir(ctx context.Context, path string) error {
 	return f.c.explain(ctx, f.sb, err)
 }
 
+// Remove removes the file or directory (with its contents) at path.
+func (f *Files) Remove(ctx context.Context, path string) error {
+	req := connect.NewRequest(&filesystempb.RemoveRequest{Path: path})
+	basicUser(req.Header(), f.user)
+	_, err := f.fs.Remove(ctx, req)
+	return f.c.explain(ctx, f.sb, err)
+}
+
+// Rename moves the entry at from to to and describes it there.
+func (f *Files) Rename(ctx context.Context, from, to string) (Entry, error) {
+	req := connect.NewRequest(&filesystempb.MoveRequest{Source: from, Destination: to})
+	basicUser(req.Header(), f.user)
+	resp, err := f.fs.Move(ctx, req)
+	if err != nil {
+		return Entry{}, f.c.explain(ctx, f.sb, err)
+	}
+	return toEntry(resp.Msg.GetEntry()), nil
+}
+
 // Open streams the file at path; close it when done.
 func (f *Files) Open(ctx context.Context, path string) (io.ReadCloser, error) {
 	resp, err := f.do(ctx, http.MethodGet, path, nil, "read "+path)

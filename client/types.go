@@ -10,6 +10,8 @@ type (
 	Sandbox = api.Sandbox
 	// CreateRequest is the body of a create (POST /sandboxes).
 	CreateRequest = api.NewSandbox
+	// ConnectRequest is the body of a connect.
+	ConnectRequest = api.ConnectRequest
 	// Network is a sandbox's egress settings.
 	Network = api.Network
 	// Metric is one sample of a sandbox's resource use.
