@@ -185,8 +185,14 @@ func TestRenameRemove(t *testing.T) {
 	if err != nil || e.Path != dir+"/b" {
 		t.Fatalf("Rename: %+v, %v; want an entry at %s/b", e, err, dir)
 	}
+	if ok, err := fs.Exists(ctx, dir+"/b"); !ok || err != nil {
+		t.Errorf("Exists of the renamed file: %v, %v; want true", ok, err)
+	}
 	if err := fs.Remove(ctx, dir+"/b"); err != nil {
 		t.Fatal(err)
+	}
+	if ok, err := fs.Exists(ctx, dir+"/b"); ok || err != nil {
+		t.Errorf("Exists after Remove: %v, %v; want false", ok, err)
 	}
 	if _, err := os.Stat(dir + "/b"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after Remove: %v, want not exist", err)

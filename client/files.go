@@ -61,6 +61,15 @@ func (f *Files) Stat(ctx context.Context, path string) (Entry, error) {
 	return toEntry(resp.Msg.GetEntry()), nil
 }
 
+// Exists reports whether path exists (a dangling symlink does).
+func (f *Files) Exists(ctx context.Context, path string) (bool, error) {
+	_, err := f.Stat(ctx, path)
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // List returns the entries of directory path (not their children).
 func (f *Files) List(ctx context.Context, path string) ([]Entry, error) {
 	req := connect.NewRequest(&filesystempb.ListDirRequest{Path: path, Depth: 1})
