@@ -1,7 +1,9 @@
 // Package api serves agentenv's REST API: E2B's sandbox and template routes
 // (so the official e2b SDKs work unchanged) plus agentenv's own routes under
 // /agentenv/. It maps error classes to HTTP at this edge only and must not
-// hold sandbox state of its own.
+// hold sandbox state of its own. Its JSON bodies are the public package
+// github.com/agentenv/agentenv/api (imported as wire), which the Go client
+// shares; a body shape belongs there, not here.
 package api
 
 import (
