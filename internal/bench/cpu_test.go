@@ -175,7 +175,7 @@ func TestWriteCPU(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"median of 3 batches",
-		"github.com/agentenv/agentenv/runsc", "github.com/agentenv/agentenv/crun",
+		"agentenv/runsc", "agentenv/crun",
 		"60.0 (58.0–62.0) [120]", // median (min–max) [wall]
 		"1.5x", "10.0x",          // create: 60/40, 60/6
 		"churn cycle: create+exec+kill, 8 in flight",
