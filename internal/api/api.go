@@ -1,7 +1,9 @@
 // Package api serves agentenv's REST API: E2B's sandbox and template routes
 // (so the official e2b SDKs work unchanged) plus agentenv's own routes under
 // /agentenv/. It maps error classes to HTTP at this edge only and must not
-// hold sandbox state of its own.
+// hold sandbox state of its own. Its JSON bodies are the public package
+// github.com/agentenv/agentenv/api (imported as wire), which the Go client
+// shares; a body shape belongs there, not here.
 package api
 
 import (
@@ -13,6 +15,7 @@ import (
 	"net/http"
 	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
@@ -172,21 +175,13 @@ func (s *Server) operatorOnly(next http.HandlerFunc) http.Handler {
 	})
 }
 
-// errorBody is the JSON error every route returns. code is the HTTP status
-// (what E2B's SDKs read); errorCode is a machine-readable class.
-type errorBody struct {
-	Code      int    `json:"code"`
-	ErrorCode string `json:"error_code"`
-	Message   string `json:"message"`
-}
-
 func writeError(w http.ResponseWriter, err error) {
 	status, code := errdefs.HTTPStatus(err)
 	if errdefs.Retryable(err) {
 		// The same request may succeed in a moment (503, 429): say when.
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, errorBody{Code: status, ErrorCode: code, Message: err.Error()})
+	writeJSON(w, status, wire.Error{Status: status, ErrorCode: code, Message: err.Error()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -211,54 +206,14 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	}
 }
 
-// sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox shape.
-type sandboxJSON struct {
-	SandboxID       string            `json:"sandboxID"`
-	TemplateID      string            `json:"templateID"`
-	Alias           string            `json:"alias,omitempty"`
-	ClientID        string            `json:"clientID"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
-	TrafficToken    string            `json:"trafficAccessToken,omitempty"`
-	Domain          *string           `json:"domain"`
-	StartedAt       time.Time         `json:"startedAt"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-	DiskSizeMB      int               `json:"diskSizeMB"`
-	Metadata        map[string]string `json:"metadata,omitempty"`
-	State           string            `json:"state"`
-	AllowInternet   bool              `json:"allowInternetAccess"`
-	Network         *networkJSON      `json:"network,omitempty"`
-	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
-	// Lineage (agentenv's): the snapshot the sandbox was restored from,
-	// and the sandbox its memory came from (a fork's parent).
-	SnapshotID      string `json:"snapshotID,omitempty"`
-	ParentSandboxID string `json:"parentSandboxID,omitempty"`
-	// Boot (agentenv's, on create, connect and get) says where the
-	// sandbox's last boot spent its time.
-	Boot *bootJSON `json:"boot,omitempty"`
-}
-
-// bootJSON is a sandbox's BootRecord in milliseconds.
-type bootJSON struct {
-	Kind  string         `json:"kind"`
-	Steps []bootStepJSON `json:"steps"`
-}
-
-type bootStepJSON struct {
-	Step   string   `json:"step"`
-	WallMs float64  `json:"wallMs"`
-	CPUMs  *float64 `json:"cpuMs,omitempty"`
-}
-
-func toBootJSON(r *sandbox.BootRecord) *bootJSON {
+// toBoot is a sandbox's boot record as the API shows it (milliseconds).
+func toBoot(r *sandbox.BootRecord) *wire.BootRecord {
 	if r == nil {
 		return nil
 	}
-	out := &bootJSON{Kind: r.Kind, Steps: make([]bootStepJSON, 0, len(r.Steps))}
+	out := &wire.BootRecord{Kind: r.Kind, Steps: make([]wire.BootStep, 0, len(r.Steps))}
 	for _, s := range r.Steps {
-		st := bootStepJSON{Step: s.Step, WallMs: ms(s.Wall)}
+		st := wire.BootStep{Step: s.Step, WallMs: ms(s.Wall)}
 		if s.CPU != nil {
 			c := ms(*s.CPU)
 			st.CPUMs = &c
@@ -268,27 +223,20 @@ func toBootJSON(r *sandbox.BootRecord) *bootJSON {
 	return out
 }
 
-// ms is d in milliseconds, to the microsecond.
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// lifecycleJSON is E2B's SandboxLifecycle.
-type lifecycleJSON struct {
-	AutoResume bool   `json:"autoResume"`
-	OnTimeout  string `json:"onTimeout"` // kill or pause
-}
-
-func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
-	out := sandboxJSON{
+// toJSON is a sandbox as the API shows it; withToken adds its tokens
+// (create, connect and get; not lists).
+func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
+	out := wire.Sandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
 		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State),
-		AllowInternet: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
+		AllowInternetAccess: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}
 	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {
 		public := !sb.Network.PrivateTraffic
-		out.Network = &networkJSON{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
+		out.Network = &wire.Network{AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, AllowPublicTraffic: &public}
 	}
-	out.Lifecycle = &lifecycleJSON{AutoResume: sb.Lifecycle.AutoResume, OnTimeout: "kill"}
+	out.Lifecycle = &wire.Lifecycle{AutoResume: sb.Lifecycle.AutoResume, OnTimeout: "kill"}
 	if sb.Lifecycle.AutoPause {
 		out.Lifecycle.OnTimeout = "pause"
 	}
@@ -298,8 +246,10 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) sandboxJSON {
 	}
 	if withToken {
 		out.EnvdAccessToken = sb.AccessToken
-		out.TrafficToken = sb.TrafficToken
-		out.Boot = toBootJSON(sb.Boot)
+		out.TrafficAccessToken = sb.TrafficToken
+		out.Boot = toBoot(sb.Boot)
 	}
 	return out
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

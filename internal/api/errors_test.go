@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -33,8 +34,8 @@ func TestWriteErrorRetryAfter(t *testing.T) {
 		if got := rec.Header().Get("Retry-After"); got != tt.retryAfter {
 			t.Errorf("%v: got Retry-After %q, want %q", tt.err, got, tt.retryAfter)
 		}
-		var body errorBody
-		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != tt.status || body.Message != tt.err.Error() {
+		var body wire.Error
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Status != tt.status || body.Message != tt.err.Error() {
 			t.Errorf("%v: got body %s (%v), want code %d and the message", tt.err, rec.Body, err, tt.status)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -24,7 +25,7 @@ func FuzzRequestBodies(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		targets := []any{new(createRequest), new(networkUpdate), new(struct {
+		targets := []any{new(wire.NewSandbox), new(wire.NetworkUpdate), new(struct {
 			Name     string   `json:"name"`
 			Packages []string `json:"packages"`
 		})}
@@ -34,7 +35,7 @@ func FuzzRequestBodies(f *testing.F) {
 			if err != nil && !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrTooLarge) {
 				t.Fatalf("decode(%q) = %v, want a client error", body, err)
 			}
-			if cr, ok := v.(*createRequest); ok && err == nil {
+			if cr, ok := v.(*wire.NewSandbox); ok && err == nil {
 				n := toNetwork(cr.AllowInternetAccess, cr.Network)
 				if n == nil {
 					t.Fatal("toNetwork returned nil")

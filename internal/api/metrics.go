@@ -9,25 +9,14 @@ import (
 	"sync"
 	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
-// metricJSON is E2B's SandboxMetric.
-type metricJSON struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
-
-func toMetricJSON(m sandbox.Metric) metricJSON {
-	return metricJSON{
+// toMetricJSON is a sample as the API shows it (E2B's SandboxMetric).
+func toMetricJSON(m sandbox.Metric) wire.SandboxMetric {
+	return wire.SandboxMetric{
 		Timestamp: m.Timestamp, TimestampUnix: m.Timestamp.Unix(), CPUCount: m.CPUCount,
 		CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache,
 		DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
@@ -48,7 +37,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := []metricJSON{}
+	out := []wire.SandboxMetric{}
 	if inside && !m.Timestamp.IsZero() {
 		out = append(out, toMetricJSON(m))
 	}
@@ -93,7 +82,7 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	var (
 		mu   sync.Mutex
-		out  = map[string]metricJSON{}
+		out  = map[string]wire.SandboxMetric{}
 		errs []error
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, 8) // a fleet sends each to its node
@@ -120,7 +109,7 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs[0])
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	writeJSON(w, http.StatusOK, wire.SandboxesMetrics{Sandboxes: out})
 }
 
 // metricsIDs reads sandbox_ids: comma-separated (E2B's form) or repeated.

@@ -9,38 +9,14 @@ import (
 	"strings"
 	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
-// networkJSON is E2B's network settings of a sandbox.
-type networkJSON struct {
-	AllowOut           []string `json:"allowOut,omitempty"`
-	DenyOut            []string `json:"denyOut,omitempty"`
-	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
-}
-
-type createRequest struct {
-	TemplateID          string            `json:"templateID"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *networkJSON      `json:"network"`
-	Timeout             *int64            `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	CPUCount            int               `json:"cpuCount"`
-	MemoryMB            int               `json:"memoryMB"`
-	// E2B's lifecycle: what happens at the timeout and to traffic while
-	// paused (the SDK's lifecycle option sends these).
-	AutoPause       *bool `json:"autoPause"`
-	AutoPauseMemory *bool `json:"autoPauseMemory"`
-	AutoResume      *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-}
-
 // lifecycle reads E2B's autoPause, autoPauseMemory (default true) and
 // autoResume.enabled.
-func (r createRequest) lifecycle() sandbox.Lifecycle {
+func lifecycle(r wire.NewSandbox) sandbox.Lifecycle {
 	lc := sandbox.Lifecycle{
 		AutoPause:  r.AutoPause != nil && *r.AutoPause,
 		DropMemory: r.AutoPauseMemory != nil && !*r.AutoPauseMemory,
@@ -62,7 +38,7 @@ func seconds(v int64, field string) (time.Duration, error) {
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var req createRequest
+	var req wire.NewSandbox
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -71,7 +47,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		CPUs: req.CPUCount, MemoryMB: req.MemoryMB,
 		Network:   toNetwork(req.AllowInternetAccess, req.Network),
-		Lifecycle: req.lifecycle(),
+		Lifecycle: lifecycle(req),
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
@@ -107,7 +83,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := lq.page(list)
-	out := make([]sandboxJSON, 0, len(p.items))
+	out := make([]wire.Sandbox, 0, len(p.items))
 	for _, sb := range p.items {
 		out = append(out, s.toJSON(sb, false))
 	}
@@ -157,9 +133,7 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-	}
+	var req wire.TimeoutRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -185,10 +159,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 // only ever extended. memory: false resumes a sandbox paused without its
 // memory (a reboot with its files, as any resume of it).
 func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
-	}
+	var req wire.ConnectRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -247,7 +218,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	writeError(w, errdefs.Conflict("sandbox %s kept changing state during connect: retry", id))
 }
 
-func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {
+func toNetwork(internet *bool, n *wire.Network) *sandbox.Network {
 	out := &sandbox.Network{AllowInternet: true}
 	if internet != nil {
 		out.AllowInternet = *internet
@@ -259,17 +230,10 @@ func toNetwork(internet *bool, n *networkJSON) *sandbox.Network {
 	return out
 }
 
-// networkUpdate is the body of PUT /sandboxes/{id}/network.
-type networkUpdate struct {
-	AllowOut            *[]string `json:"allowOut"`
-	DenyOut             *[]string `json:"denyOut"`
-	AllowInternetAccess *bool     `json:"allow_internet_access"`
-}
-
 // updateNetwork changes the egress policy of a running sandbox (E2B's
 // PUT /sandboxes/{id}/network). Fields left out keep their value.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	var req networkUpdate
+	var req wire.NetworkUpdate
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -300,9 +264,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 // refreshSandbox is E2B's keep-alive: the sandbox lives at least duration
 // seconds (default 60) more; it never shortens its life.
 func (s *Server) refreshSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Duration *int64 `json:"duration"`
-	}
+	var req wire.RefreshRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return

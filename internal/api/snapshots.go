@@ -4,36 +4,19 @@ import (
 	"net/http"
 	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
-// snapshotJSON is a snapshot as the API shows it (E2B's snapshotID and
-// names, plus agentenv's metadata).
-type snapshotJSON struct {
-	SnapshotID string            `json:"snapshotID"`
-	Names      []string          `json:"names"`
-	Name       string            `json:"name,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	TemplateID string            `json:"templateID"`
-	Parent     string            `json:"parentSnapshotID,omitempty"`
-	SandboxID  string            `json:"sandboxID"`
-	Runtime    string            `json:"runtimeVersion"`
-	SizeBytes  int64             `json:"sizeBytes"`
-	// StoredBytes is what the snapshot added to the node's store when it
-	// was taken (pages its sandbox's previous snapshot lacked).
-	StoredBytes int64     `json:"storedBytes"`
-	CreatedAt   time.Time `json:"createdAt"`
-	InUse       int       `json:"sandboxesInUse"`
-}
-
-func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
+// toSnapshotJSON is a snapshot as the API shows it.
+func toSnapshotJSON(sn snapshot.Snapshot) wire.Snapshot {
 	names := []string{}
 	if sn.Name != "" {
 		names = append(names, sn.Name)
 	}
-	return snapshotJSON{SnapshotID: sn.ID, Names: names, Name: sn.Name, Metadata: sn.Metadata, TemplateID: sn.Template,
+	return wire.Snapshot{SnapshotID: sn.ID, Names: names, Name: sn.Name, Metadata: sn.Metadata, TemplateID: sn.Template,
 		Parent: sn.Parent, SandboxID: sn.Sandbox, Runtime: sn.Runtime, SizeBytes: sn.Size, StoredBytes: sn.Stored, CreatedAt: sn.CreatedAt, InUse: sn.InUse}
 }
 
@@ -41,9 +24,7 @@ func toSnapshotJSON(sn snapshot.Snapshot) snapshotJSON {
 // freezes in place; with memory: false only its files are kept and a
 // resume boots it again.
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Memory *bool `json:"memory"`
-	}
+	var req wire.PauseRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -68,10 +49,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
-	}
+	var req wire.ResumeRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -101,10 +79,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Name     string            `json:"name"`
-		Metadata map[string]string `json:"metadata"`
-	}
+	var req wire.SnapshotRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -118,7 +93,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	out := []snapshotJSON{}
+	out := []wire.Snapshot{}
 	name := r.URL.Query().Get("name")
 	list, err := s.backend(r).ListSnapshots(r.Context(), r.URL.Query().Get("sandboxID"))
 	if err != nil {
@@ -151,19 +126,10 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-type forkEntry struct {
-	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
-	Error   *errorBody   `json:"error,omitempty"`
-}
-
 // forkSandbox answers 201 with one entry per child, as E2B's SDK reads it:
 // {sandbox} for a child that runs, {error} for one that failed.
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Count    *int              `json:"count"`
-		Timeout  *int64            `json:"timeout"`
-		Metadata map[string]string `json:"metadata"`
-	}
+	var req wire.ForkRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -190,15 +156,15 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]forkEntry, 0, len(results))
+	out := make([]wire.ForkResult, 0, len(results))
 	for _, res := range results {
 		if res.Err != nil {
 			status, code := errdefs.HTTPStatus(res.Err)
-			out = append(out, forkEntry{Error: &errorBody{Code: status, ErrorCode: code, Message: res.Err.Error()}})
+			out = append(out, wire.ForkResult{Error: &wire.Error{Status: status, ErrorCode: code, Message: res.Err.Error()}})
 			continue
 		}
 		sj := s.toJSON(res.Sandbox, true)
-		out = append(out, forkEntry{Sandbox: &sj})
+		out = append(out, wire.ForkResult{Sandbox: &sj})
 	}
 	writeJSON(w, http.StatusCreated, out)
 }

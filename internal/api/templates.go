@@ -6,42 +6,22 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// templateJSON is E2B's Template shape plus agentenv's fields.
-type templateJSON struct {
-	TemplateID string    `json:"templateID"`
-	BuildID    string    `json:"buildID"`
-	Aliases    []string  `json:"aliases"`
-	Public     bool      `json:"public"`
-	CPUCount   int       `json:"cpuCount"`
-	MemoryMB   int       `json:"memoryMB"`
-	CreatedAt  time.Time `json:"createdAt"`
-	UpdatedAt  time.Time `json:"updatedAt"`
-	Source     string    `json:"source"`
-	Packages   []string  `json:"packages,omitempty"`
-	ImageSize  int64     `json:"imageSizeBytes"`
-	// DiskSizeMB is the template's own write-layer size (0: the server's).
-	DiskSizeMB int `json:"diskSizeMB,omitempty"`
-	InUse      int `json:"sandboxesInUse"`
-	// Ready: creates restore a snapshot of the booted template.
-	Ready bool `json:"ready"`
-	// The template's process settings (an OCI image's env, workdir and
-	// user; its start and ready commands).
-	template.Defaults
-	template.Start
-}
-
-func toTemplateJSON(ti TemplateInfo) templateJSON {
+// toTemplateJSON is a template as the API shows it (E2B's Template shape
+// plus agentenv's fields).
+func toTemplateJSON(ti TemplateInfo) wire.Template {
 	t := ti.Template
-	return templateJSON{Ready: ti.Ready,
+	return wire.Template{Ready: ti.Ready,
 		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
-		ImageSize: t.ImageSize, InUse: t.InUse, Defaults: t.Defaults, Start: t.Start, DiskSizeMB: t.DiskMB,
+		ImageSize: t.ImageSize, InUse: t.InUse, DiskSizeMB: t.DiskMB,
+		TemplateSettings: wire.TemplateSettings{Env: t.Env, Workdir: t.Workdir, User: t.User,
+			StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: t.ReadyTimeout},
 	}
 }
 
@@ -51,7 +31,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := []templateJSON{}
+	out := []wire.Template{}
 	for _, t := range list {
 		out = append(out, toTemplateJSON(t))
 	}
@@ -75,24 +55,19 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// BuildEvent is one line of the streamed response of a template build
-// (application/x-ndjson): progress lines, then one line with either the
-// template or an error.
-type BuildEvent struct {
-	Progress *template.Progress `json:"progress,omitempty"`
-	Template *templateJSON      `json:"template,omitempty"`
-	Error    *errorBody         `json:"error,omitempty"`
-}
-
 // buildTemplate builds a template and streams progress as NDJSON. Input
 // errors are answered with a plain 4xx before the stream starts.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
-	var req template.BuildRequest
+	var req wire.BuildRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	s.streamBuild(w, r, req)
+	ts := req.TemplateSettings
+	s.streamBuild(w, r, template.BuildRequest{Name: req.Name, Debian: req.Debian, Packages: req.Packages,
+		Mirror: req.Mirror, Rootfs: req.Rootfs, Busybox: req.Busybox, DiskMB: req.DiskMB,
+		Defaults: template.Defaults{Env: ts.Env, Workdir: ts.Workdir, User: ts.User},
+		Start:    template.Start{StartCmd: ts.StartCmd, ReadyCmd: ts.ReadyCmd, ReadyTimeout: ts.ReadyTimeout}})
 }
 
 // uploadTemplate builds a template from a rootfs tarball (plain or gzip)
@@ -160,7 +135,7 @@ func (s *Server) streamBuild(w http.ResponseWriter, r *http.Request, req templat
 	flusher, _ := w.(http.Flusher)
 	started := false
 	var last template.Progress
-	emit := func(ev BuildEvent) {
+	emit := func(ev wire.BuildEvent) {
 		if !started {
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			w.WriteHeader(http.StatusOK)
@@ -177,16 +152,16 @@ func (s *Server) streamBuild(w http.ResponseWriter, r *http.Request, req templat
 			return
 		}
 		last = p
-		emit(BuildEvent{Progress: &p})
+		emit(wire.BuildEvent{Progress: &wire.BuildProgress{Phase: p.Phase, Percent: p.Percent, Message: p.Message}})
 	})
 	switch {
 	case err != nil && !started:
 		writeError(w, err)
 	case err != nil:
 		status, code := errdefs.HTTPStatus(err)
-		emit(BuildEvent{Error: &errorBody{Code: status, ErrorCode: code, Message: err.Error()}})
+		emit(wire.BuildEvent{Error: &wire.Error{Status: status, ErrorCode: code, Message: err.Error()}})
 	default:
 		tj := toTemplateJSON(t)
-		emit(BuildEvent{Template: &tj})
+		emit(wire.BuildEvent{Template: &tj})
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // benchLabel is the metadata key that marks the sandboxes of one bench run,
@@ -50,16 +50,16 @@ const densityLifetime = 1800
 
 // createIdle creates a sandbox that outlives the density group's creates.
 func (t *agentenvTarget) createIdle(ctx context.Context) (string, error) {
-	return t.start(ctx, client.CreateRequest{TemplateID: t.template, Timeout: densityLifetime})
+	return t.start(ctx, client.CreateRequest{TemplateID: t.template, Timeout: new(int64(densityLifetime))})
 }
 
 // start creates a sandbox (booted from a template, or restored when
 // req.TemplateID names a snapshot) and returns once /bin/true has run in it.
 func (t *agentenvTarget) start(ctx context.Context, req client.CreateRequest) (string, error) {
-	if req.Timeout == 0 {
+	if req.Timeout == nil {
 		// A short life, so that a sandbox this run fails to kill (the
 		// server went away, say) does not outlive it by much.
-		req.Timeout = 300
+		req.Timeout = new(int64(300))
 	}
 	req.Metadata = map[string]string{benchLabel: t.run}
 	sb, err := t.c.CreateSandbox(ctx, req)

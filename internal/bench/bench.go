@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // Config says what to measure.

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // The rollout workload: what an RL trainer does with sandboxes. An agent
@@ -316,7 +316,7 @@ func (r *runner) rollout(ctx context.Context) error {
 
 // spawn creates a sandbox and returns once the server has it running.
 func (t *agentenvTarget) spawn(ctx context.Context) (string, error) {
-	sb, err := t.c.CreateSandbox(ctx, client.CreateRequest{TemplateID: t.template, Timeout: 300, Metadata: map[string]string{benchLabel: t.run}})
+	sb, err := t.c.CreateSandbox(ctx, client.CreateRequest{TemplateID: t.template, Timeout: new(int64(300)), Metadata: map[string]string{benchLabel: t.run}})
 	if err != nil {
 		return "", err
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/fleet"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"

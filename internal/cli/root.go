@@ -16,7 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // ExitError carries a specific exit code out of a command.

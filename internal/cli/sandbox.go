@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 func sandboxCmd(g *globals) *cobra.Command {
@@ -67,6 +67,7 @@ const sandboxHeader = "ID\tTEMPLATE\tSTATE\tSTARTED\tREMAINING\tSNAPSHOT\tPARENT
 
 func sandboxCreate(g *globals) *cobra.Command {
 	var req client.CreateRequest
+	var timeout int64
 	var env, meta []string
 	cmd := &cobra.Command{
 		Use:   "create TEMPLATE|SNAPSHOT_ID|SNAPSHOT_NAME",
@@ -78,6 +79,9 @@ func sandboxCreate(g *globals) *cobra.Command {
 				return err
 			}
 			req.TemplateID = args[0]
+			if timeout != 0 { // 0: the server's default
+				req.Timeout = &timeout
+			}
 			if req.EnvVars, err = parsePairs(env, "--env"); err != nil {
 				return err
 			}
@@ -96,7 +100,7 @@ func sandboxCreate(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&req.Timeout, "timeout", 0, "seconds until the sandbox is killed (default 300)")
+	f.Int64Var(&timeout, "timeout", 0, "seconds until the sandbox is killed (default 300)")
 	f.IntVar(&req.CPUCount, "cpus", 0, "CPU limit")
 	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory limit in MiB")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")

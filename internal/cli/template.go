@@ -9,7 +9,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/template"
 )
 

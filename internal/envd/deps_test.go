@@ -28,7 +28,7 @@ var bannedDeps = []string{
 	"github.com/agentenv/agentenv/internal/template",
 	"github.com/agentenv/agentenv/internal/netns",
 	"github.com/agentenv/agentenv/internal/cli",
-	"github.com/agentenv/agentenv/internal/client",
+	"github.com/agentenv/agentenv/client",
 	"github.com/agentenv/agentenv/internal/bench",
 	"github.com/agentenv/agentenv/internal/testenv",
 	"github.com/vishvananda",

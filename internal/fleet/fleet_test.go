@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
@@ -96,7 +96,7 @@ func TestFleet(t *testing.T) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			c := f.clients[i%2]
-			sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 900})
+			sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(900))})
 			if err != nil {
 				errs <- fmt.Errorf("create %d: %w", i, err)
 				return

@@ -16,7 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // op is a client with the operator's key on the newest API server.
@@ -190,7 +190,7 @@ func (f *fleetEnv) trustChecks(t *testing.T) {
 		defer quiet("ip", "addr", "del", "10.231.0.2/24", "dev", bridge)
 		control, _ := countingListener(t, "10.231.0.2:0")
 		etcdHost := strings.TrimPrefix(eps[0], "https://")
-		s, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Network: map[string]any{"allowOut": []string{bridgeIP + "/32", "10.231.0.2/32"}}})
+		s, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Network: &client.Network{AllowOut: []string{bridgeIP + "/32", "10.231.0.2/32"}}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/template"
@@ -129,7 +129,7 @@ func TestDiskBudget(t *testing.T) {
 		}
 	})
 	create := func() (client.Sandbox, error) {
-		sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+		sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})
 		if err == nil {
 			live = append(live, sb)
 		}

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/childproc"
-	"github.com/agentenv/agentenv/internal/client"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 

@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	fspb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
 	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
@@ -109,7 +109,7 @@ func TestEnvdFileOpsAsTheUser(t *testing.T) {
 	e := sharedServer(t)
 	for _, tpl := range filesTemplates(t, e) {
 		t.Run(tpl, func(t *testing.T) {
-			sb := e.create(t, client.CreateRequest{TemplateID: tpl, Timeout: 120})
+			sb := e.create(t, client.CreateRequest{TemplateID: tpl, Timeout: new(int64(120))})
 			user, root := e.envdAs(t, sb, "user"), e.envdAs(t, sb, "root")
 			ctx := context.Background()
 			root.sh(`mkdir -m 700 /secret && echo s > /secret/f && echo r > /etc/agentenv-root`)

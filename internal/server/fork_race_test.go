@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // TestForkRacesSnapshotsAndKills runs forks (whose children take warm
@@ -40,7 +40,7 @@ func TestForkRacesSnapshotsAndKills(t *testing.T) {
 		mu.Unlock()
 	}
 	newParent := func() client.Sandbox {
-		sb := e.create(t, client.CreateRequest{Timeout: 300, Metadata: map[string]string{"test": "fork-race"}})
+		sb := e.create(t, client.CreateRequest{Timeout: new(int64(300)), Metadata: map[string]string{"test": "fork-race"}})
 		made(sb.SandboxID)
 		return sb
 	}
@@ -119,7 +119,7 @@ func TestForkRacesSnapshotsAndKills(t *testing.T) {
 					errc <- fmt.Errorf("snapshot %s: %w", p.SandboxID, err)
 					continue
 				}
-				sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: sn.SnapshotID, Timeout: 60})
+				sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: sn.SnapshotID, Timeout: new(int64(60))})
 				if err != nil {
 					errc <- fmt.Errorf("restore %s: %w", sn.SnapshotID, err)
 				} else {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // scrapeMetrics reads the server's /metrics as series → value.
@@ -133,7 +133,7 @@ func TestGaugesFollowSandboxes(t *testing.T) {
 
 	// A sandbox whose timeout passes is reaped, and counted.
 	reaped := `agentenv_sandboxes_reaped_total{role="serve"}`
-	e.create(t, client.CreateRequest{Timeout: 1})
+	e.create(t, client.CreateRequest{Timeout: new(int64(1))})
 	deadline = time.Now().Add(20 * time.Second)
 	for e.scrapeMetrics(t)[reaped] < before[reaped]+1 {
 		if time.Now().After(deadline) {

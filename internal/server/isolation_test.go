@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 func TestHostIsInvisible(t *testing.T) {

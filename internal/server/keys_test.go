@@ -10,7 +10,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // status is the HTTP status of a client error (0: none or not HTTP).

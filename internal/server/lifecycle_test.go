@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // E2B's lifecycle: autoPause at the timeout (with or without memory),
@@ -168,7 +168,7 @@ func TestPauseWithoutMemory(t *testing.T) {
 	e := sharedServer(t)
 	for _, tpl := range filesTemplates(t, e) {
 		t.Run(tpl, func(t *testing.T) {
-			sb := e.create(t, client.CreateRequest{TemplateID: tpl, Timeout: 60})
+			sb := e.create(t, client.CreateRequest{TemplateID: tpl, Timeout: new(int64(60))})
 			boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
 			start := time.Now()
 			if status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`)); status != http.StatusNoContent {
@@ -226,7 +226,7 @@ func TestE2BLifecycle(t *testing.T) { runSDKTest(t, sharedServer(t), "lifecycle.
 func pausedWithoutMemory(t *testing.T, c *client.Client, api string) client.Sandbox {
 	t.Helper()
 	ctx := context.Background()
-	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})
 	if err != nil {
 		t.Fatal(err)
 	}

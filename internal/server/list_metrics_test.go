@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // TestListPagesREST pages through GET /v2/sandboxes as E2B's SDKs do:

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // loadInFlight is how many create → exec → kill cycles run at once.

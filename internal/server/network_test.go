@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
@@ -463,7 +463,7 @@ func TestManySandboxesLeaveNoNetworkBehind(t *testing.T) {
 		go func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Network: map[string]any{"denyOut": []string{"10.123.0.0/16"}}})
+			sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Network: &client.Network{DenyOut: []string{"10.123.0.0/16"}}})
 			if err != nil {
 				errs <- err
 				return

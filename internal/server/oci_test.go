@@ -10,8 +10,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/cli"
-	"github.com/agentenv/agentenv/internal/client"
 	"github.com/agentenv/agentenv/internal/template/ocitest"
 )
 

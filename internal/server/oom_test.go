@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // TestOOMKilledSandboxLeavesNothing fills a 512 MiB sandbox's memory (2 GiB

@@ -16,7 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/testenv"
@@ -117,7 +117,7 @@ echo kept > /home/user/kept`
 // stays put (it went from 50 MB to 1.2 GB when the pause ran /bin/sh).
 func TestPauseWithoutMemoryHostileSandbox(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{Timeout: 120})
+	sb := e.create(t, client.CreateRequest{Timeout: new(int64(120))})
 	if code, out := runAs(t, e, sb, "/bin/busybox", "sh", "-c", hostile); code != 0 {
 		t.Fatalf("make the sandbox hostile: exit %d: %s", code, out)
 	}
@@ -151,7 +151,7 @@ func TestPauseWithoutMemoryHostileSandbox(t *testing.T) {
 // stores a few KiB, and the resumed sandbox has the same links.
 func TestPauseWithoutMemoryKeepsLinksAsLinks(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{TemplateID: diskTemplate(t, e, 64), Timeout: 120})
+	sb := e.create(t, client.CreateRequest{TemplateID: diskTemplate(t, e, 64), Timeout: new(int64(120))})
 	const links = `set -e; cd /home/user
 truncate -s 2G /dev/shm/sparse
 ln -s /dev/shm/sparse big; ln -s /proc/self/mem mem; ln -s /proc/kcore kcore; ln -s /dev/zero zero
@@ -194,7 +194,7 @@ func storedFiles(t *testing.T, e *env, id string) int64 {
 // error, keeps running with its files, and the host keeps nothing.
 func TestPauseWithoutMemoryOverCap(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{TemplateID: diskTemplate(t, e, 64), Timeout: 120})
+	sb := e.create(t, client.CreateRequest{TemplateID: diskTemplate(t, e, 64), Timeout: new(int64(120))})
 	e.envdAs(t, sb, "root").sh(`truncate -s 2G /home/user/huge && echo still > /home/user/still`)
 	start := time.Now()
 	status, out := e.rawRequest(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", testKey, strings.NewReader(`{"memory": false}`))

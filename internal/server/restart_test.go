@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
@@ -124,7 +124,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 		}
 	})
 
-	keep, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	keep, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	}
 	filesOnly := pausedWithoutMemory(t, c, "http://"+p.api)
 	// Paused with its memory: the container stays frozen across the crash.
-	frozen, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: 600})
+	frozen, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 func TestSandboxLifecycle(t *testing.T) {
@@ -73,7 +73,7 @@ func TestSandboxLifecycle(t *testing.T) {
 
 func TestSandboxTimeoutKills(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{Timeout: 1})
+	sb := e.create(t, client.CreateRequest{Timeout: new(int64(1))})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		_, err := e.client.GetSandbox(context.Background(), sb.SandboxID)

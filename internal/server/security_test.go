@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -163,7 +163,7 @@ func TestReservedSnapshotNames(t *testing.T) {
 // "user" killed a 512 MiB sandbox).
 func TestManyProcessesDoNotKillTheSandbox(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.create(t, client.CreateRequest{Timeout: 300})
+	sb := e.create(t, client.CreateRequest{Timeout: new(int64(300))})
 	cg := "/sys/fs/cgroup/memory/agentenv/" + sb.SandboxID + "/memory.usage_in_bytes"
 	usage := func() int64 {
 		b, _ := os.ReadFile(cg)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/client"
+	"github.com/agentenv/agentenv/client"
 )
 
 // startMemoryServer starts, in sb, a shell that holds a random value only
@@ -41,7 +41,7 @@ func askMemoryServer(t *testing.T, e *env, sb client.Sandbox) string {
 func TestPauseResume(t *testing.T) {
 	e := sharedServer(t)
 	ctx := context.Background()
-	sb := e.create(t, client.CreateRequest{Timeout: 60})
+	sb := e.create(t, client.CreateRequest{Timeout: new(int64(60))})
 	v := startMemoryServer(t, e, sb)
 	before, _ := e.client.GetSandbox(ctx, sb.SandboxID)
 	if err := e.client.PauseSandbox(ctx, sb.SandboxID); err != nil {

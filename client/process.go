@@ -43,10 +43,31 @@ type Process struct {
 	user    string
 	timeout time.Duration
 	pc      processpbconnect.ProcessClient
-	stream  *connect.ServerStreamForClient[processpb.StartResponse]
+	stream  eventStream
 	sel     *processpb.ProcessSelector
 	cancel  context.CancelFunc
 }
+
+// eventStream is a stream of a process's events: Start's, or Connect's
+// for a process started before.
+type eventStream interface {
+	Receive() bool
+	Err() error
+	Close() error
+	event() *processpb.ProcessEvent
+}
+
+type startStream struct {
+	*connect.ServerStreamForClient[processpb.StartResponse]
+}
+
+func (s startStream) event() *processpb.ProcessEvent { return s.Msg().GetEvent() }
+
+type connectStream struct {
+	*connect.ServerStreamForClient[processpb.ConnectResponse]
+}
+
+func (s connectStream) event() *processpb.ProcessEvent { return s.Msg().GetEvent() }
 
 // basicUser sets the user of an envd request as E2B's SDK does: Basic auth
 // with no password.
@@ -93,7 +114,7 @@ func (c *Client) StartProcess(ctx context.Context, sb Sandbox, r ProcessRequest)
 		cancel()
 		return nil, fmt.Errorf("got %v first, want the process's start event", stream.Msg().GetEvent())
 	}
-	return &Process{PID: pid, c: c, sb: sb, user: r.User, timeout: r.Timeout, pc: pc, stream: stream, cancel: cancel,
+	return &Process{PID: pid, c: c, sb: sb, user: r.User, timeout: r.Timeout, pc: pc, stream: startStream{stream}, cancel: cancel,
 		sel: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}}, nil
 }
 
@@ -105,7 +126,7 @@ func (p *Process) Wait(stdout, stderr io.Writer) (ExecResult, error) {
 	var res ExecResult
 	var outBuf, errBuf bytes.Buffer
 	for p.stream.Receive() {
-		ev := p.stream.Msg().GetEvent()
+		ev := p.stream.event()
 		if d := ev.GetData(); d != nil {
 			if b := d.GetStdout(); b != nil {
 				outBuf.Write(b)
@@ -138,6 +159,69 @@ func (p *Process) Wait(stdout, stderr io.Writer) (ExecResult, error) {
 		return res, p.c.explain(context.Background(), p.sb, err)
 	}
 	return res, errors.New("the process stream ended without an exit code")
+}
+
+// ProcessInfo is a process running in a sandbox that was started through
+// envd (by this client, an SDK or a template's start command).
+type ProcessInfo struct {
+	PID  uint32
+	Cmd  string
+	Args []string
+	Cwd  string
+	Tag  string
+}
+
+// ListProcesses lists the processes envd started that still run.
+func (c *Client) ListProcesses(ctx context.Context, sb Sandbox) ([]ProcessInfo, error) {
+	hc, base := c.Envd(sb)
+	resp, err := processpbconnect.NewProcessClient(hc, base).List(ctx, connect.NewRequest(&processpb.ListRequest{}))
+	if err != nil {
+		return nil, c.explain(ctx, sb, err)
+	}
+	var out []ProcessInfo
+	for _, p := range resp.Msg.GetProcesses() {
+		cfg := p.GetConfig()
+		out = append(out, ProcessInfo{PID: p.GetPid(), Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Cwd: cfg.GetCwd(), Tag: p.GetTag()})
+	}
+	return out, nil
+}
+
+// ConnectProcess attaches to a process started earlier (by PID, as
+// ListProcesses or another client's StartProcess gives it): Wait then
+// streams its output from now on and returns its exit code. user is the
+// user its signals and input are sent as (empty: envd's default).
+func (c *Client) ConnectProcess(ctx context.Context, sb Sandbox, pid uint32, user string) (*Process, error) {
+	hc, base := c.Envd(sb)
+	pc := processpbconnect.NewProcessClient(hc, base)
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}
+	req := connect.NewRequest(&processpb.ConnectRequest{Process: sel})
+	basicUser(req.Header(), user)
+	stream, err := pc.Connect(ctx, req)
+	if err != nil {
+		return nil, c.explain(ctx, sb, err)
+	}
+	if !stream.Receive() {
+		err := stream.Err()
+		stream.Close()
+		if err == nil {
+			err = errors.New("the process stream ended before its start event")
+		}
+		return nil, c.explain(ctx, sb, err)
+	}
+	if got := stream.Msg().GetEvent().GetStart().GetPid(); got != pid {
+		stream.Close()
+		return nil, fmt.Errorf("got %v first, want process %d's start event", stream.Msg().GetEvent(), pid)
+	}
+	return &Process{PID: pid, c: c, sb: sb, user: user, pc: pc, stream: connectStream{stream}, cancel: func() {}, sel: sel}, nil
+}
+
+// SendStdin writes b to the process's stdin (started with Stdin).
+func (p *Process) SendStdin(ctx context.Context, b []byte) error {
+	req := connect.NewRequest(&processpb.SendInputRequest{Process: p.sel,
+		Input: &processpb.ProcessInput{Input: &processpb.ProcessInput_Stdin{Stdin: b}}})
+	basicUser(req.Header(), p.user)
+	_, err := p.pc.SendInput(ctx, req)
+	return err
 }
 
 // CopyStdin streams r to the process's stdin (started with Stdin) and
@@ -204,4 +288,21 @@ func (p *Process) Close() error {
 	err := p.stream.Close()
 	p.cancel()
 	return err
+}
+
+// ExecResult is the outcome of a command.
+type ExecResult struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+}
+
+// Exec runs cmd with args in the sandbox through envd and waits for it.
+// stdout/stderr, when not nil, receive the output as it streams.
+func (c *Client) Exec(ctx context.Context, sb Sandbox, cmd string, args []string, stdout, stderr io.Writer) (ExecResult, error) {
+	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: cmd, Args: args})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return p.Wait(stdout, stderr)
 }

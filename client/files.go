@@ -61,6 +61,15 @@ func (f *Files) Stat(ctx context.Context, path string) (Entry, error) {
 	return toEntry(resp.Msg.GetEntry()), nil
 }
 
+// Exists reports whether path exists (a dangling symlink does).
+func (f *Files) Exists(ctx context.Context, path string) (bool, error) {
+	_, err := f.Stat(ctx, path)
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // List returns the entries of directory path (not their children).
 func (f *Files) List(ctx context.Context, path string) ([]Entry, error) {
 	req := connect.NewRequest(&filesystempb.ListDirRequest{Path: path, Depth: 1})
@@ -85,6 +94,25 @@ func (f *Files) MakeDir(ctx context.Context, path string) error {
 		return nil
 	}
 	return f.c.explain(ctx, f.sb, err)
+}
+
+// Remove removes the file or directory (with its contents) at path.
+func (f *Files) Remove(ctx context.Context, path string) error {
+	req := connect.NewRequest(&filesystempb.RemoveRequest{Path: path})
+	basicUser(req.Header(), f.user)
+	_, err := f.fs.Remove(ctx, req)
+	return f.c.explain(ctx, f.sb, err)
+}
+
+// Rename moves the entry at from to to and describes it there.
+func (f *Files) Rename(ctx context.Context, from, to string) (Entry, error) {
+	req := connect.NewRequest(&filesystempb.MoveRequest{Source: from, Destination: to})
+	basicUser(req.Header(), f.user)
+	resp, err := f.fs.Move(ctx, req)
+	if err != nil {
+		return Entry{}, f.c.explain(ctx, f.sb, err)
+	}
+	return toEntry(resp.Msg.GetEntry()), nil
 }
 
 // Open streams the file at path; close it when done.

@@ -7,13 +7,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // fakeSandboxes serves an envd in-process behind a stand-in for the
@@ -138,5 +141,107 @@ func TestNotRunningExplained(t *testing.T) {
 	var ae *Error
 	if !errors.As(err, &nr) || !errors.As(err, &ae) || ae.Status != 404 || !strings.Contains(err.Error(), "it was killed at") {
 		t.Errorf("gone: got %v, want the API's 404 saying it was killed", err)
+	}
+}
+
+// A process started by one client can be listed and attached to by
+// another; SendStdin reaches it.
+func TestListAndConnectProcess(t *testing.T) {
+	c, sb, me := fakeSandboxes(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: "head", Args: []string{"-n", "1"}, User: me, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close() // stop reading; the process goes on
+	list, err := c.ListProcesses(ctx, sb)
+	if err != nil || !slices.ContainsFunc(list, func(pi ProcessInfo) bool { return pi.PID == p.PID && pi.Cmd == "head" }) {
+		t.Fatalf("ListProcesses: %+v, %v; want pid %d (head)", list, err, p.PID)
+	}
+	q, err := c.ConnectProcess(ctx, sb, p.PID, me)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.SendStdin(ctx, []byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Wait(nil, nil)
+	if err != nil || string(res.Stdout) != "hello\n" || res.ExitCode != 0 {
+		t.Errorf("attached process: exit %d, stdout %q, %v; want 0, %q", res.ExitCode, res.Stdout, err, "hello\n")
+	}
+}
+
+// Rename moves a file, Remove deletes it.
+func TestRenameRemove(t *testing.T) {
+	c, sb, me := fakeSandboxes(t, nil)
+	ctx := context.Background()
+	dir := t.TempDir()
+	fs := c.Files(sb, me)
+	if err := fs.Write(ctx, dir+"/a", strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	e, err := fs.Rename(ctx, dir+"/a", dir+"/b")
+	if err != nil || e.Path != dir+"/b" {
+		t.Fatalf("Rename: %+v, %v; want an entry at %s/b", e, err, dir)
+	}
+	if ok, err := fs.Exists(ctx, dir+"/b"); !ok || err != nil {
+		t.Errorf("Exists of the renamed file: %v, %v; want true", ok, err)
+	}
+	if err := fs.Remove(ctx, dir+"/b"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := fs.Exists(ctx, dir+"/b"); ok || err != nil {
+		t.Errorf("Exists after Remove: %v, %v; want false", ok, err)
+	}
+	if _, err := os.Stat(dir + "/b"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Remove: %v, want not exist", err)
+	}
+}
+
+// Port routes to the sandbox's port with its traffic token; Envd with its
+// envd token.
+func TestPortHeaders(t *testing.T) {
+	var got http.Header
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer proxy.Close()
+	c := New("http://api.invalid", proxy.URL, "key")
+	sb := Sandbox{SandboxID: "sb1", EnvdAccessToken: "envd-tok", TrafficAccessToken: "traffic-tok"}
+	for _, tt := range []struct {
+		port              int
+		header, wantToken string
+	}{
+		{8080, "E2b-Traffic-Access-Token", "traffic-tok"},
+		{EnvdPort, "X-Access-Token", "envd-tok"},
+	} {
+		hc, base := c.Port(sb, tt.port)
+		resp, err := hc.Get(base + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got.Get("E2b-Sandbox-Id") != "sb1" || got.Get("E2b-Sandbox-Port") != fmt.Sprint(tt.port) || got.Get(tt.header) != tt.wantToken {
+			t.Errorf("port %d: headers %v; want sandbox sb1, port %d, %s %s", tt.port, got, tt.port, tt.header, tt.wantToken)
+		}
+	}
+}
+
+// EnvdPort is envd's port.
+func TestEnvdPort(t *testing.T) {
+	if EnvdPort != envd.Port {
+		t.Errorf("EnvdPort = %d, want envd.Port %d", EnvdPort, envd.Port)
+	}
+}
+
+// The package builds for every OS a user may run it on: it must not reach
+// the server's Linux-only packages (the envd daemon, the sandbox manager).
+func TestBuildsEverywhere(t *testing.T) {
+	testenv.NeedCommand(t, "go", "cross-compiles the package")
+	for _, goos := range []string{"darwin", "windows"} {
+		cmd := exec.Command("go", "build", "-o", os.DevNull, ".")
+		cmd.Env = append(cmd.Environ(), "GOOS="+goos, "GOARCH=amd64", "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("GOOS=%s go build: %v\n%s", goos, err, out)
+		}
 	}
 }
