@@ -4,16 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 )
@@ -184,21 +179,12 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 // refusing more than filesCap: the host writes at most that many bytes,
 // whatever the sandbox streams (a sparse file reads as its whole size).
 func (m *Manager) saveFiles(ctx context.Context, sb Sandbox, since time.Time, dst string) error {
-	q := url.Values{"since": {strconv.FormatInt(since.UnixNano(), 10)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sb.Addr(envd.Port)+envd.ChangesPath+"?"+q.Encode(), nil)
+	r, err := m.envd.Changes(ctx, envdOf(sb), since)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("ask envd for the changed files: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return envdError("ask envd for the changed files", resp)
-	}
-	return receiveFiles(dst, resp.Body, sb)
+	defer r.Close()
+	return receiveFiles(dst, r, sb)
 }
 
 // receiveFiles writes r to the new file dst, at most filesCap(sb) bytes.
@@ -234,34 +220,7 @@ func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+envd.ChangesPath, f)
-	if err != nil {
-		return err
-	}
-	req.ContentLength = st.Size()
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	req.Header.Set("Content-Type", "application/x-tar")
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("hand the files to envd: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return envdError("hand the files to envd", resp)
-	}
-	return nil
-}
-
-// envdError reports envd's refusal with at most a short part of its body.
-func envdError(what string, resp *http.Response) error {
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	return fmt.Errorf("%s: HTTP %d: %s", what, resp.StatusCode, strings.TrimSpace(string(msg)))
-}
-
-// bulk is the HTTP client of file transfers with envd: no overall
-// timeout (the context bounds them), the manager's marked dialer.
-func (m *Manager) bulk() *http.Client {
-	return &http.Client{Transport: m.client.Transport}
+	return m.envd.PutChanges(ctx, envdOf(sb), f, st.Size())
 }
 
 // adoptFilesOnly takes back, after a restart, a sandbox paused without its

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
@@ -50,6 +50,9 @@ type Deps struct {
 	// state transition, timeout and network change), while the sandbox's
 	// lock is held: it must not block or call back into the manager.
 	OnPersist func(Sandbox)
+	// Envd speaks to the sandboxes' daemons; nil: an envdclient.Client
+	// over the marked dialer.
+	Envd Envd
 }
 
 // Manager creates, tracks and kills sandboxes.
@@ -58,7 +61,7 @@ type Manager struct {
 	// dialer opens every connection to a sandbox (client, proxy): it sets
 	// the server's socket mark, without which the firewall refuses them.
 	dialer *net.Dialer
-	client *http.Client
+	envd   Envd
 
 	mu       sync.Mutex
 	boxes    map[string]*entry
@@ -136,10 +139,13 @@ func New(d Deps) (*Manager, error) {
 	if d.Net != nil {
 		dialer.Control = d.Net.MarkSocket
 	}
+	if d.Envd == nil {
+		d.Envd = envdclient.New(dialer.DialContext, d.Log)
+	}
 	return &Manager{
 		d:        d,
 		dialer:   dialer,
-		client:   &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialer.DialContext}},
+		envd:     d.Envd,
 		boxes:    map[string]*entry{},
 		warm:     map[string][]warmEntry{},
 		warmKick: make(chan struct{}, 1),
@@ -220,47 +226,6 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 // EnvdAddr is the host-reachable address of a sandbox's port.
 func (sb Sandbox) Addr(port int) string {
 	return net.JoinHostPort(sb.Slot.SandboxIP.String(), strconv.Itoa(port))
-}
-
-// waitEnvd polls envd's /health until it answers.
-func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	url := "http://" + sb.Addr(envd.Port) + "/health"
-	delay := time.Millisecond
-	// Each attempt gets a short deadline that grows: a SYN that reaches a
-	// sandbox still finishing its start (or restore) is dropped, and the
-	// kernel would retry it only after a full second.
-	attempt := 50 * time.Millisecond
-	var last error
-	for {
-		actx, acancel := context.WithTimeout(ctx, attempt)
-		req, _ := http.NewRequestWithContext(actx, http.MethodGet, url, nil)
-		resp, err := m.client.Do(req)
-		acancel()
-		if err != nil {
-			m.d.Log.Debug("envd not answering yet", "sandbox", sb.ID, "attempt", attempt, "err", err)
-		}
-		if attempt < 2*time.Second {
-			attempt *= 2
-		}
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return nil
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("envd in sandbox %s did not answer within 30s (last error: %v): %w", sb.ID, last, errdefs.ErrUnavailable)
-		case <-time.After(delay):
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
 }
 
 // armTimer (re)schedules the sandbox's timeout: a kill, or a pause when
