@@ -22,6 +22,7 @@ var allowedDeps = []string{
 var bannedDeps = []string{
 	"github.com/agentenv/agentenv/internal/sandbox",
 	"github.com/agentenv/agentenv/internal/envdclient",
+	"github.com/agentenv/agentenv/internal/dialer",
 	"github.com/agentenv/agentenv/internal/runtime",
 	"github.com/agentenv/agentenv/internal/api",
 	"github.com/agentenv/agentenv/internal/server",

@@ -27,6 +27,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
 	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
@@ -59,10 +60,10 @@ type Client struct {
 }
 
 // New returns a client that opens its connections with dial (nil: a plain
-// net.Dialer) and logs its retries at debug level to log (nil: the default).
+// unmarked dialer.Dialer) and logs its retries at debug level to log (nil: the default).
 func New(dial DialFunc, log *slog.Logger) *Client {
 	if dial == nil {
-		dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		dial = dialer.New(nil).DialContext
 	}
 	if log == nil {
 		log = slog.Default()

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
@@ -92,7 +93,7 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		log = slog.Default()
 	}
 	p := &Proxy{resolve: r, log: log}
-	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	dial := dialer.New(nil).DialContext
 	if d, ok := r.(SandboxDialer); ok {
 		dial = d.DialSandbox
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -60,7 +61,7 @@ type Manager struct {
 	d Deps
 	// dialer opens every connection to a sandbox (client, proxy): it sets
 	// the server's socket mark, without which the firewall refuses them.
-	dialer *net.Dialer
+	dialer *dialer.Dialer
 	envd   Envd
 
 	mu       sync.Mutex
@@ -135,16 +136,17 @@ func New(d Deps) (*Manager, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	var mark dialer.MarkFunc
 	if d.Net != nil {
-		dialer.Control = d.Net.MarkSocket
+		mark = d.Net.MarkSocket
 	}
+	dial := dialer.New(mark)
 	if d.Envd == nil {
-		d.Envd = envdclient.New(dialer.DialContext, d.Log)
+		d.Envd = envdclient.New(dial.DialContext, d.Log)
 	}
 	return &Manager{
 		d:        d,
-		dialer:   dialer,
+		dialer:   dial,
 		envd:     d.Envd,
 		boxes:    map[string]*entry{},
 		warm:     map[string][]warmEntry{},
