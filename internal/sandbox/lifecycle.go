@@ -60,22 +60,29 @@ func (m *Manager) expire(e *entry) {
 	}
 }
 
+// wakesOnTraffic reports whether traffic through the proxy resumes sb
+// (E2B's autoResume; never a sandbox paused without its memory: that
+// resume reboots it).
+func (sb Sandbox) wakesOnTraffic() bool {
+	return sb.State == StatePaused && sb.Lifecycle.AutoResume && !sb.FilesOnly
+}
+
 // wake resumes a paused sandbox that asked to be resumed by traffic (for
-// the proxy) and returns it with its gone channel. Callers queue on the
+// the proxy) and returns its route to port. Callers queue on the
 // sandbox's lock, so concurrent requests make one resume and then all
 // find it running.
-func (m *Manager) wake(e *entry) (Sandbox, <-chan struct{}, error) {
+func (m *Manager) wake(e *entry, port int) (Route, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State == StatePaused && e.sb.Lifecycle.AutoResume && !e.sb.FilesOnly {
+	if e.sb.wakesOnTraffic() {
 		// As E2B, an auto-resume gives the sandbox its create timeout.
 		if err := m.resumeLocked(context.Background(), e, e.sb.Timeout); err != nil {
 			m.d.Log.Warn("auto-resume failed", "sandbox", e.sb.ID, "err", err)
-			return Sandbox{}, nil, fmt.Errorf("auto-resume of sandbox %q failed: %w", e.sb.ID, err)
+			return Route{}, fmt.Errorf("auto-resume of sandbox %q failed: %w", e.sb.ID, err)
 		}
 		m.d.Log.Info("sandbox auto-resumed by traffic", "sandbox", e.sb.ID)
 	}
-	return e.sb, e.gone, nil
+	return routeLocked(e, port), nil
 }
 
 // pauseLocked freezes a running sandbox in place (memory kept). Callers

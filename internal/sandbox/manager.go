@@ -3,12 +3,10 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -64,8 +62,10 @@ type Manager struct {
 	dialer *dialer.Dialer
 	envd   Envd
 
-	mu       sync.Mutex
-	boxes    map[string]*entry
+	// mu guards the registry's maps and the pools' (below): admission
+	// counts live sandboxes and teardowns together.
+	mu sync.Mutex
+	registry
 	warm     map[string][]warmEntry
 	warmS    warmState
 	warmKick chan struct{}
@@ -73,8 +73,6 @@ type Manager struct {
 	cpu      cpuSamples // metrics: the last CPU sample of each sandbox
 	hotKick  chan struct{}
 	slots    map[int]bool
-	lost     map[string]Sandbox
-	ended    ended // how the last killed and timed-out sandboxes ended
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped   atomic.Int64
 	closed   bool
@@ -148,12 +146,11 @@ func New(d Deps) (*Manager, error) {
 		d:        d,
 		dialer:   dial,
 		envd:     d.Envd,
-		boxes:    map[string]*entry{},
+		registry: registry{boxes: map[string]*entry{}, lost: map[string]Sandbox{}},
 		warm:     map[string][]warmEntry{},
 		warmKick: make(chan struct{}, 1),
 		hot:      map[string][]string{},
 		hotKick:  make(chan struct{}, 1),
-		lost:     map[string]Sandbox{},
 
 		dying:     map[string]*teardown{},
 		tearSem:   make(chan struct{}, teardownParallel),
@@ -239,109 +236,6 @@ func (m *Manager) armTimer(e *entry) {
 	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(e) })
 }
 
-func (m *Manager) entry(id string) (*entry, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e, ok := m.boxes[id]; ok {
-		return e, nil
-	}
-	if sb, ok := m.lost[id]; ok {
-		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
-	}
-	if how, ok := m.ended.how(id); ok {
-		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)
-	}
-	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
-}
-
-// Get returns a sandbox.
-func (m *Manager) Get(id string) (Sandbox, error) {
-	e, err := m.entry(id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.sb, nil
-}
-
-// Running returns a sandbox only if it is running (for the proxy).
-func (m *Manager) Running(id string) (Sandbox, error) {
-	sb, err := m.Get(id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if sb.State != StateRunning {
-		return Sandbox{}, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
-	}
-	return sb, nil
-}
-
-// Filter selects sandboxes in List.
-type Filter struct {
-	Metadata map[string]string
-	States   []State
-	// Template, if set, keeps the sandboxes of that template only.
-	Template string `json:",omitempty"`
-	// StartedAfter, if set, keeps those started at or after it.
-	StartedAfter time.Time `json:",omitzero"`
-	// Owner, if set, keeps the sandboxes of that API key's name.
-	Owner string `json:",omitempty"`
-}
-
-// Match reports whether sb passes the filter.
-func (f Filter) Match(sb Sandbox) bool {
-	if f.Template != "" && sb.Template != f.Template {
-		return false
-	}
-	if f.Owner != "" && sb.Owner != f.Owner {
-		return false
-	}
-	if !f.StartedAfter.IsZero() && sb.StartedAt.Before(f.StartedAfter) {
-		return false
-	}
-	for k, v := range f.Metadata {
-		if sb.Metadata[k] != v {
-			return false
-		}
-	}
-	if len(f.States) == 0 {
-		return true
-	}
-	for _, s := range f.States {
-		if sb.State == s {
-			return true
-		}
-	}
-	return false
-}
-
-// List returns the sandboxes that match, oldest first.
-func (m *Manager) List(f Filter) []Sandbox {
-	m.mu.Lock()
-	entries := make([]*entry, 0, len(m.boxes))
-	for _, e := range m.boxes {
-		entries = append(entries, e)
-	}
-	m.mu.Unlock()
-	out := make([]Sandbox, 0, len(entries))
-	for _, e := range entries {
-		e.mu.Lock()
-		sb := e.sb
-		e.mu.Unlock()
-		if f.Match(sb) {
-			out = append(out, sb)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].StartedAt.Equal(out[j].StartedAt) {
-			return out[i].ID < out[j].ID
-		}
-		return out[i].StartedAt.Before(out[j].StartedAt)
-	})
-	return out
-}
-
 // SetTimeout makes the sandbox end d from now: its timeout action (a kill,
 // or a pause with autoPause) runs then, and d = 0 runs it at once (E2B's
 // set_timeout(0)). A paused sandbox's clock is stopped: d counts from its
@@ -385,45 +279,6 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	return e.sb, nil
 }
 
-// Addr implements proxy.Resolver: the address of a running sandbox's port
-// and a channel closed when the sandbox goes away.
-func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
-	e, err := m.entry(id)
-	if err != nil {
-		return "", nil, err
-	}
-	e.mu.Lock()
-	sb := e.sb
-	var gone <-chan struct{} = e.gone
-	e.mu.Unlock()
-	if sb.State == StatePaused && sb.Lifecycle.AutoResume && !sb.FilesOnly {
-		// Traffic resumes it (E2B's autoResume); concurrent requests
-		// queue on the sandbox's lock behind one resume.
-		if sb, gone, err = m.wake(e); err != nil {
-			return "", nil, err
-		}
-	}
-	if sb.State != StateRunning {
-		// Not (yet, or any more) reachable: the proxy answers 502, which
-		// the E2B SDK reads as "not running".
-		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrNotFound)
-	}
-	return sb.Addr(port), gone, nil
-}
-
-// Boot implements proxy.Booter: it changes each time the sandbox boots
-// again under its ID (a resume without memory), so that connections
-// pooled for one boot are never reused for the next.
-func (m *Manager) Boot(id string) uint64 {
-	e, err := m.entry(id)
-	if err != nil {
-		return 0
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.boot
-}
-
 func (n Network) egress() (netns.Egress, error) {
 	allow, err := netns.ParsePrefixes(n.AllowOut)
 	if err != nil {
@@ -460,37 +315,6 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	}
 	e.sb.Network = n
 	return e.sb, m.persist(e.sb)
-}
-
-// FindByToken implements proxy.SignedFiles: a running or paused sandbox
-// whose envd access token match accepts (a signed file URL without a
-// sandbox ID is matched against each).
-func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
-	m.mu.Lock()
-	entries := make([]*entry, 0, len(m.boxes))
-	for _, e := range m.boxes {
-		entries = append(entries, e)
-	}
-	m.mu.Unlock()
-	for _, e := range entries {
-		e.mu.Lock()
-		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
-		e.mu.Unlock()
-		if token != "" && (state == StateRunning || state == StatePaused) && match(token) {
-			return id, true
-		}
-	}
-	return "", false
-}
-
-// TrafficToken returns the token a sandbox's exposed ports require through
-// the proxy ("" when they are public).
-func (m *Manager) TrafficToken(id string) string {
-	sb, err := m.Get(id)
-	if err != nil {
-		return ""
-	}
-	return sb.TrafficToken
 }
 
 // Extend makes a running sandbox live at least d from now; it never
