@@ -72,12 +72,11 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	}
 	saved := time.Since(start)
 	// From here the sandbox stops: its requests end, its death is no
-	// longer unexpected.
-	e.sb.FilesOnly = true
+	// longer unexpected (the watch waits for e.mu, and then finds it
+	// paused without memory).
 	e.markGone()
 	if err := m.d.Runtime.Destroy(ctx, sb.ID); err != nil {
 		// Still running as far as we know: reachable and watched again.
-		e.sb.FilesOnly = false
 		e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 		go m.watch(e)
 		return fmt.Errorf("stop sandbox %s after saving its files: %w", sb.ID, err)
@@ -89,7 +88,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 		e.sb.Slot = netns.Slot{}
 	}
 	m.stopClock(e)
-	if err := m.move(e, StatePaused); err != nil {
+	if err := m.move(e, StatePausedFiles); err != nil {
 		return err
 	}
 	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond), "save", saved.Round(time.Millisecond))
@@ -164,7 +163,6 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) (err error) {
 	}
 	cl.keep()
 	os.RemoveAll(m.filesDir(next.ID))
-	next.FilesOnly = false
 	e.sb = next
 	e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 	e.boot++
@@ -227,7 +225,7 @@ func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
 // memory: it has no container and no slot, only its files, which a resume
 // boots again. It reports whether sb was one (and could be adopted).
 func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
-	if sb.State != StatePaused || !sb.FilesOnly || sb.Slot.Namespace != "" {
+	if sb.State != StatePausedFiles || sb.Slot.Namespace != "" {
 		return false
 	}
 	if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), filesArchive)); err != nil {

@@ -32,7 +32,7 @@ func (m *Manager) expire(e *entry) {
 		keptMemory := !lc.DropMemory
 		if lc.DropMemory {
 			err = m.pauseFilesLocked(ctx, e)
-			if err != nil && e.sb.State == StateRunning && !e.sb.FilesOnly {
+			if err != nil && e.sb.State == StateRunning {
 				// Its files could not be saved (more than its layer's
 				// worth, or envd not answering) and it still runs as it
 				// was: keep it whole, with its memory, rather than kill it
@@ -58,13 +58,6 @@ func (m *Manager) expire(e *entry) {
 	if err := m.killWhen(ctx, e, "", expired); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
 	}
-}
-
-// wakesOnTraffic reports whether traffic through the proxy resumes sb
-// (E2B's autoResume; never a sandbox paused without its memory: that
-// resume reboots it).
-func (sb Sandbox) wakesOnTraffic() bool {
-	return sb.State == StatePaused && sb.Lifecycle.AutoResume && !sb.FilesOnly
 }
 
 // wake resumes a paused sandbox that asked to be resumed by traffic (for
@@ -112,10 +105,10 @@ func (m *Manager) stopClock(e *entry) {
 // not zero, else with the time it had left, else with its create timeout.
 // Callers hold e.mu.
 func (m *Manager) resumeLocked(ctx context.Context, e *entry, timeout time.Duration) error {
-	if e.sb.State != StatePaused {
+	if !e.sb.State.Paused() {
 		return errdefs.Conflict("sandbox %q is %s, not paused", e.sb.ID, e.sb.State)
 	}
-	if e.sb.FilesOnly {
+	if e.sb.State == StatePausedFiles {
 		if err := m.rebootLocked(ctx, e); err != nil {
 			return err
 		}

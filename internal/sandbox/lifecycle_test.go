@@ -172,7 +172,7 @@ func TestNoAutoResume(t *testing.T) {
 	}
 	filesOnly := running(t, m, Lifecycle{AutoPause: true, AutoResume: true}, time.Hour)
 	filesOnly.mu.Lock()
-	filesOnly.sb.State, filesOnly.sb.FilesOnly = StatePaused, true
+	filesOnly.sb.State = StatePausedFiles
 	filesOnly.mu.Unlock()
 	for _, e := range []*entry{plain, filesOnly} {
 		if _, err := m.Resolve(e.sb.ID, 49983, nil); !errors.Is(err, errdefs.ErrNotFound) {

@@ -252,11 +252,11 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	}
 	e.mu.Lock()
 	switch e.sb.State {
-	case StatePaused:
+	case StatePaused, StatePausedFiles:
 		if d == 0 && !e.sb.Lifecycle.AutoPause {
 			sb := e.sb
 			e.mu.Unlock()
-			paused := func(sb Sandbox) bool { return sb.State == StatePaused }
+			paused := func(sb Sandbox) bool { return sb.State.Paused() }
 			return sb, m.killWhen(context.Background(), e, "", paused)
 		}
 		defer e.mu.Unlock()
@@ -303,12 +303,12 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State != StateRunning && e.sb.State != StatePaused {
+	if !e.sb.State.Live() {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
 	// A sandbox paused without memory has no slot: its next boot applies
 	// the policy.
-	if !e.sb.FilesOnly {
+	if e.sb.State.hasContainer() {
 		if err := m.d.Net.SetEgress(ctx, e.sb.Slot, eg); err != nil {
 			return Sandbox{}, err
 		}

@@ -151,7 +151,7 @@ func (m *Manager) readRecord(id string) (Sandbox, error) {
 
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
-	if sb.State != StateRunning && sb.State != StatePaused {
+	if !sb.State.Live() {
 		return fmt.Sprintf("the server stopped while it was %s", sb.State)
 	}
 	if sb.State == StateRunning && !time.Now().Before(sb.EndAt) {
@@ -162,7 +162,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 		return fmt.Sprintf("its runtime state could not be read: %v", err)
 	}
 	want := runtime.StatusRunning
-	if sb.State == StatePaused {
+	if sb.State.Paused() {
 		want = runtime.StatusPaused
 	}
 	if st != want {
@@ -171,7 +171,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if _, err := os.Stat(sb.Slot.Path()); err != nil {
 		return "its network namespace was gone after the restart"
 	}
-	if sb.State == StatePaused {
+	if sb.State.Paused() {
 		return ""
 	}
 	if err := m.waitEnvdQuick(ctx, sb); err != nil {

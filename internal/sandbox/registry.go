@@ -96,8 +96,9 @@ func (f Filter) Match(sb Sandbox) bool {
 	if len(f.States) == 0 {
 		return true
 	}
+	// A filter for paused keeps both kinds of pause (E2B has one).
 	for _, s := range f.States {
-		if sb.State == s {
+		if sb.State == s || sb.State.E2B() == s {
 			return true
 		}
 	}
@@ -195,7 +196,7 @@ func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
 		e.mu.Lock()
 		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
 		e.mu.Unlock()
-		if token != "" && (state == StateRunning || state == StatePaused) && match(token) {
+		if token != "" && state.Live() && match(token) {
 			return id, true
 		}
 	}
