@@ -1,7 +1,9 @@
 // Package sandbox owns the sandbox lifecycle: create from a template on a
 // runtime with a network slot, timeouts, kill, persistence of every state
-// transition and recovery after a crash. It must not speak HTTP; the api
-// and proxy packages sit on top of it.
+// transition and recovery after a crash. It must not speak HTTP: it
+// reaches envd through Envd (internal/envdclient) and sandboxes through
+// the marked dialer (internal/dialer); the api and proxy packages sit on
+// top of it.
 package sandbox
 
 import (
