@@ -229,7 +229,7 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
 	out := wire.Sandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
 		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
-		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State),
+		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State.E2B()),
 		AllowInternetAccess: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}
 	if len(sb.Network.AllowOut)+len(sb.Network.DenyOut) > 0 || sb.Network.PrivateTraffic {

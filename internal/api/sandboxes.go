@@ -181,11 +181,11 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		if req.Memory != nil && !*req.Memory && sb.State == sandbox.StatePaused && !sb.FilesOnly {
+		if req.Memory != nil && !*req.Memory && sb.State == sandbox.StatePaused {
 			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", id))
 			return
 		}
-		if sb.State == sandbox.StatePaused {
+		if sb.State.Paused() {
 			// The timeout only ever extends what the sandbox had left.
 			rd := d
 			if rd < sb.Remaining {
@@ -209,7 +209,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if sb.State == sandbox.StatePaused {
+		if sb.State.Paused() {
 			continue // paused meanwhile (its timeout)
 		}
 		writeJSON(w, http.StatusOK, s.toJSON(sb, true))

@@ -57,7 +57,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	if req.Memory != nil && !*req.Memory {
 		// A sandbox paused without memory reboots whatever this says;
 		// one paused with it cannot drop it on resume (yet).
-		if sb, err := s.backend(r).Get(r.Context(), r.PathValue("id")); err == nil && sb.State == sandbox.StatePaused && !sb.FilesOnly {
+		if sb, err := s.backend(r).Get(r.Context(), r.PathValue("id")); err == nil && sb.State == sandbox.StatePaused {
 			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", sb.ID))
 			return
 		}

@@ -74,7 +74,7 @@ func (s *Server) uiData(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		out.Sandboxes = append(out.Sandboxes, uiSandbox{
-			ID: sb.ID, Template: sb.Template, State: string(sb.State), Metadata: sb.Metadata,
+			ID: sb.ID, Template: sb.Template, State: string(sb.State.E2B()), Metadata: sb.Metadata,
 			StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
 		})
 	}

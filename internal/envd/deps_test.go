@@ -21,6 +21,8 @@ var allowedDeps = []string{
 // bannedDeps must never reach envd, even through an allowed package.
 var bannedDeps = []string{
 	"github.com/agentenv/agentenv/internal/sandbox",
+	"github.com/agentenv/agentenv/internal/envdclient",
+	"github.com/agentenv/agentenv/internal/dialer",
 	"github.com/agentenv/agentenv/internal/runtime",
 	"github.com/agentenv/agentenv/internal/api",
 	"github.com/agentenv/agentenv/internal/server",

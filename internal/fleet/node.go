@@ -529,7 +529,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	var ops []clientv3.Op
 	var value string
 	sb, err := n.host.Manager.Get(id)
-	live := err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused)
+	live := err == nil && sb.State.Live()
 	switch {
 	case live:
 		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})

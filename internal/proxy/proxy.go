@@ -2,6 +2,8 @@
 // E2b-Sandbox-Id / E2b-Sandbox-Port headers (what the E2B SDK sends when
 // E2B_SANDBOX_URL is set) or by a Host of the form <port>-<sandboxID>.<domain>.
 // It must not authenticate envd traffic itself: envd checks its own token.
+// It knows sandboxes only through Sandboxes, asked once per request: it
+// must not know how they are stored, resumed or reached on the host.
 package proxy
 
 import (
@@ -21,49 +23,28 @@ import (
 
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
-// Resolver finds the host-reachable address of a running sandbox's port.
-type Resolver interface {
-	// Addr returns host:port for the sandbox's port and a channel closed
-	// when the sandbox goes away, or an error that says why the sandbox
-	// cannot be reached.
-	Addr(sandboxID string, port int) (addr string, gone <-chan struct{}, err error)
-}
-
-// SandboxDialer is implemented by resolvers whose sandboxes accept only
-// connections the resolver opens (the host firewall refuses connections to
-// sandboxes without the server's socket mark). Without it, the proxy dials
-// addresses itself.
-type SandboxDialer interface {
-	// DialSandbox connects to an address Addr returned.
-	DialSandbox(ctx context.Context, network, addr string) (net.Conn, error)
-}
-
-// TrafficTokens is implemented by resolvers whose sandboxes may require a
-// token on requests to their exposed ports.
-type TrafficTokens interface {
-	// TrafficToken returns the token a sandbox requires, or "".
-	TrafficToken(sandboxID string) string
-}
-
-// Booter is implemented by resolvers whose sandboxes can boot again under
-// the same ID (a resume of a sandbox paused without its memory), maybe at
-// an address another sandbox had: connections pooled for one boot must
-// never carry requests of the next.
-type Booter interface {
-	// Boot returns a number that changes at each boot of the sandbox.
-	Boot(sandboxID string) uint64
-}
-
-// SignedFiles is implemented by resolvers that can tell which sandbox a
-// signed /files URL is for when the URL names none: E2B's SDKs build
-// downloadUrl/uploadUrl on E2B_SANDBOX_URL without the sandbox, and sign
-// path, operation, user and expiry with the sandbox's envd access token.
-type SignedFiles interface {
+// Sandboxes is what the proxy needs of the sandboxes it routes to
+// (sandbox.Manager).
+type Sandboxes interface {
+	// Resolve looks a sandbox up once and returns its route to port: the
+	// address, boot, gone channel and traffic token of one boot. check,
+	// if not nil, sees the route as found before anything is done to the
+	// sandbox and its error is returned as is; only then may Resolve
+	// resume a paused sandbox that resumes on traffic. An error otherwise
+	// says why the sandbox cannot be reached, classed with errdefs.
+	Resolve(sandboxID string, port int, check func(sandbox.Route) error) (sandbox.Route, error)
 	// FindByToken returns a running or paused sandbox whose envd access
-	// token match accepts.
+	// token match accepts: E2B's SDKs build signed downloadUrl/uploadUrl
+	// on E2B_SANDBOX_URL without the sandbox, signing path, operation,
+	// user and expiry with the sandbox's envd access token.
 	FindByToken(match func(token string) bool) (sandboxID string, ok bool)
+	// DialSandbox connects to a route's address. The host firewall
+	// refuses connections to sandboxes without the server's socket mark,
+	// which the sandboxes' owner sets (internal/dialer).
+	DialSandbox(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // EnvdPort is the port of the in-sandbox daemon, which checks its own
@@ -75,9 +56,9 @@ const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 
 // Proxy is the sandbox traffic proxy.
 type Proxy struct {
-	resolve Resolver
-	log     *slog.Logger
-	rp      *httputil.ReverseProxy
+	boxes Sandboxes
+	log   *slog.Logger
+	rp    *httputil.ReverseProxy
 }
 
 // poolSuffix marks the pseudo host names the transport pools connections
@@ -87,31 +68,21 @@ type Proxy struct {
 const poolSuffix = ".sandbox"
 
 // New returns a proxy.
-func New(r Resolver, log *slog.Logger) *Proxy {
+func New(boxes Sandboxes, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{resolve: r, log: log}
-	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	if d, ok := r.(SandboxDialer); ok {
-		dial = d.DialSandbox
-	}
+	p := &Proxy{boxes: boxes, log: log}
 	transport := &http.Transport{
+		// A new connection goes to the address the request resolved: the
+		// pool key names the sandbox and its boot, and an address does not
+		// change within a boot, so every request of that key has it.
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			host, portStr, err := net.SplitHostPort(addr)
-			if err != nil {
-				return nil, err
+			t, ok := ctx.Value(targetKey{}).(target)
+			if !ok || addr != t.poolAddr() {
+				return nil, fmt.Errorf("proxy: no route for connection to %s", addr)
 			}
-			port, err := strconv.Atoi(portStr)
-			if err != nil {
-				return nil, err
-			}
-			id, _, _ := strings.Cut(strings.TrimSuffix(host, poolSuffix), ".")
-			target, _, err := r.Addr(id, port)
-			if err != nil {
-				return nil, err
-			}
-			return dial(ctx, network, target)
+			return boxes.DialSandbox(ctx, network, t.route.Addr)
 		},
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     30 * time.Second,
@@ -119,7 +90,7 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
-			pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(t.poolHost(), strconv.Itoa(t.port))})
+			pr.SetURL(&url.URL{Scheme: "http", Host: t.poolAddr()})
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
@@ -149,16 +120,18 @@ type targetKey struct{}
 // errGone ends a proxied request whose sandbox went away.
 var errGone = errors.New("the sandbox went away")
 
+// target is what one request resolved: its sandbox, port and route.
 type target struct {
-	id   string
-	port int
-	boot uint64
+	id    string
+	port  int
+	route sandbox.Route
 }
 
-// poolHost is the pseudo host name connections to the target are pooled
-// by: "<id>.<boot>.sandbox".
-func (t target) poolHost() string {
-	return t.id + "." + strconv.FormatUint(t.boot, 10) + poolSuffix
+// poolAddr is the pseudo address connections to the target are pooled
+// by: "<id>.<boot>.sandbox:<port>".
+func (t target) poolAddr() string {
+	host := t.id + "." + strconv.FormatUint(t.route.Boot, 10) + poolSuffix
+	return net.JoinHostPort(host, strconv.Itoa(t.port))
 }
 
 // NotFound is E2B's message for a sandbox the proxy cannot route to
@@ -268,55 +241,44 @@ func Target(h http.Header, host string) (id string, port int, err error) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port, err := Target(r.Header, r.Host)
 	if err != nil {
-		sf, ok := p.resolve.(SignedFiles)
-		if !ok || !IsSignedFileURL(r) {
+		if !IsSignedFileURL(r) {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		if id, ok = SignedBy(r, sf); !ok {
+		var ok bool
+		if id, ok = SignedBy(r, p.boxes); !ok {
 			// envd's text for a signature that is not its own.
 			writeError(w, http.StatusUnauthorized, "invalid signature")
 			return
 		}
 		port = EnvdPort
 	}
-	if tt, ok := p.resolve.(TrafficTokens); ok && port != EnvdPort {
-		// Checked before the sandbox is resolved: traffic without its
-		// token must not auto-resume a paused sandbox.
-		if want := tt.TrafficToken(id); want != "" {
-			got, hdr := r.Header.Get(TrafficTokenHeader), strings.ToLower(TrafficTokenHeader)
-			switch {
-			case got == "":
-				WriteError(w, id, http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", hdr), nil)
-				return
-			case subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1:
-				WriteError(w, id, http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", hdr), nil)
-				return
-			}
-		}
-	}
-	// Resolving may auto-resume a paused sandbox; the request then waits
-	// for it.
-	_, gone, err := p.resolve.Addr(id, port)
+	// One look-up per request. The traffic token is checked on the route
+	// as found, before resolving may auto-resume a paused sandbox (the
+	// request then waits for it): traffic without its token must not wake
+	// it.
+	route, err := p.boxes.Resolve(id, port, func(rt sandbox.Route) error { return checkToken(r, port, rt.Token) })
 	if err != nil {
+		var te tokenError
+		if errors.As(err, &te) {
+			WriteError(w, id, http.StatusForbidden, te.msg, nil)
+			return
+		}
 		p.log.Debug("proxy: sandbox not routable", "sandbox", id, "port", port, "err", err)
 		resolveError(w, id, err)
 		return
-	}
-	var boot uint64
-	if b, ok := p.resolve.(Booter); ok {
-		boot = b.Boot(id)
 	}
 	r.Header.Del("E2b-Sandbox-Id")
 	r.Header.Del("E2b-Sandbox-Port")
 	r.Header.Del(TrafficTokenHeader)
 	// End the request when the sandbox goes away: its TCP peer vanishes
-	// without a reset, so the connection would otherwise hang.
-	ctx, cancel := context.WithCancelCause(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port, boot: boot}))
+	// without a reset, so the connection would otherwise hang. Gone is
+	// the channel of the boot the request is pooled under.
+	ctx, cancel := context.WithCancelCause(context.WithValue(r.Context(), targetKey{}, target{id: id, port: port, route: route}))
 	defer cancel(nil)
 	go func() {
 		select {
-		case <-gone:
+		case <-route.Gone:
 			cancel(errGone)
 		case <-ctx.Done():
 		}
@@ -326,6 +288,27 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// streaming response half-way (golang/go#40747).
 	http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// tokenError refuses a request without its sandbox's traffic token.
+type tokenError struct{ msg string }
+
+func (e tokenError) Error() string { return e.msg }
+
+// checkToken refuses a request to an exposed port (not envd, which checks
+// its own token) of a sandbox whose traffic token it does not carry.
+func checkToken(r *http.Request, port int, want string) error {
+	if want == "" || port == EnvdPort {
+		return nil
+	}
+	got, hdr := r.Header.Get(TrafficTokenHeader), strings.ToLower(TrafficTokenHeader)
+	switch {
+	case got == "":
+		return tokenError{fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", hdr)}
+	case subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1:
+		return tokenError{fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", hdr)}
+	}
+	return nil
 }
 
 // IsSignedFileURL reports whether r is envd's /files with a signature:
@@ -338,14 +321,14 @@ func IsSignedFileURL(r *http.Request) bool {
 // SignedBy finds the sandbox whose envd token made the signature of a
 // signed /files URL. The sandbox's envd checks the signature again, and
 // its expiry.
-func SignedBy(r *http.Request, sf SignedFiles) (string, bool) {
+func SignedBy(r *http.Request, boxes Sandboxes) (string, bool) {
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
 	path, user, exp, sig := q.Get("path"), q.Get("username"), q.Get("signature_expiration"), []byte(q.Get("signature"))
-	return sf.FindByToken(func(token string) bool {
+	return boxes.FindByToken(func(token string) bool {
 		return subtle.ConstantTimeCompare([]byte(envd.FileSignature(path, op, user, token, exp)), sig) == 1
 	})
 }

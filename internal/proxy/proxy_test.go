@@ -25,6 +25,7 @@ import (
 	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/proxy"
+	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
 func TestParseHost(t *testing.T) {
@@ -66,34 +67,50 @@ func TestParseHost(t *testing.T) {
 	}
 }
 
-// fakeResolver is a Resolver over a fixed table of sandboxes.
+// fakeResolver is a proxy.Sandboxes over a fixed table of sandboxes.
 type fakeResolver struct {
 	mu    sync.Mutex
 	boxes map[string]fakeBox
+	// boot is the boot of every sandbox (a test boots them again).
+	boot atomic.Uint64
 }
 
 type fakeBox struct {
 	addr string // backend host:port
 	gone chan struct{}
+	// token is the traffic token ("" public).
+	token string
 }
 
-func (f *fakeResolver) Addr(id string, port int) (string, <-chan struct{}, error) {
+func (f *fakeResolver) Resolve(id string, port int, check func(sandbox.Route) error) (sandbox.Route, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id == "paused" {
-		return "", nil, fmt.Errorf("sandbox %q is paused: %w", id, errdefs.ErrNotFound)
+		return sandbox.Route{}, fmt.Errorf("sandbox %q is paused: %w", id, errdefs.ErrNotFound)
 	}
 	if id == "busy" {
-		return "", nil, errdefs.Conflict("sandbox %q is being resumed", id)
+		return sandbox.Route{}, errdefs.Conflict("sandbox %q is being resumed", id)
 	}
 	if id == "full" {
-		return "", nil, fmt.Errorf("limit of sandboxes reached: %w", errdefs.ErrResourceExhausted)
+		return sandbox.Route{}, fmt.Errorf("limit of sandboxes reached: %w", errdefs.ErrResourceExhausted)
 	}
 	b, ok := f.boxes[id]
 	if !ok {
-		return "", nil, fmt.Errorf("sandbox %q not found", id)
+		return sandbox.Route{}, fmt.Errorf("sandbox %q not found", id)
 	}
-	return b.addr, b.gone, nil
+	r := sandbox.Route{Addr: b.addr, Gone: b.gone, Boot: f.boot.Load(), Token: b.token, State: sandbox.StateRunning}
+	if check != nil {
+		if err := check(r); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func (f *fakeResolver) FindByToken(func(string) bool) (string, bool) { return "", false }
+
+func (f *fakeResolver) DialSandbox(ctx context.Context, network, addr string) (net.Conn, error) {
+	return (&net.Dialer{}).DialContext(ctx, network, addr)
 }
 
 // setup starts a backend and a proxy that resolves sandbox "sb1" (any port)
@@ -396,15 +413,6 @@ func TestE2BErrorBodies(t *testing.T) {
 	}
 }
 
-// bootResolver is a fakeResolver whose sandbox boots again (a resume
-// without memory) at another backend.
-type bootResolver struct {
-	*fakeResolver
-	boot atomic.Uint64
-}
-
-func (b *bootResolver) Boot(string) uint64 { return b.boot.Load() }
-
 // A sandbox that boots again gets new connections: one pooled for the
 // previous boot is never reused (it may lead to another sandbox now).
 func TestConnectionsPooledPerBoot(t *testing.T) {
@@ -414,7 +422,7 @@ func TestConnectionsPooledPerBoot(t *testing.T) {
 		return s
 	}
 	first, second := serve("first"), serve("second")
-	r := &bootResolver{fakeResolver: &fakeResolver{boxes: map[string]fakeBox{"sb1": {addr: first.Listener.Addr().String(), gone: make(chan struct{})}}}}
+	r := &fakeResolver{boxes: map[string]fakeBox{"sb1": {addr: first.Listener.Addr().String(), gone: make(chan struct{})}}}
 	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	t.Cleanup(ps.Close)
 	get := func() string {
@@ -448,4 +456,81 @@ func (rt routeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("E2b-Sandbox-Id", rt.id)
 	r.Header.Set("E2b-Sandbox-Port", "49983")
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A sandbox with a traffic token refuses requests to its exposed ports
+// without it (E2B's 403 texts), lets envd's port through, and the header
+// does not reach the sandbox.
+func TestTrafficToken(t *testing.T) {
+	var seen atomic.Value
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get(proxy.TrafficTokenHeader))
+	}))
+	defer be.Close()
+	r := &fakeResolver{boxes: map[string]fakeBox{"sb1": {addr: be.Listener.Addr().String(), gone: make(chan struct{}), token: "tt"}}}
+	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer ps.Close()
+	for _, tt := range []struct {
+		name, host, token string
+		status            int
+		msg               string
+	}{
+		{"missing", "8080-sb1.example.com", "", http.StatusForbidden, "Token header 'e2b-traffic-access-token' is missing"},
+		{"invalid", "8080-sb1.example.com", "nope", http.StatusForbidden, "Provided token in header 'e2b-traffic-access-token' is invalid"},
+		{"valid", "8080-sb1.example.com", "tt", http.StatusOK, ""},
+		{"envd exempt", "49983-sb1.example.com", "", http.StatusOK, ""},
+	} {
+		req, _ := http.NewRequest("GET", ps.URL+"/", nil)
+		req.Host = tt.host
+		if tt.token != "" {
+			req.Header.Set(proxy.TrafficTokenHeader, tt.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.msg) {
+			t.Errorf("%s: got %d %s, want %d with %q", tt.name, resp.StatusCode, b, tt.status, tt.msg)
+		}
+	}
+	if got := seen.Load(); got != "" {
+		t.Errorf("the sandbox saw traffic token header %q, want none", got)
+	}
+}
+
+// countingResolver counts look-ups.
+type countingResolver struct {
+	*fakeResolver
+	n atomic.Int64
+}
+
+func (c *countingResolver) Resolve(id string, port int, check func(sandbox.Route) error) (sandbox.Route, error) {
+	c.n.Add(1)
+	return c.fakeResolver.Resolve(id, port, check)
+}
+
+// The proxy looks a sandbox up once per request, new connections included
+// (a second look-up could pair one boot's pool key with the next boot's
+// address or gone channel).
+func TestResolveOncePerRequest(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer be.Close()
+	r := &countingResolver{fakeResolver: &fakeResolver{boxes: map[string]fakeBox{"sb1": {addr: be.Listener.Addr().String(), gone: make(chan struct{})}}}}
+	ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer ps.Close()
+	for i := range 3 {
+		req, _ := http.NewRequest("GET", ps.URL+"/", nil)
+		req.Host = "8080-sb1.example.com"
+		req.Close = true
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := r.n.Load(); got != int64(i+1) {
+			t.Fatalf("after %d requests: %d look-ups, want %d", i+1, got, i+1)
+		}
+	}
 }

@@ -107,7 +107,7 @@ func TestFormatBytes(t *testing.T) {
 // bound, while the sandbox is live or being torn down, and not after; a
 // claim never bound gives its bytes back.
 func TestDiskLedger(t *testing.T) {
-	m := &Manager{boxes: map[string]*entry{}, dying: map[string]*teardown{}}
+	m := &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}}
 	var templates, snapshots atomic.Int64
 	d := NewDisk(10*gib, templates.Load, snapshots.Load)
 	d.Attach(m)
@@ -173,7 +173,7 @@ func TestDiskLedger(t *testing.T) {
 // TestDiskLedgerConcurrent: claims at once never admit more than the
 // budget (run with -race).
 func TestDiskLedgerConcurrent(t *testing.T) {
-	m := &Manager{boxes: map[string]*entry{}, dying: map[string]*teardown{}}
+	m := &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}}
 	d := NewDisk(10*gib, nil, nil)
 	d.Attach(m)
 	var admitted atomic.Int64

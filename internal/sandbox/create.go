@@ -1,14 +1,10 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 
-	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -79,24 +75,4 @@ func busy(step string, err error) error {
 		return fmt.Errorf("%s: %w", step, err)
 	}
 	return fmt.Errorf("could not %s (nothing of the sandbox was kept; retry): %w: %w", step, err, errdefs.ErrUnavailable)
-}
-
-// rekey sets a new access token in a restored sandbox's envd.
-func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string, envs map[string]string) error {
-	body, _ := json.Marshal(map[string]any{"accessToken": sb.AccessToken, "envVars": envs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+"/init", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("X-Access-Token", oldToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("set the access token of restored envd: %w", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("set the access token of restored envd: HTTP %d", resp.StatusCode)
-	}
-	return nil
 }

@@ -4,16 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 )
@@ -77,12 +72,11 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	}
 	saved := time.Since(start)
 	// From here the sandbox stops: its requests end, its death is no
-	// longer unexpected.
-	e.sb.FilesOnly = true
+	// longer unexpected (the watch waits for e.mu, and then finds it
+	// paused without memory).
 	e.markGone()
 	if err := m.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
 		// Still running as far as we know: reachable and watched again.
-		e.sb.FilesOnly = false
 		e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 		go m.watch(e)
 		return fmt.Errorf("stop sandbox %s after saving its files: %w", sb.ID, err)
@@ -94,7 +88,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 		e.sb.Slot = netns.Slot{}
 	}
 	m.stopClock(e)
-	if err := m.move(e, StatePaused); err != nil {
+	if err := m.move(e, StatePausedFiles); err != nil {
 		return err
 	}
 	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond), "save", saved.Round(time.Millisecond))
@@ -146,7 +140,6 @@ func (b *boot) rebooted(ctx context.Context) error {
 	e := b.e
 	os.RemoveAll(b.m.filesDir(e.sb.ID))
 	next := b.sb
-	next.FilesOnly = false
 	next.Boot = b.rec.clone()
 	e.sb = next
 	e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
@@ -165,21 +158,12 @@ func (b *boot) watchLocked(ctx context.Context) error {
 // refusing more than filesCap: the host writes at most that many bytes,
 // whatever the sandbox streams (a sparse file reads as its whole size).
 func (m *Manager) saveFiles(ctx context.Context, sb Sandbox, since time.Time, dst string) error {
-	q := url.Values{"since": {strconv.FormatInt(since.UnixNano(), 10)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sb.Addr(envd.Port)+envd.ChangesPath+"?"+q.Encode(), nil)
+	r, err := m.envd.Changes(ctx, envdOf(sb), since)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("ask envd for the changed files: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return envdError("ask envd for the changed files", resp)
-	}
-	return receiveFiles(dst, resp.Body, sb)
+	defer r.Close()
+	return receiveFiles(dst, r, sb)
 }
 
 // receiveFiles writes r to the new file dst, at most filesCap(sb) bytes.
@@ -215,41 +199,14 @@ func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sb.Addr(envd.Port)+envd.ChangesPath, f)
-	if err != nil {
-		return err
-	}
-	req.ContentLength = st.Size()
-	req.Header.Set("X-Access-Token", sb.AccessToken)
-	req.Header.Set("Content-Type", "application/x-tar")
-	resp, err := m.bulk().Do(req)
-	if err != nil {
-		return fmt.Errorf("hand the files to envd: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return envdError("hand the files to envd", resp)
-	}
-	return nil
-}
-
-// envdError reports envd's refusal with at most a short part of its body.
-func envdError(what string, resp *http.Response) error {
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	return fmt.Errorf("%s: HTTP %d: %s", what, resp.StatusCode, strings.TrimSpace(string(msg)))
-}
-
-// bulk is the HTTP client of file transfers with envd: no overall
-// timeout (the context bounds them), the manager's marked dialer.
-func (m *Manager) bulk() *http.Client {
-	return &http.Client{Transport: m.client.Transport}
+	return m.envd.PutChanges(ctx, envdOf(sb), f, st.Size())
 }
 
 // adoptFilesOnly takes back, after a restart, a sandbox paused without its
 // memory: it has no container and no slot, only its files, which a resume
 // boots again. It reports whether sb was one (and could be adopted).
 func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
-	if sb.State != StatePaused || !sb.FilesOnly || sb.Slot.Namespace != "" {
+	if sb.State != StatePausedFiles || sb.Slot.Namespace != "" {
 		return false
 	}
 	if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), filesArchive)); err != nil {

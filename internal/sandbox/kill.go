@@ -294,7 +294,7 @@ func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64
 			return
 		}
 		e.mu.Lock()
-		state, rebooted := e.sb.State, e.boot != boot || e.sb.FilesOnly
+		state, rebooted := e.sb.State, e.boot != boot || e.sb.State == StatePausedFiles
 		e.mu.Unlock()
 		if state == StateKilling || rebooted {
 			return // being killed, or stopped by a pause without memory, on purpose

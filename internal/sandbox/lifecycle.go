@@ -32,7 +32,7 @@ func (m *Manager) expire(e *entry) {
 		keptMemory := !lc.DropMemory
 		if lc.DropMemory {
 			err = m.pauseFilesLocked(ctx, e)
-			if err != nil && e.sb.State == StateRunning && !e.sb.FilesOnly {
+			if err != nil && e.sb.State == StateRunning {
 				// Its files could not be saved (more than its layer's
 				// worth, or envd not answering) and it still runs as it
 				// was: keep it whole, with its memory, rather than kill it
@@ -61,21 +61,21 @@ func (m *Manager) expire(e *entry) {
 }
 
 // wake resumes a paused sandbox that asked to be resumed by traffic (for
-// the proxy) and returns it with its gone channel. Callers queue on the
+// the proxy) and returns its route to port. Callers queue on the
 // sandbox's lock, so concurrent requests make one resume and then all
 // find it running.
-func (m *Manager) wake(e *entry) (Sandbox, <-chan struct{}, error) {
+func (m *Manager) wake(e *entry, port int) (Route, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State == StatePaused && e.sb.Lifecycle.AutoResume && !e.sb.FilesOnly {
+	if e.sb.wakesOnTraffic() {
 		// As E2B, an auto-resume gives the sandbox its create timeout.
 		if err := m.resumeLocked(context.Background(), e, e.sb.Timeout); err != nil {
 			m.d.Log.Warn("auto-resume failed", "sandbox", e.sb.ID, "err", err)
-			return Sandbox{}, nil, fmt.Errorf("auto-resume of sandbox %q failed: %w", e.sb.ID, err)
+			return Route{}, fmt.Errorf("auto-resume of sandbox %q failed: %w", e.sb.ID, err)
 		}
 		m.d.Log.Info("sandbox auto-resumed by traffic", "sandbox", e.sb.ID)
 	}
-	return e.sb, e.gone, nil
+	return routeLocked(e, port), nil
 }
 
 // pauseLocked freezes a running sandbox in place (memory kept). Callers
@@ -105,10 +105,10 @@ func (m *Manager) stopClock(e *entry) {
 // not zero, else with the time it had left, else with its create timeout.
 // Callers hold e.mu.
 func (m *Manager) resumeLocked(ctx context.Context, e *entry, timeout time.Duration) error {
-	if e.sb.State != StatePaused {
+	if !e.sb.State.Paused() {
 		return errdefs.Conflict("sandbox %q is %s, not paused", e.sb.ID, e.sb.State)
 	}
-	if e.sb.FilesOnly {
+	if e.sb.State == StatePausedFiles {
 		if err := m.rebootLocked(ctx, e); err != nil {
 			return err
 		}

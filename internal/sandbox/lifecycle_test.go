@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,8 +144,8 @@ func TestAutoResumeOnce(t *testing.T) {
 	errs := make(chan error, 20)
 	for range 20 {
 		wg.Go(func() {
-			if _, gone, err := m.Addr(e.sb.ID, 49983); err != nil || gone == nil {
-				errs <- err
+			if r, err := m.Resolve(e.sb.ID, 49983, nil); err != nil || r.Gone == nil || r.Addr == "" {
+				errs <- fmt.Errorf("route %+v, err %v", r, err)
 			}
 		})
 	}
@@ -171,15 +172,49 @@ func TestNoAutoResume(t *testing.T) {
 	}
 	filesOnly := running(t, m, Lifecycle{AutoPause: true, AutoResume: true}, time.Hour)
 	filesOnly.mu.Lock()
-	filesOnly.sb.State, filesOnly.sb.FilesOnly = StatePaused, true
+	filesOnly.sb.State = StatePausedFiles
 	filesOnly.mu.Unlock()
 	for _, e := range []*entry{plain, filesOnly} {
-		if _, _, err := m.Addr(e.sb.ID, 49983); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := m.Resolve(e.sb.ID, 49983, nil); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("traffic to a paused sandbox: %v, want not found", err)
 		}
 	}
 	if got := rt.resumes.Load(); got != 0 {
 		t.Errorf("got %d resumes, want none", got)
+	}
+}
+
+// A request the proxy refuses (no traffic token) does not resume a
+// paused sandbox: Resolve shows the route to check before waking it.
+func TestResolveChecksBeforeWaking(t *testing.T) {
+	m, rt := lifecycleManager(t)
+	e := running(t, m, Lifecycle{AutoPause: true, AutoResume: true}, time.Hour)
+	e.mu.Lock()
+	e.sb.TrafficToken = "secret"
+	e.mu.Unlock()
+	if _, err := m.Pause(context.Background(), e.sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	refused := errors.New("no token")
+	var seen Route
+	if _, err := m.Resolve(e.sb.ID, 8080, func(r Route) error { seen = r; return refused }); err != refused {
+		t.Fatalf("Resolve with a refusing check: got %v, want the check's error", err)
+	}
+	if seen.Token != "secret" || seen.State != StatePaused || seen.Addr != "" {
+		t.Errorf("check saw %+v, want token secret, paused, no address", seen)
+	}
+	if got := rt.resumes.Load(); got != 0 {
+		t.Errorf("a refused request made %d resumes, want none", got)
+	}
+	r, err := m.Resolve(e.sb.ID, 8080, func(Route) error { return nil })
+	if err != nil || r.State != StateRunning || r.Addr == "" {
+		t.Fatalf("Resolve with a passing check: %+v, %v; want the running sandbox's route", r, err)
+	}
+	e.mu.Lock()
+	boot, gone := e.boot, e.gone
+	e.mu.Unlock()
+	if r.Boot != boot || r.Gone != (<-chan struct{})(gone) {
+		t.Errorf("route of boot %d with another boot's gone channel (entry boot %d)", r.Boot, boot)
 	}
 }
 

@@ -3,19 +3,18 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
@@ -52,6 +51,9 @@ type Deps struct {
 	OnPersist func(Sandbox)
 	// Clock runs the sandboxes' timeouts (nil: the real clock).
 	Clock Clock
+	// Envd speaks to the sandboxes' daemons; nil: an envdclient.Client
+	// over the marked dialer.
+	Envd Envd
 }
 
 // Manager creates, tracks and kills sandboxes.
@@ -59,11 +61,13 @@ type Manager struct {
 	d Deps
 	// dialer opens every connection to a sandbox (client, proxy): it sets
 	// the server's socket mark, without which the firewall refuses them.
-	dialer *net.Dialer
-	client *http.Client
+	dialer *dialer.Dialer
+	envd   Envd
 
-	mu       sync.Mutex
-	boxes    map[string]*entry
+	// mu guards the registry's maps and the pools' (below): admission
+	// counts live sandboxes and teardowns together.
+	mu sync.Mutex
+	registry
 	warm     map[string][]warmEntry
 	warmS    warmState
 	warmKick chan struct{}
@@ -71,8 +75,6 @@ type Manager struct {
 	cpu      cpuSamples // metrics: the last CPU sample of each sandbox
 	hotKick  chan struct{}
 	slots    map[int]bool
-	lost     map[string]Sandbox
-	ended    ended // how the last killed and timed-out sandboxes ended
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped   atomic.Int64
 	closed   bool
@@ -149,20 +151,23 @@ func New(d Deps) (*Manager, error) {
 	if d.Clock == nil {
 		d.Clock = realClock{}
 	}
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	var mark dialer.MarkFunc
 	if d.Net != nil {
-		dialer.Control = d.Net.MarkSocket
+		mark = d.Net.MarkSocket
+	}
+	dial := dialer.New(mark)
+	if d.Envd == nil {
+		d.Envd = envdclient.New(dial.DialContext, d.Log)
 	}
 	return &Manager{
 		d:        d,
-		dialer:   dialer,
-		client:   &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialer.DialContext}},
-		boxes:    map[string]*entry{},
+		dialer:   dial,
+		envd:     d.Envd,
+		registry: registry{boxes: map[string]*entry{}, lost: map[string]Sandbox{}},
 		warm:     map[string][]warmEntry{},
 		warmKick: make(chan struct{}, 1),
 		hot:      map[string][]string{},
 		hotKick:  make(chan struct{}, 1),
-		lost:     map[string]Sandbox{},
 
 		dying:     map[string]*teardown{},
 		tearSem:   make(chan struct{}, teardownParallel),
@@ -239,47 +244,6 @@ func (sb Sandbox) Addr(port int) string {
 	return net.JoinHostPort(sb.Slot.SandboxIP.String(), strconv.Itoa(port))
 }
 
-// waitEnvd polls envd's /health until it answers.
-func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	url := "http://" + sb.Addr(envd.Port) + "/health"
-	delay := time.Millisecond
-	// Each attempt gets a short deadline that grows: a SYN that reaches a
-	// sandbox still finishing its start (or restore) is dropped, and the
-	// kernel would retry it only after a full second.
-	attempt := 50 * time.Millisecond
-	var last error
-	for {
-		actx, acancel := context.WithTimeout(ctx, attempt)
-		req, _ := http.NewRequestWithContext(actx, http.MethodGet, url, nil)
-		resp, err := m.client.Do(req)
-		acancel()
-		if err != nil {
-			m.d.Log.Debug("envd not answering yet", "sandbox", sb.ID, "attempt", attempt, "err", err)
-		}
-		if attempt < 2*time.Second {
-			attempt *= 2
-		}
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return nil
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("envd in sandbox %s did not answer within 30s (last error: %v): %w", sb.ID, last, errdefs.ErrUnavailable)
-		case <-time.After(delay):
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
-}
-
 // armTimer (re)schedules the sandbox's timeout: a kill, or a pause when
 // its lifecycle says so (expire). Callers hold e.mu.
 func (m *Manager) armTimer(e *entry) {
@@ -287,109 +251,6 @@ func (m *Manager) armTimer(e *entry) {
 		e.timer.Stop()
 	}
 	e.timer = m.d.Clock.AfterFunc(e.sb.EndAt.Sub(m.d.Clock.Now()), func() { m.expire(e) })
-}
-
-func (m *Manager) entry(id string) (*entry, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e, ok := m.boxes[id]; ok {
-		return e, nil
-	}
-	if sb, ok := m.lost[id]; ok {
-		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
-	}
-	if how, ok := m.ended.how(id); ok {
-		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)
-	}
-	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
-}
-
-// Get returns a sandbox.
-func (m *Manager) Get(id string) (Sandbox, error) {
-	e, err := m.entry(id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.sb, nil
-}
-
-// Running returns a sandbox only if it is running (for the proxy).
-func (m *Manager) Running(id string) (Sandbox, error) {
-	sb, err := m.Get(id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if sb.State != StateRunning {
-		return Sandbox{}, errdefs.Conflict("sandbox %q is %s, not running", id, sb.State)
-	}
-	return sb, nil
-}
-
-// Filter selects sandboxes in List.
-type Filter struct {
-	Metadata map[string]string
-	States   []State
-	// Template, if set, keeps the sandboxes of that template only.
-	Template string `json:",omitempty"`
-	// StartedAfter, if set, keeps those started at or after it.
-	StartedAfter time.Time `json:",omitzero"`
-	// Owner, if set, keeps the sandboxes of that API key's name.
-	Owner string `json:",omitempty"`
-}
-
-// Match reports whether sb passes the filter.
-func (f Filter) Match(sb Sandbox) bool {
-	if f.Template != "" && sb.Template != f.Template {
-		return false
-	}
-	if f.Owner != "" && sb.Owner != f.Owner {
-		return false
-	}
-	if !f.StartedAfter.IsZero() && sb.StartedAt.Before(f.StartedAfter) {
-		return false
-	}
-	for k, v := range f.Metadata {
-		if sb.Metadata[k] != v {
-			return false
-		}
-	}
-	if len(f.States) == 0 {
-		return true
-	}
-	for _, s := range f.States {
-		if sb.State == s {
-			return true
-		}
-	}
-	return false
-}
-
-// List returns the sandboxes that match, oldest first.
-func (m *Manager) List(f Filter) []Sandbox {
-	m.mu.Lock()
-	entries := make([]*entry, 0, len(m.boxes))
-	for _, e := range m.boxes {
-		entries = append(entries, e)
-	}
-	m.mu.Unlock()
-	out := make([]Sandbox, 0, len(entries))
-	for _, e := range entries {
-		e.mu.Lock()
-		sb := e.sb
-		e.mu.Unlock()
-		if f.Match(sb) {
-			out = append(out, sb)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].StartedAt.Equal(out[j].StartedAt) {
-			return out[i].ID < out[j].ID
-		}
-		return out[i].StartedAt.Before(out[j].StartedAt)
-	})
-	return out
 }
 
 // SetTimeout makes the sandbox end d from now: its timeout action (a kill,
@@ -408,11 +269,11 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	}
 	e.mu.Lock()
 	switch e.sb.State {
-	case StatePaused:
+	case StatePaused, StatePausedFiles:
 		if d == 0 && !e.sb.Lifecycle.AutoPause {
 			sb := e.sb
 			e.mu.Unlock()
-			paused := func(sb Sandbox) bool { return sb.State == StatePaused }
+			paused := func(sb Sandbox) bool { return sb.State.Paused() }
 			return sb, m.killWhen(context.Background(), e, "", paused)
 		}
 		defer e.mu.Unlock()
@@ -433,45 +294,6 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	// (expire takes e.mu).
 	m.armTimer(e)
 	return e.sb, nil
-}
-
-// Addr implements proxy.Resolver: the address of a running sandbox's port
-// and a channel closed when the sandbox goes away.
-func (m *Manager) Addr(id string, port int) (string, <-chan struct{}, error) {
-	e, err := m.entry(id)
-	if err != nil {
-		return "", nil, err
-	}
-	e.mu.Lock()
-	sb := e.sb
-	var gone <-chan struct{} = e.gone
-	e.mu.Unlock()
-	if sb.State == StatePaused && sb.Lifecycle.AutoResume && !sb.FilesOnly {
-		// Traffic resumes it (E2B's autoResume); concurrent requests
-		// queue on the sandbox's lock behind one resume.
-		if sb, gone, err = m.wake(e); err != nil {
-			return "", nil, err
-		}
-	}
-	if sb.State != StateRunning {
-		// Not (yet, or any more) reachable: the proxy answers 502, which
-		// the E2B SDK reads as "not running".
-		return "", nil, fmt.Errorf("sandbox %q is %s, not running: %w", id, sb.State, errdefs.ErrNotFound)
-	}
-	return sb.Addr(port), gone, nil
-}
-
-// Boot implements proxy.Booter: it changes each time the sandbox boots
-// again under its ID (a resume without memory), so that connections
-// pooled for one boot are never reused for the next.
-func (m *Manager) Boot(id string) uint64 {
-	e, err := m.entry(id)
-	if err != nil {
-		return 0
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.boot
 }
 
 func (n Network) egress() (netns.Egress, error) {
@@ -498,49 +320,18 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State != StateRunning && e.sb.State != StatePaused {
+	if !e.sb.State.Live() {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is %s", id, e.sb.State)
 	}
 	// A sandbox paused without memory has no slot: its next boot applies
 	// the policy.
-	if !e.sb.FilesOnly {
+	if e.sb.State.hasContainer() {
 		if err := m.d.Net.SetEgress(ctx, e.sb.Slot, eg); err != nil {
 			return Sandbox{}, err
 		}
 	}
 	e.sb.Network = n
 	return e.sb, m.persist(e.sb)
-}
-
-// FindByToken implements proxy.SignedFiles: a running or paused sandbox
-// whose envd access token match accepts (a signed file URL without a
-// sandbox ID is matched against each).
-func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
-	m.mu.Lock()
-	entries := make([]*entry, 0, len(m.boxes))
-	for _, e := range m.boxes {
-		entries = append(entries, e)
-	}
-	m.mu.Unlock()
-	for _, e := range entries {
-		e.mu.Lock()
-		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
-		e.mu.Unlock()
-		if token != "" && (state == StateRunning || state == StatePaused) && match(token) {
-			return id, true
-		}
-	}
-	return "", false
-}
-
-// TrafficToken returns the token a sandbox's exposed ports require through
-// the proxy ("" when they are public).
-func (m *Manager) TrafficToken(id string) string {
-	sb, err := m.Get(id)
-	if err != nil {
-		return ""
-	}
-	return sb.TrafficToken
 }
 
 // Extend makes a running sandbox live at least d from now; it never

@@ -144,7 +144,7 @@ func (m *Manager) readRecord(id string) (Sandbox, error) {
 
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
-	if sb.State != StateRunning && sb.State != StatePaused {
+	if !sb.State.Live() {
 		return fmt.Sprintf("the server stopped while it was %s", sb.State)
 	}
 	if sb.State == StateRunning && !m.d.Clock.Now().Before(sb.EndAt) {
@@ -155,7 +155,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 		return fmt.Sprintf("its runtime state could not be read: %v", err)
 	}
 	want := runtime.StatusRunning
-	if sb.State == StatePaused {
+	if sb.State.Paused() {
 		want = runtime.StatusPaused
 	}
 	if st != want {
@@ -164,7 +164,7 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if !m.d.Net.Exists(sb.Slot) {
 		return "its network namespace was gone after the restart"
 	}
-	if sb.State == StatePaused {
+	if sb.State.Paused() {
 		return ""
 	}
 	if err := m.waitEnvdQuick(ctx, sb); err != nil {

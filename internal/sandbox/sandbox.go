@@ -1,12 +1,15 @@
 // Package sandbox owns the sandbox lifecycle: create from a template on a
 // runtime with a network slot, timeouts, kill, persistence of every state
-// transition and recovery after a crash. It must not speak HTTP; the api
-// and proxy packages sit on top of it.
+// transition and recovery after a crash. It must not speak HTTP: it
+// reaches envd through Envd (internal/envdclient) and sandboxes through
+// the marked dialer (internal/dialer); the api and proxy packages sit on
+// top of it.
 package sandbox
 
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -18,35 +21,82 @@ import (
 // State is a sandbox's lifecycle state.
 type State string
 
-// The lifecycle: creating → running ⇄ paused → killing → (gone). A sandbox that
-// cannot be brought back after a restart becomes lost (a tombstone kept
-// so that clients get an explanation rather than a bare 404).
+// The lifecycle: creating → running ⇄ paused (or paused-files) → killing →
+// (gone). A sandbox that cannot be brought back after a restart becomes
+// lost (a tombstone kept so that clients get an explanation rather than a
+// bare 404).
 const (
 	StateCreating State = "creating"
 	StateRunning  State = "running"
 	StatePaused   State = "paused"
+	// StatePausedFiles: paused without its memory (E2B's pause with
+	// memory: false). Its container and network slot are gone and its
+	// files wait in its directory; a resume boots it again with them.
+	// E2B's API shows it as paused (E2B).
+	StatePausedFiles State = "paused-files"
 	// StatePooled: booted ahead of demand, not yet handed to anyone.
 	StatePooled  State = "pooled"
 	StateKilling State = "killing"
 	StateLost    State = "lost"
 )
 
-// transitions lists the allowed moves of the state machine.
-var transitions = map[State][]State{
-	StateCreating: {StateRunning, StatePooled, StateKilling},
-	StatePooled:   {StateRunning, StateKilling},
-	StateRunning:  {StatePaused, StateKilling},
-	StatePaused:   {StateRunning, StateKilling},
-	StateKilling:  {},
+// stateRules is what a state allows. The table below is the one place
+// that decides it; code asks through the methods under it.
+type stateRules struct {
+	// next lists the allowed moves of the state machine.
+	next []State
+	// paused: stopped by a pause, continued by a resume (E2B: paused).
+	paused bool
+	// container: the sandbox has its container and network slot (a
+	// policy change applies at once; a snapshot or auto-resume can use
+	// them).
+	container bool
+}
+
+var states = map[State]stateRules{
+	StateCreating:    {next: []State{StateRunning, StatePooled, StateKilling}, container: true},
+	StatePooled:      {next: []State{StateRunning, StateKilling}, container: true},
+	StateRunning:     {next: []State{StatePaused, StatePausedFiles, StateKilling}, container: true},
+	StatePaused:      {next: []State{StateRunning, StateKilling}, paused: true, container: true},
+	StatePausedFiles: {next: []State{StateRunning, StateKilling}, paused: true},
+	StateKilling:     {},
+	StateLost:        {},
 }
 
 func canMove(from, to State) bool {
-	for _, s := range transitions[from] {
+	for _, s := range states[from].next {
 		if s == to {
 			return true
 		}
 	}
 	return false
+}
+
+// Paused reports whether a sandbox in s is paused, with its memory or
+// without.
+func (s State) Paused() bool { return states[s].paused }
+
+// Live reports whether a sandbox in s is one a client has: running or
+// paused in either form.
+func (s State) Live() bool { return s == StateRunning || s.Paused() }
+
+// E2B is the state E2B's API shows for s: "paused" for a pause with or
+// without memory.
+func (s State) E2B() State {
+	if s.Paused() {
+		return StatePaused
+	}
+	return s
+}
+
+// hasContainer reports whether a sandbox in s has its container and slot.
+func (s State) hasContainer() bool { return states[s].container }
+
+// wakesOnTraffic reports whether traffic through the proxy resumes sb:
+// paused with its memory and created with autoResume (never one paused
+// without it: that resume reboots it, which only connect or resume do).
+func (sb Sandbox) wakesOnTraffic() bool {
+	return sb.State == StatePaused && sb.Lifecycle.AutoResume
 }
 
 // Sandbox is the persisted record of one sandbox.
@@ -88,15 +138,30 @@ type Sandbox struct {
 	Timeout time.Duration `json:"timeout,omitempty"`
 	// Lifecycle says what happens at the timeout and to traffic while paused.
 	Lifecycle Lifecycle `json:"lifecycle,omitempty"`
-	// FilesOnly marks a sandbox paused without its memory: its container
-	// is gone and its files wait in its directory; a resume boots it again.
-	FilesOnly bool `json:"filesOnly,omitempty"`
 	// Owner is the name of the API key that made the sandbox (named keys,
 	// --api-keys-file); "" for the single key's and the operator's.
 	Owner string `json:"owner,omitempty"`
 	// Boot says where the sandbox's last boot (its create, or a resume
 	// without memory) spent its time, step by step.
 	Boot *BootRecord `json:"boot,omitempty"`
+}
+
+// UnmarshalJSON reads a record, including one written before
+// StatePausedFiles, which said state "paused" with "filesOnly": true.
+func (sb *Sandbox) UnmarshalJSON(b []byte) error {
+	type record Sandbox // without this method
+	var r struct {
+		record
+		FilesOnly bool `json:"filesOnly"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return err
+	}
+	*sb = Sandbox(r.record)
+	if r.FilesOnly && sb.State == StatePaused {
+		sb.State = StatePausedFiles
+	}
+	return nil
 }
 
 // Lifecycle is E2B's lifecycle policy (create's autoPause, autoPauseMemory

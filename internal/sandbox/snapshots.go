@@ -33,7 +33,7 @@ func (m *Manager) pause(ctx context.Context, id string, how func(context.Context
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.State == StatePaused {
+	if e.sb.State.Paused() {
 		return Sandbox{}, errdefs.Conflict("sandbox %q is already paused", id)
 	}
 	if e.sb.State != StateRunning {

@@ -2,19 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-
-	"github.com/agentenv/agentenv/internal/envd"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -83,22 +76,17 @@ func (m *Manager) runStart(ctx context.Context, sb Sandbox) error {
 	if timeout <= 0 {
 		timeout = template.DefaultReadyTimeout * time.Second
 	}
-	// No client timeout: the stream lives until the check passes.
-	pc := processpbconnect.NewProcessClient(&http.Client{Transport: m.client.Transport}, "http://"+sb.Addr(envd.Port))
 	// No deadline on the start request either: envd ends a command when
 	// its request's deadline passes.
 	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	out := &tailBuffer{max: startOutputMax}
 	ended := make(chan string, 1)
-	stream, err := pc.Start(sctx, startRequest(sb, t.StartCmd, "start"))
+	wait, err := m.envd.Start(sctx, envdOf(sb), t.StartCmd, "start", out)
 	if err != nil {
 		return fmt.Errorf("start command: %w", err)
 	}
-	go func() {
-		defer stream.Close()
-		ended <- drain(stream, out)
-	}()
+	go func() { ended <- wait() }()
 	deadline := time.Now().Add(timeout)
 	if t.ReadyCmd == "" {
 		// Ready when the command has run for a second without failing.
@@ -123,7 +111,7 @@ func (m *Manager) runStart(ctx context.Context, sb Sandbox) error {
 			}
 			continue
 		}
-		ok, res := m.readyCheck(ctx, pc, sb, t.ReadyCmd)
+		ok, res := m.readyCheck(ctx, sb, t.ReadyCmd)
 		if ok {
 			m.d.Log.Debug("start command ready", "sandbox", sb.ID, "template", sb.Template)
 			return nil
@@ -136,49 +124,12 @@ func (m *Manager) runStart(ctx context.Context, sb Sandbox) error {
 }
 
 // readyCheck runs the ready command once (at most 10 s).
-func (m *Manager) readyCheck(ctx context.Context, pc processpbconnect.ProcessClient, sb Sandbox, cmd string) (bool, string) {
+func (m *Manager) readyCheck(ctx context.Context, sb Sandbox, cmd string) (bool, string) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	stream, err := pc.Start(cctx, startRequest(sb, cmd, ""))
-	if err != nil {
-		return false, err.Error()
-	}
-	defer stream.Close()
 	out := &tailBuffer{max: 1 << 10}
-	status := drain(stream, out)
+	status := m.envd.Run(cctx, envdOf(sb), cmd, out)
 	return status == "exit status 0", strings.TrimSpace(status + ": " + out.String())
-}
-
-func startRequest(sb Sandbox, cmd, tag string) *connect.Request[processpb.StartRequest] {
-	no := false
-	msg := &processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", cmd}}, Stdin: &no}
-	if tag != "" {
-		msg.Tag = &tag
-	}
-	req := connect.NewRequest(msg)
-	req.Header().Set("X-Access-Token", sb.AccessToken)
-	return req
-}
-
-// drain reads a process stream into out and returns how it ended.
-func drain(stream *connect.ServerStreamForClient[processpb.StartResponse], out *tailBuffer) string {
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			out.Write(d.GetStdout())
-			out.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			if end.GetError() != "" {
-				return end.GetError()
-			}
-			return end.GetStatus()
-		}
-	}
-	if err := stream.Err(); err != nil && !errors.Is(err, context.Canceled) {
-		return "stream: " + err.Error()
-	}
-	return "stream ended"
 }
 
 func startErr(t template.Template, what string, out *tailBuffer, check string) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,18 +13,22 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
-var allStates = []State{StateCreating, StateRunning, StatePaused, StateKilling, StateLost}
+var allStates = []State{StateCreating, StateRunning, StatePaused, StatePausedFiles, StateKilling, StateLost}
 
 func TestCanMove(t *testing.T) {
 	allowed := map[[2]State]bool{
-		{StateCreating, StateRunning}: true,
-		{StateCreating, StateKilling}: true,
-		{StateRunning, StatePaused}:   true,
-		{StateRunning, StateKilling}:  true,
-		{StatePaused, StateRunning}:   true,
-		{StatePaused, StateKilling}:   true,
+		{StateCreating, StateRunning}:    true,
+		{StateCreating, StateKilling}:    true,
+		{StateRunning, StatePaused}:      true,
+		{StateRunning, StateKilling}:     true,
+		{StatePaused, StateRunning}:      true,
+		{StatePaused, StateKilling}:      true,
+		{StateRunning, StatePausedFiles}: true,
+		{StatePausedFiles, StateRunning}: true,
+		{StatePausedFiles, StateKilling}: true,
 	}
 	for _, from := range allStates {
 		for _, to := range allStates {
@@ -34,6 +40,107 @@ func TestCanMove(t *testing.T) {
 	}
 	if canMove("", StateRunning) || canMove("bogus", StateKilling) {
 		t.Error("an unknown state can move, want no transitions from it")
+	}
+}
+
+// What each state allows, and what E2B's API shows of it.
+func TestStateRules(t *testing.T) {
+	for _, tt := range []struct {
+		s                       State
+		paused, live, container bool
+		e2b                     State
+	}{
+		{StateCreating, false, false, true, StateCreating},
+		{StatePooled, false, false, true, StatePooled},
+		{StateRunning, false, true, true, StateRunning},
+		{StatePaused, true, true, true, StatePaused},
+		{StatePausedFiles, true, true, false, StatePaused},
+		{StateKilling, false, false, false, StateKilling},
+		{StateLost, false, false, false, StateLost},
+	} {
+		if got := tt.s.Paused(); got != tt.paused {
+			t.Errorf("%s.Paused() = %v, want %v", tt.s, got, tt.paused)
+		}
+		if got := tt.s.Live(); got != tt.live {
+			t.Errorf("%s.Live() = %v, want %v", tt.s, got, tt.live)
+		}
+		if got := tt.s.hasContainer(); got != tt.container {
+			t.Errorf("%s.hasContainer() = %v, want %v", tt.s, got, tt.container)
+		}
+		if got := tt.s.E2B(); got != tt.e2b {
+			t.Errorf("%s.E2B() = %s, want %s", tt.s, got, tt.e2b)
+		}
+	}
+	for _, s := range allStates {
+		if _, ok := states[s]; !ok {
+			t.Errorf("state %s has no rules", s)
+		}
+	}
+}
+
+// Records written before StatePausedFiles said "paused" with "filesOnly":
+// they load as paused-files, from disk and inside an etcd record; new
+// records round-trip; a plain paused record stays paused.
+func TestOldFilesOnlyRecordLoads(t *testing.T) {
+	for _, tt := range []struct {
+		name, json string
+		want       State
+	}{
+		{"old files-only", `{"sandboxID":"i1","state":"paused","filesOnly":true}`, StatePausedFiles},
+		{"old paused", `{"sandboxID":"i1","state":"paused"}`, StatePaused},
+		{"new", `{"sandboxID":"i1","state":"paused-files"}`, StatePausedFiles},
+		{"running with a stray flag", `{"sandboxID":"i1","state":"running","filesOnly":true}`, StateRunning},
+	} {
+		var sb Sandbox
+		if err := json.Unmarshal([]byte(tt.json), &sb); err != nil || sb.State != tt.want || sb.ID != "i1" {
+			t.Errorf("%s: got %q %s (%v), want i1 %s", tt.name, sb.ID, sb.State, err, tt.want)
+		}
+		var rec struct {
+			Node    string  `json:"node"`
+			Sandbox Sandbox `json:"sandbox"`
+		}
+		if err := json.Unmarshal([]byte(`{"node":"n1","sandbox":`+tt.json+`}`), &rec); err != nil || rec.Sandbox.State != tt.want || rec.Node != "n1" {
+			t.Errorf("%s in an etcd record: got %+v (%v), want state %s", tt.name, rec, err, tt.want)
+		}
+	}
+	b, _ := json.Marshal(Sandbox{ID: "i1", State: StatePausedFiles})
+	var back Sandbox
+	if err := json.Unmarshal(b, &back); err != nil || back.State != StatePausedFiles {
+		t.Errorf("round trip of %s: got %s (%v)", b, back.State, err)
+	}
+}
+
+// Recovery adopts a sandbox paused without memory from a record the old
+// code wrote, as paused-files.
+func TestRecoverOldFilesOnlyRecord(t *testing.T) {
+	dir := t.TempDir()
+	envdBin := filepath.Join(dir, "envd")
+	os.WriteFile(envdBin, []byte("envd"), 0o755)
+	os.MkdirAll(filepath.Join(dir, "templates", "img"), 0o755)
+	os.WriteFile(filepath.Join(dir, "templates", "img", "template.json"), []byte(`{"name":"img"}`), 0o644)
+	store, err := template.Open(filepath.Join(dir, "templates"), envdBin, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Deps{Dir: filepath.Join(dir, "sandboxes"), Templates: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := newID()
+	os.MkdirAll(m.filesDir(id), 0o700)
+	os.WriteFile(filepath.Join(m.filesDir(id), filesArchive), nil, 0o600)
+	old := `{"sandboxID":"` + id + `","templateID":"img","state":"paused","filesOnly":true,"slot":{}}`
+	os.WriteFile(filepath.Join(m.dir(id), "sandbox.json"), []byte(old), 0o600)
+	sb, err := m.readRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.adoptFilesOnly(sb) {
+		t.Fatalf("record %s was not adopted as paused without memory", old)
+	}
+	got, err := m.Get(id)
+	if err != nil || got.State != StatePausedFiles || got.State.E2B() != StatePaused {
+		t.Errorf("adopted sandbox: %s (%v), want paused-files, shown as paused", got.State, err)
 	}
 }
 

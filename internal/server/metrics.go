@@ -76,7 +76,7 @@ func WatchHost(reg *metrics.Registry, h *Host) {
 func CountSandboxes(sbs []sandbox.Sandbox) []metrics.SandboxCount {
 	n := map[[2]string]int{}
 	for _, sb := range sbs {
-		n[[2]string{string(sb.State), sb.Template}]++
+		n[[2]string{string(sb.State.E2B()), sb.Template}]++
 	}
 	out := make([]metrics.SandboxCount, 0, len(n))
 	for k, v := range n {

@@ -238,7 +238,7 @@ func TestSandboxCannotReachHostOrOthers(t *testing.T) {
 }
 
 // The proxy's dialer must be the manager's marked one.
-var _ proxy.SandboxDialer = (*sandbox.Manager)(nil)
+var _ proxy.Sandboxes = (*sandbox.Manager)(nil)
 
 // markedDialer dials as the server does, with its socket mark.
 func (e *env) markedDialer(t *testing.T) *net.Dialer {

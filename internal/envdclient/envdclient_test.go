@@ -1,0 +1,53 @@
+package envdclient_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdclient"
+)
+
+// serve starts an envd handler with token and returns its target.
+func serve(t *testing.T, token string) envdclient.Target {
+	t.Helper()
+	s := httptest.NewServer(envd.New(envd.Config{AccessToken: token}).Handler())
+	t.Cleanup(s.Close)
+	return envdclient.Target{Addr: strings.TrimPrefix(s.URL, "http://"), Token: token}
+}
+
+func TestWait(t *testing.T) {
+	c := envdclient.New(nil, nil)
+	if err := c.Wait(context.Background(), serve(t, "tok")); err != nil {
+		t.Errorf("Wait on a serving envd: got %v, want nil", err)
+	}
+	// Nothing listens: Wait gives up with ctx and says why.
+	down := httptest.NewServer(http.NotFoundHandler())
+	addr := strings.TrimPrefix(down.URL, "http://")
+	down.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Wait(ctx, envdclient.Target{Addr: addr}); err == nil || !strings.Contains(err.Error(), "last error") {
+		t.Errorf("Wait on nothing: got %v, want an error with the last failure", err)
+	}
+}
+
+// TestInitRekeys: after Init, envd takes the new token and refuses the old.
+func TestInitRekeys(t *testing.T) {
+	c := envdclient.New(nil, nil)
+	old := serve(t, "old")
+	ctx := context.Background()
+	if err := c.Init(ctx, old, "new", map[string]string{"A": "1"}); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	if err := c.Init(ctx, old, "newer", nil); err == nil || !strings.Contains(err.Error(), "HTTP 401") {
+		t.Errorf("Init with the old token: got %v, want HTTP 401", err)
+	}
+	if _, err := c.Changes(ctx, old, time.Now()); err == nil || !strings.Contains(err.Error(), "HTTP 401") {
+		t.Errorf("Changes with the old token: got %v, want HTTP 401", err)
+	}
+}
