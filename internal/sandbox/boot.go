@@ -227,7 +227,7 @@ func (b *boot) record(diskMB int) Sandbox {
 		Metadata: req.Metadata, EnvVars: req.EnvVars, CPUs: req.CPUs, MemoryMB: req.MemoryMB,
 		StartedAt: now, EndAt: now.Add(req.Timeout), AccessToken: newToken(), Network: *req.Network,
 		Timeout: req.Timeout, Lifecycle: req.Lifecycle, Owner: req.Owner,
-		Nproc: b.m.d.Limits.nproc(req.MemoryMB), DiskMB: diskMB,
+		Nproc: b.m.d.Limits.nproc(req.MemoryMB), DiskMB: diskMB, Volumes: req.Volumes,
 	}
 	if req.Network.PrivateTraffic {
 		sb.TrafficToken = newToken()
@@ -312,6 +312,10 @@ func (b *boot) acquireSnapshot() (release func(), err error) {
 // there is one: its directory, slot and container become the sandbox's.
 func (b *boot) takeWarm(ctx context.Context) error {
 	m := b.m
+	if len(b.sb.Volumes) > 0 {
+		// A warm container was prepared without them.
+		return nil
+	}
 	w := m.takeWarm(b.sb.Template, b.sb.CPUs, b.sb.MemoryMB, m.d.Limits.pids(b.sb.Nproc), b.sb.DiskMB)
 	if w == nil {
 		return nil
@@ -510,7 +514,7 @@ func (m *Manager) bootSandbox(ctx context.Context, b *boot, steps []step) (Sandb
 // environment (they are part of its memory).
 func (m *Manager) restoreBoot(kind string, req CreateRequest, sn snapshot.Snapshot) *boot {
 	if kind != BootReady {
-		req.Template, req.CPUs, req.MemoryMB, req.EnvVars = sn.Template, sn.CPUs, sn.MemoryMB, sn.EnvVars
+		req.Template, req.CPUs, req.MemoryMB, req.EnvVars, req.Volumes = sn.Template, sn.CPUs, sn.MemoryMB, sn.EnvVars, sn.Volumes
 		if req.Owner == "" {
 			req.Owner = sn.Owner // a fork child, or the operator restoring a key's snapshot
 		}

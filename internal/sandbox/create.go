@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // Create starts a sandbox and returns once envd inside it answers. When
@@ -25,8 +27,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 			// gVisor restores only what its own build checkpointed.
 			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
 		}
-		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
+		if err := volumesExist(sn); err != nil {
+			return Sandbox{}, err
+		}
+		if len(sn.Volumes) == 0 {
+			m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
+		}
 		return m.bootSandbox(ctx, m.restoreBoot(BootRestore, req, sn), restoreSteps)
+	}
+	if len(req.Volumes) > 0 {
+		// Hot sandboxes and ready snapshots were made without them.
+		return m.bootSandbox(ctx, m.newBoot(BootCreate, req, nil), createSteps)
 	}
 	if !req.pooled {
 		if sb, ok := m.takeHot(ctx, req); ok {
@@ -44,6 +55,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.dropReady(req.Template)
 	}
 	return m.bootSandbox(ctx, m.newBoot(BootCreate, req, nil), createSteps)
+}
+
+// volumesExist tells whether the volumes snapshot sn mounted are still
+// there: its restore mounts them again.
+func volumesExist(sn snapshot.Snapshot) error {
+	for _, v := range sn.Volumes {
+		if _, err := os.Stat(v.Source); err != nil {
+			return errdefs.NotFound("volume '%s' that snapshot %s mounted at %s was deleted: the snapshot cannot be restored without it", v.Name, sn.ID, v.Path)
+		}
+	}
+	return nil
 }
 
 // errRestore marks a failure of the runtime's restore step.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // Deps are the parts the manager drives.
@@ -112,6 +114,9 @@ type entry struct {
 	timer Timer
 	// undo gives back what the sandbox holds (cleanup.go); kill runs it.
 	undo undo
+	// volumes are the IDs of the volumes it mounts: set before the entry
+	// is listed and never changed, so read without mu (VolumeUsers).
+	volumes []string
 	// gone is closed when the sandbox stops being reachable (killed,
 	// died, or paused without its memory), so that proxied requests to it
 	// end at once. A boot after a pause without memory gets a new one.
@@ -135,7 +140,11 @@ func newEntry(sb Sandbox, release func()) *entry {
 
 // blankEntry is an entry that holds nothing yet (a boot fills its undo).
 func blankEntry(sb Sandbox) *entry {
-	return &entry{sb: sb, undo: undo{id: sb.ID}, gone: make(chan struct{}), bootAt: time.Now()}
+	e := &entry{sb: sb, undo: undo{id: sb.ID}, gone: make(chan struct{}), bootAt: time.Now()}
+	for _, v := range sb.Volumes {
+		e.volumes = append(e.volumes, v.ID)
+	}
+	return e
 }
 
 func (e *entry) markGone() { e.goneOnce.Do(func() { close(e.gone) }) }
@@ -236,7 +245,32 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		DiskMB:   int64(sb.DiskMB),
 		Pids:     m.d.Limits.pids(sb.Nproc),
 		Hostname: "e2b",
+		Binds:    binds(sb.Volumes),
 	}
+}
+
+// binds are the host directories of a sandbox's volumes.
+func binds(vols []volume.Mount) []runtime.Bind {
+	var out []runtime.Bind
+	for _, v := range vols {
+		out = append(out, runtime.Bind{Source: v.Source, Destination: v.Path})
+	}
+	return out
+}
+
+// VolumeUsers names the sandboxes (in any state but gone) that mount
+// volume id: a volume they mount must not be deleted.
+func (m *Manager) VolumeUsers(id string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for sid, e := range m.boxes {
+		if slices.Contains(e.volumes, id) {
+			out = append(out, sid)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // EnvdAddr is the host-reachable address of a sandbox's port.

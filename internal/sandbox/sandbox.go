@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // State is a sandbox's lifecycle state.
@@ -114,10 +115,13 @@ type Sandbox struct {
 	Nproc int64 `json:"nproc,omitempty"`
 	// DiskMB is the size of the sandbox's write layer on disk (0: in
 	// memory, a sandbox older than the disk layer).
-	DiskMB      int       `json:"diskMB,omitempty"`
-	StartedAt   time.Time `json:"startedAt"`
-	EndAt       time.Time `json:"endAt"`
-	AccessToken string    `json:"envdAccessToken"`
+	DiskMB int `json:"diskMB,omitempty"`
+	// Volumes are the volumes mounted into the sandbox (fixed at its
+	// create; a fork child or a restore mounts its snapshot's).
+	Volumes     []volume.Mount `json:"volumes,omitempty"`
+	StartedAt   time.Time      `json:"startedAt"`
+	EndAt       time.Time      `json:"endAt"`
+	AccessToken string         `json:"envdAccessToken"`
 	// TrafficToken, when set, must accompany requests to the sandbox's
 	// exposed ports (not envd) through the proxy.
 	TrafficToken string     `json:"trafficAccessToken,omitempty"`
@@ -207,6 +211,9 @@ type CreateRequest struct {
 	// create from a snapshot with an Owner refuses another owner's
 	// snapshot; with none, the sandbox inherits the snapshot's owner.
 	Owner string
+	// Volumes to mount (checked and held by the caller: see
+	// volume.Store.Hold). A restore mounts its snapshot's instead.
+	Volumes []volume.Mount
 }
 
 // Limits bound what a create request may ask for.

@@ -117,7 +117,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Owner: e.sb.Owner,
-		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
+		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {
 		return snapshot.Snapshot{}, err
@@ -163,7 +163,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	// Every child at once: the runtime's workers bound how many restores
 	// run together, and children that find a warm container (see warm.go)
 	// skip the sandbox start-up.
-	m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, count)
+	if len(sn.Volumes) == 0 { // children with volumes take no warm container
+		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, count)
+	}
 	results := make([]ForkResult, count)
 	var wg sync.WaitGroup
 	for i := range count {

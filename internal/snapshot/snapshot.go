@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/volume"
 	"os"
 	"path/filepath"
 	"sort"
@@ -44,6 +45,9 @@ type Snapshot struct {
 	MemoryMB int `json:"memoryMB"`
 	// Nproc is the snapshotted sandbox's process cap (0: older snapshot).
 	Nproc int64 `json:"nproc,omitempty"`
+	// Volumes are the volumes the snapshotted sandbox mounted: a restore
+	// mounts the same (a snapshot does not contain their contents).
+	Volumes []volume.Mount `json:"volumes,omitempty"`
 	// DiskMB is the snapshotted sandbox's write-layer size (0: an older
 	// snapshot, whose layer was in memory). A restore must use the same.
 	DiskMB      int               `json:"diskMB,omitempty"`

@@ -357,3 +357,13 @@ func (s *Store) CheckToken(id, tok string) error {
 	}
 	return nil
 }
+
+// Mount is a volume mounted into a sandbox: which volume, where, and the
+// host directory bound there. Sandbox and snapshot records keep it, so a
+// restore or a fork child mounts the same volume.
+type Mount struct {
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	Path   string `json:"path"`
+	Source string `json:"source"`
+}
