@@ -22,6 +22,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
@@ -543,7 +544,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 			return nil // never published (still creating, or a pooled sandbox)
 		}
 		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id))
-		if err != nil && strings.Contains(err.Error(), "was lost") {
+		if errors.Is(err, sandbox.ErrLost) {
 			t, terr := n.tombs.put(ctx, id, err.Error())
 			if terr != nil {
 				return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
@@ -618,7 +619,7 @@ func (n *Node) Handler() http.Handler {
 		px = server.MeterProxy(n.cfg.Metrics, px)
 	}
 	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
-	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) { serveRPC(b, w, r, r.PathValue("method")) })
+	mux.Handle(serviceHandler(b))
 	mux.HandleFunc("GET "+rpcPath+"templates/{name}", n.exportTemplateMeta)
 	mux.HandleFunc("GET "+rpcPath+"templates/{name}/image", n.exportTemplateImage)
 	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
@@ -630,11 +631,11 @@ func (n *Node) Handler() http.Handler {
 			return
 		}
 		if n.cfg.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-			writeWireError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
+			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		if !n.auth.verify(r) {
-			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", rpcSkew, errdefs.ErrUnauthenticated))
+			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", rpcSkew, errdefs.ErrUnauthenticated))
 			return
 		}
 		r.Header.Del(AuthHeader)

@@ -22,6 +22,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -54,7 +55,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else if sn, err := p.src.Manifest(parts[1]); err == nil {
 			v = sn
 		} else {
-			writeWireError(w, err)
+			nodepb.WriteHTTPError(w, err)
 			return
 		}
 		json.NewEncoder(w).Encode(v)
@@ -72,7 +73,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		writeWireError(w, errdefs.NotFound("no chunk %s", parts[3]))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("no chunk %s", parts[3]))
 	case len(parts) == 2 && parts[0] == "templates":
 		json.NewEncoder(w).Encode(tmpl)
 	case len(parts) == 3 && parts[0] == "templates" && parts[2] == "image":

@@ -63,12 +63,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Host header travels unchanged.
 	r.Header.Set("E2b-Sandbox-Id", id)
 	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
-	base, err := c.url("")
-	if err != nil {
-		writeProxyError(w, id, http.StatusBadGateway, err.Error())
+	if c.err != nil {
+		writeProxyError(w, id, http.StatusBadGateway, c.err.Error())
 		return
 	}
-	u, _ := url.Parse(base)
+	u, _ := url.Parse(c.base)
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
 	c.auth.sign(r)
 	http.NewResponseController(w).EnableFullDuplex()
@@ -76,9 +75,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// times out.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	gone := c.gone()
 	go func() {
 		select {
-		case <-c.gone:
+		case <-gone:
 			cancel(errNodeLost)
 		case <-ctx.Done():
 		}

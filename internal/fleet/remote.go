@@ -12,10 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -39,6 +41,8 @@ type Remote struct {
 	mu      sync.Mutex
 	pending map[string]int // creates sent to a node and not answered yet
 	tombs   tombstones
+	// clients holds a client per node address (clientKey).
+	clients sync.Map
 }
 
 var _ api.Backend = (*Remote)(nil)
@@ -53,8 +57,20 @@ func NewRemote(cli *clientv3.Client, cache *Cache, secret string, tlsConf *tls.C
 		http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{}, tombs: tombstones{cli: cli, seal: seal}}
 }
 
+type clientKey struct {
+	name, addr string
+	tls        bool
+}
+
+// client returns the client of node n (made once per name and address).
 func (r *Remote) client(n NodeRecord) *nodeClient {
-	return &nodeClient{name: n.Name, addr: n.Addr, tls: n.TLS, needTLS: r.tls, auth: r.auth, http: r.http, gone: r.cache.goneCh(n.Name)}
+	k := clientKey{n.Name, n.Addr, n.TLS}
+	if c, ok := r.clients.Load(k); ok {
+		return c.(*nodeClient)
+	}
+	c := newNodeClient(n, r.tls, r.auth, r.http, func() <-chan struct{} { return r.cache.goneCh(n.Name) })
+	got, _ := r.clients.LoadOrStore(k, c)
+	return got.(*nodeClient)
 }
 
 // locate finds the node that owns a sandbox: from the cache, else (a
@@ -142,11 +158,14 @@ func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateR
 		r.pending[n.Name]--
 		r.mu.Unlock()
 	}()
-	sb, err := r.client(n).Create(ctx, req)
-	if err == nil {
-		r.cache.putSandbox(SandboxRecord{Node: n.Name, Sandbox: sb})
+	c := r.client(n)
+	resp, err := call(ctx, c.rpc.Create, nodepb.FromCreate(req))
+	if err != nil {
+		return sandbox.Sandbox{}, err
 	}
-	return sb, err
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.putSandbox(SandboxRecord{Node: n.Name, Sandbox: sb})
+	return sb, nil
 }
 
 // place ranks the live, uncordoned nodes for a sandbox from name; with
@@ -193,7 +212,11 @@ func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	return c.Get(ctx, id)
+	resp, err := call(ctx, c.rpc.Get, &nodepb.SandboxRef{Id: id})
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return nodepb.ToSandbox(resp.GetSandbox()), nil
 }
 
 // Kill stops a sandbox. A lost sandbox's record is removed (with a
@@ -205,7 +228,7 @@ func (r *Remote) Kill(ctx context.Context, id string) error {
 		defer cancel()
 		err = r.tombs.buryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
 	} else if err == nil {
-		err = c.Kill(ctx, id)
+		_, err = call(ctx, c.rpc.Kill, &nodepb.SandboxRef{Id: id})
 	}
 	if err == nil {
 		r.cache.dropSandbox(id)
@@ -225,51 +248,83 @@ func onOwner[T any](r *Remote, ctx context.Context, id string, call func(*nodeCl
 
 // changed runs a call that changes sandbox id on its node and puts the
 // answer in this API server's cache (a list right after shows it).
-func (r *Remote) changed(ctx context.Context, id string, call func(*nodeClient) (sandbox.Sandbox, error)) (sandbox.Sandbox, error) {
+func changed[Req any](r *Remote, ctx context.Context, id string, f func(*nodeClient) func(context.Context, *connect.Request[Req]) (*connect.Response[nodepb.SandboxResponse], error), req *Req) (sandbox.Sandbox, error) {
 	_, c, err := r.locate(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	sb, err := call(c)
-	if err == nil {
-		r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	resp, err := call(ctx, f(c), req)
+	if err != nil {
+		return sandbox.Sandbox{}, err
 	}
-	return sb, err
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	return sb, nil
 }
 
 func (r *Remote) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Metric, error) { return c.Metrics(ctx, id) })
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Metric, error) {
+		resp, err := call(ctx, c.rpc.Metrics, &nodepb.SandboxRef{Id: id})
+		return nodepb.ToMetric(resp), err
+	})
 }
 
 func (r *Remote) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.SetTimeout }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
 }
 
 func (r *Remote) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Extend(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.Extend }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
 }
 
 func (r *Remote) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetNetwork(ctx, id, n) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.SetNetworkRequest] { return c.rpc.SetNetwork }, &nodepb.SetNetworkRequest{Id: id, Network: nodepb.FromNetwork(n)})
 }
 
 func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id})
 }
 
 // PauseFiles pauses keeping only the files (api.FilesPauser), on the
 // sandbox's node.
 func (r *Remote) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.PauseFiles(ctx, id) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id, FilesOnly: true})
 }
 
 func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Resume(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.Resume }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
+}
+
+// Connect resumes or extends the sandbox on its node, atomically there.
+func (r *Remote) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		return sandbox.Sandbox{}, false, err
+	}
+	resp, err := call(ctx, c.rpc.Connect, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
+	if err != nil {
+		return sandbox.Sandbox{}, false, err
+	}
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	return sb, resp.GetResumed(), nil
+}
+
+// rpcFunc is a node call that answers with a sandbox.
+type rpcFunc[Req any] = func(context.Context, *connect.Request[Req]) (*connect.Response[nodepb.SandboxResponse], error)
+
+// snapshotOn snapshots sandbox id on its node c.
+func snapshotOn(ctx context.Context, c *nodeClient, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	resp, err := call(ctx, c.rpc.Snapshot, &nodepb.SnapshotRequest{Id: id, Name: req.Name, Metadata: req.Metadata})
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	return nodepb.ToSnapshot(resp.GetSnapshot()), nil
 }
 
 func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
 	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) {
-		sn, err := c.Snapshot(ctx, id, req)
+		sn, err := snapshotOn(ctx, c, id, req)
 		if err == nil && !sn.Internal {
 			r.cache.putSnapshot(c.name, sn)
 		}
@@ -288,21 +343,26 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 		return nil, err
 	}
 	if r.reserve(c.name, count) {
-		res, err := c.Fork(ctx, id, count, d, metadata)
+		resp, err := call(ctx, c.rpc.Fork, &nodepb.ForkRequest{Id: id, Count: int32(count), Timeout: nodepb.D(d), Metadata: metadata})
 		r.mu.Lock()
 		r.pending[c.name] -= count
 		r.mu.Unlock()
-		for _, fr := range res {
-			if fr.Err == nil {
-				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
+		if err != nil {
+			return nil, err
+		}
+		res := make([]sandbox.ForkResult, len(resp.GetChildren()))
+		for i, ch := range resp.GetChildren() {
+			res[i] = sandbox.ForkResult{Sandbox: nodepb.ToSandbox(ch.GetSandbox()), Err: nodepb.FromChildErr(ch.GetError())}
+			if res[i].Err == nil {
+				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: res[i].Sandbox})
 			}
 		}
-		return res, err
+		return res, nil
 	}
 	if count < 1 || count > 100 {
 		return nil, errdefs.Invalid("fork count %d out of range: give 1..100", count)
 	}
-	sn, err := c.Snapshot(ctx, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
+	sn, err := snapshotOn(ctx, c, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
 	if err != nil {
 		return nil, err
 	}
@@ -345,17 +405,9 @@ func (r *Remote) reserve(node string, n int) bool {
 	return true
 }
 
-// snapshots returns one copy of each published snapshot.
+// snapshots returns one copy of each published snapshot, oldest first.
 func (r *Remote) snapshots() []snapshot.Snapshot {
-	r.cache.mu.RLock()
-	defer r.cache.mu.RUnlock()
-	var out []snapshot.Snapshot
-	for _, byNode := range r.cache.snaps {
-		for _, sn := range byNode {
-			out = append(out, sn)
-			break
-		}
-	}
+	out := r.cache.snapshotList()
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
 }
@@ -391,7 +443,10 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 
 // DeleteSnapshot deletes every copy.
 func (r *Remote) DeleteSnapshot(ctx context.Context, id string) error {
-	return r.onHolders(ctx, id, "snapshot", func(c *nodeClient) error { return c.DeleteSnapshot(ctx, id) })
+	return r.onHolders(ctx, id, "snapshot", func(c *nodeClient) error {
+		_, err := call(ctx, c.rpc.DeleteSnapshot, &nodepb.SnapshotRef{Id: id})
+		return err
+	})
 }
 
 // onHolders runs call on every live node holding name.
@@ -443,25 +498,7 @@ func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error
 }
 
 func (r *Remote) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
-	r.cache.mu.RLock()
-	defer r.cache.mu.RUnlock()
-	var out []api.TemplateInfo
-	for _, byNode := range r.cache.templates {
-		var ti api.TemplateInfo
-		found := false
-		for node, t := range byNode {
-			if _, alive := r.cache.nodes[node]; !alive {
-				continue
-			}
-			if !found || t.Ready {
-				ti, found = t, true
-			}
-		}
-		if found {
-			ti.InUse = 0
-			out = append(out, ti)
-		}
-	}
+	out := r.cache.templateList()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
@@ -478,7 +515,10 @@ func (r *Remote) GetTemplate(ctx context.Context, name string) (api.TemplateInfo
 
 // DeleteTemplate deletes a template (or snapshot) on every node holding it.
 func (r *Remote) DeleteTemplate(ctx context.Context, name string) error {
-	return r.onHolders(ctx, name, "template", func(c *nodeClient) error { return c.DeleteTemplate(ctx, name) })
+	return r.onHolders(ctx, name, "template", func(c *nodeClient) error {
+		_, err := call(ctx, c.rpc.DeleteTemplate, &nodepb.TemplateRef{Name: name})
+		return err
+	})
 }
 
 // BuildTemplate builds on the node with the most room; other nodes copy

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -12,162 +11,56 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
-	"github.com/agentenv/agentenv/internal/sandbox"
-	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb/nodepbconnect"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// The node RPC: the api.Backend methods as JSON over HTTP, so an API
-// server runs the very same REST handlers against a node's sandboxes.
-// Every request carries a proof of the cluster secret (AuthHeader); a
-// node answers nothing without it, and with mutual TLS configured nothing
-// to a caller without a certificate of the fleet's CA.
+// The node RPC: the node service (api/node/v1/node.proto) over Connect,
+// generated at both ends, so an API server runs the very same REST
+// handlers against a node's sandboxes. Errors cross as Connect codes
+// (nodepb.Wire/Unwire). A template build (an upload in, progress out) and
+// the peer exports (byte ranges of files) stay plain HTTP streams under
+// rpcPath, with errors in the same codes. Every request carries a proof of
+// the cluster secret (AuthHeader); a node answers nothing without it, and
+// with mutual TLS configured nothing to a caller without a certificate of
+// the fleet's CA.
 
 const rpcPath = "/fleet/v1/"
 
-// rpcArgs holds the arguments of any method (each uses some).
-type rpcArgs struct {
-	ID       string                   `json:"id,omitempty"`
-	Name     string                   `json:"name,omitempty"`
-	D        time.Duration            `json:"d,omitempty"`
-	Count    int                      `json:"count,omitempty"`
-	Metadata map[string]string        `json:"metadata,omitempty"`
-	Create   *sandbox.CreateRequest   `json:"create,omitempty"`
-	Filter   *sandbox.Filter          `json:"filter,omitempty"`
-	Network  *sandbox.Network         `json:"network,omitempty"`
-	Snapshot *sandbox.SnapshotRequest `json:"snapshot,omitempty"`
+// serviceHandler serves the node service over b: the route prefix and
+// its handler.
+func serviceHandler(b api.Backend) (string, http.Handler) {
+	return nodepbconnect.NewNodeServiceHandler(&nodeService{b: b},
+		connect.WithInterceptors(connect.UnaryInterceptorFunc(wireErrors)), connect.WithReadMaxBytes(api.MaxBody))
 }
 
-// wireError is an error as it crosses the wire: its class code and text.
-type wireError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func toWire(err error) *wireError {
-	if err == nil {
-		return nil
+// wireErrors turns a handler's errdefs error into its Connect code.
+func wireErrors(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if err != nil {
+			var ce *connect.Error
+			if !errors.As(err, &ce) {
+				err = nodepb.Wire(err)
+			}
+		}
+		return resp, err
 	}
-	_, code := errdefs.HTTPStatus(err)
-	return &wireError{Code: code, Message: err.Error()}
-}
-
-func (e *wireError) err() error {
-	if e == nil {
-		return nil
-	}
-	return errdefs.FromCode(e.Code, e.Message)
-}
-
-type forkResult struct {
-	Sandbox sandbox.Sandbox `json:"sandbox"`
-	Err     *wireError      `json:"error,omitempty"`
 }
 
 // buildEvent is one line of a streamed build.
 type buildEvent struct {
 	Progress *template.Progress `json:"progress,omitempty"`
 	Template *api.TemplateInfo  `json:"template,omitempty"`
-	Error    *wireError         `json:"error,omitempty"`
-}
-
-func writeWireError(w http.ResponseWriter, err error) {
-	status, _ := errdefs.HTTPStatus(err)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(toWire(err))
-}
-
-// serveRPC answers one Backend call.
-func serveRPC(b api.Backend, w http.ResponseWriter, r *http.Request, method string) {
-	var a rpcArgs
-	if err := json.NewDecoder(io.LimitReader(r.Body, api.MaxBody)).Decode(&a); err != nil && !errors.Is(err, io.EOF) {
-		writeWireError(w, errdefs.Invalid("fleet rpc %s: malformed arguments: %v", method, err))
-		return
-	}
-	ctx := r.Context()
-	var out any
-	var err error
-	switch method {
-	case "Create":
-		if a.Create == nil {
-			err = errdefs.Invalid("Create needs a request")
-			break
-		}
-		out, err = b.Create(ctx, *a.Create)
-	case "List":
-		var f sandbox.Filter
-		if a.Filter != nil {
-			f = *a.Filter
-		}
-		out, err = b.List(ctx, f)
-	case "Get":
-		out, err = b.Get(ctx, a.ID)
-	case "Kill":
-		err = b.Kill(ctx, a.ID)
-	case "Metrics":
-		out, err = b.Metrics(ctx, a.ID)
-	case "SetTimeout":
-		out, err = b.SetTimeout(ctx, a.ID, a.D)
-	case "Extend":
-		out, err = b.Extend(ctx, a.ID, a.D)
-	case "SetNetwork":
-		if a.Network == nil {
-			err = errdefs.Invalid("SetNetwork needs a network")
-			break
-		}
-		out, err = b.SetNetwork(ctx, a.ID, *a.Network)
-	case "Pause":
-		out, err = b.Pause(ctx, a.ID)
-	case "PauseFiles":
-		fp, ok := b.(api.FilesPauser)
-		if !ok {
-			err = errdefs.Invalid("this node cannot pause keeping only files: pause with memory")
-			break
-		}
-		out, err = fp.PauseFiles(ctx, a.ID)
-	case "Resume":
-		out, err = b.Resume(ctx, a.ID, a.D)
-	case "Snapshot":
-		var req sandbox.SnapshotRequest
-		if a.Snapshot != nil {
-			req = *a.Snapshot
-		}
-		out, err = b.Snapshot(ctx, a.ID, req)
-	case "Fork":
-		var res []sandbox.ForkResult
-		if res, err = b.Fork(ctx, a.ID, a.Count, a.D, a.Metadata); err == nil {
-			wire := make([]forkResult, len(res))
-			for i, fr := range res {
-				wire[i] = forkResult{Sandbox: fr.Sandbox, Err: toWire(fr.Err)}
-			}
-			out = wire
-		}
-	case "ListSnapshots":
-		out, err = b.ListSnapshots(ctx, a.ID)
-	case "GetSnapshot":
-		out, err = b.GetSnapshot(ctx, a.ID)
-	case "DeleteSnapshot":
-		err = b.DeleteSnapshot(ctx, a.ID)
-	case "ListTemplates":
-		out, err = b.ListTemplates(ctx)
-	case "GetTemplate":
-		out, err = b.GetTemplate(ctx, a.Name)
-	case "DeleteTemplate":
-		err = b.DeleteTemplate(ctx, a.Name)
-	default:
-		err = errdefs.NotFound("fleet rpc has no method %q (node and API server of different versions?)", method)
-	}
-	if err != nil {
-		writeWireError(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(out)
+	Error    json.RawMessage    `json:"error,omitempty"`
 }
 
 // serveBuild runs a template build: the request in a header, the upload
@@ -179,7 +72,7 @@ func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
 		err = json.Unmarshal(raw, &req)
 	}
 	if err != nil {
-		writeWireError(w, errdefs.Invalid("fleet build: malformed request header: %v", err))
+		nodepb.WriteHTTPError(w, errdefs.Invalid("fleet build: malformed request header: %v", err))
 		return
 	}
 	if r.Header.Get("X-Agentenv-Upload") == "1" {
@@ -200,30 +93,61 @@ func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
 	t, err := b.BuildTemplate(r.Context(), req, func(p template.Progress) { emit(buildEvent{Progress: &p}) })
 	switch {
 	case err != nil && !started:
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 	case err != nil:
-		emit(buildEvent{Error: toWire(err)})
+		emit(buildEvent{Error: nodepb.EncodeError(err)})
 	default:
 		emit(buildEvent{Template: &t})
 	}
 }
 
-// nodeClient calls one node: it implements api.Backend for that node's
-// sandboxes.
+// nodeClient calls one node: the generated client, its calls bounded
+// and their errors classed by intercept.
 type nodeClient struct {
 	name, addr string
-	tls        bool // the node serves TLS
-	// needTLS: this caller may not reach a node over plain HTTP.
-	needTLS bool
-	auth    rpcAuth
-	http    *http.Client
-	// gone, if set, is closed when the node is lost: calls to it end.
-	gone <-chan struct{}
+	// err, if set, refuses every call before it is made (a node that
+	// may not be reached as registered).
+	err  error
+	base string
+	auth rpcAuth
+	http *http.Client
+	// gone, if set, returns a channel closed when the node is lost: calls
+	// to it end.
+	gone func() <-chan struct{}
+	rpc  nodepbconnect.NodeServiceClient
 }
 
-func (c *nodeClient) url(method string) (string, error) {
-	base, err := NodeRecord{Name: c.name, Addr: c.addr, TLS: c.tls}.baseURL(c.needTLS)
-	return base + rpcPath + method, err
+func newNodeClient(n NodeRecord, needTLS bool, auth rpcAuth, hc *http.Client, gone func() <-chan struct{}) *nodeClient {
+	c := &nodeClient{name: n.Name, addr: n.Addr, auth: auth, http: hc, gone: gone}
+	c.base, c.err = n.baseURL(needTLS)
+	signed := &http.Client{Transport: signer{auth: auth, next: hc.Transport}}
+	c.rpc = nodepbconnect.NewNodeServiceClient(signed, c.base, connect.WithInterceptors(connect.UnaryInterceptorFunc(c.intercept)))
+	return c
+}
+
+// signer signs each request with the cluster secret.
+type signer struct {
+	auth rpcAuth
+	next http.RoundTripper
+}
+
+func (s signer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	s.auth.sign(r)
+	next := s.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return next.RoundTrip(r)
+}
+
+// call makes one unary call and returns the answer's message.
+func call[Req, Resp any](ctx context.Context, f func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), req *Req) (*Resp, error) {
+	resp, err := f(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
 }
 
 // errOutcomeUnknown marks a call that may have been carried out although
@@ -242,21 +166,22 @@ func isDialError(err error) bool {
 // they take (they end when the node is lost or the caller gives up).
 const quickTimeout = 30 * time.Second
 
-var slowMethods = map[string]bool{"Create": true, "Fork": true, "Snapshot": true, "Resume": true}
+var slowMethods = map[string]bool{"Create": true, "Fork": true, "Snapshot": true, "Resume": true, "Connect": true, "build": true}
 
 // bound returns ctx ended by the method's timeout and by the node's loss.
 func (c *nodeClient) bound(ctx context.Context, method string) (context.Context, context.CancelFunc) {
 	var cancel context.CancelFunc
-	if slowMethods[method] || method == "build" {
+	if slowMethods[method] {
 		ctx, cancel = context.WithCancel(ctx)
 	} else {
 		ctx, cancel = context.WithTimeout(ctx, quickTimeout)
 	}
 	if c.gone != nil {
+		gone := c.gone()
 		stop := make(chan struct{})
 		go func() {
 			select {
-			case <-c.gone:
+			case <-gone:
 				cancel()
 			case <-stop:
 			}
@@ -272,14 +197,48 @@ func (c *nodeClient) lostDuring() bool {
 		return false
 	}
 	select {
-	case <-c.gone:
+	case <-c.gone():
 		return true
 	default:
 		return false
 	}
 }
 
-var _ api.Backend = (*nodeClient)(nil)
+// intercept bounds a call and says what its failure means: the node's
+// answer (its code), the node's loss, or a call that may or may not have
+// reached it.
+func (c *nodeClient) intercept(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(parent context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if c.err != nil {
+			return nil, c.err
+		}
+		method := req.Spec().Procedure[strings.LastIndex(req.Spec().Procedure, "/")+1:]
+		ctx, cancel := c.bound(parent, method)
+		defer cancel()
+		resp, err := next(ctx, req)
+		if err == nil {
+			return resp, nil
+		}
+		return nil, c.failed(parent, err)
+	}
+}
+
+func (c *nodeClient) failed(parent context.Context, err error) error {
+	if connect.IsWireError(err) {
+		return nodepb.Unwire(err)
+	}
+	if c.lostDuring() {
+		return fmt.Errorf("node %s was lost during the call (its lease expired): the outcome is unknown; check and retry: %w", c.name, errors.Join(errOutcomeUnknown, errdefs.ErrUnavailable))
+	}
+	if parent.Err() != nil {
+		return parent.Err()
+	}
+	if isDialError(err) {
+		return c.unreachable(err)
+	}
+	// The request may have reached the node.
+	return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(err))
+}
 
 // newTransport is the HTTP transport API servers (and nodes copying from
 // peers) use to reach nodes; tlsConf verifies nodes that serve TLS.
@@ -296,164 +255,12 @@ func (c *nodeClient) unreachable(err error) error {
 	return errdefs.Unavailable("node %s (%s) did not answer: %v; retry in a moment", c.name, c.addr, err)
 }
 
-func (c *nodeClient) call(parent context.Context, method string, a rpcArgs, out any) error {
-	body, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	u, err := c.url(method)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := c.bound(parent, method)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	c.auth.sign(req)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if c.lostDuring() {
-			return fmt.Errorf("node %s was lost during the call (its lease expired): the outcome is unknown; check and retry: %w", c.name, errors.Join(errOutcomeUnknown, errdefs.ErrUnavailable))
-		}
-		if parent.Err() != nil {
-			return parent.Err()
-		}
-		if !isDialError(err) {
-			// The request may have reached the node.
-			return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(err))
-		}
-		return c.unreachable(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return readWireError(resp)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(fmt.Errorf("reading the answer to %s: %w", method, err)))
-	}
-	return nil
-}
-
-func readWireError(resp *http.Response) error {
-	var we wireError
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if json.Unmarshal(b, &we) != nil || we.Message == "" {
-		return errdefs.Unavailable("node answered HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
-	}
-	return we.err()
-}
-
-func (c *nodeClient) sandbox(ctx context.Context, method string, a rpcArgs) (sandbox.Sandbox, error) {
-	var sb sandbox.Sandbox
-	err := c.call(ctx, method, a, &sb)
-	return sb, err
-}
-
-func (c *nodeClient) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "Create", rpcArgs{Create: &req})
-}
-
-func (c *nodeClient) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
-	var out []sandbox.Sandbox
-	err := c.call(ctx, "List", rpcArgs{Filter: &f}, &out)
-	return out, err
-}
-
-func (c *nodeClient) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "Get", rpcArgs{ID: id})
-}
-
-func (c *nodeClient) Kill(ctx context.Context, id string) error {
-	return c.call(ctx, "Kill", rpcArgs{ID: id}, nil)
-}
-
-func (c *nodeClient) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
-	var m sandbox.Metric
-	err := c.call(ctx, "Metrics", rpcArgs{ID: id}, &m)
-	return m, err
-}
-
-func (c *nodeClient) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "SetTimeout", rpcArgs{ID: id, D: d})
-}
-
-func (c *nodeClient) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "Extend", rpcArgs{ID: id, D: d})
-}
-
-func (c *nodeClient) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "SetNetwork", rpcArgs{ID: id, Network: &n})
-}
-
-func (c *nodeClient) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "Pause", rpcArgs{ID: id})
-}
-
-func (c *nodeClient) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "PauseFiles", rpcArgs{ID: id})
-}
-
-func (c *nodeClient) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return c.sandbox(ctx, "Resume", rpcArgs{ID: id, D: d})
-}
-
-func (c *nodeClient) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
-	var sn snapshot.Snapshot
-	err := c.call(ctx, "Snapshot", rpcArgs{ID: id, Snapshot: &req}, &sn)
-	return sn, err
-}
-
-func (c *nodeClient) Fork(ctx context.Context, id string, count int, d time.Duration, metadata map[string]string) ([]sandbox.ForkResult, error) {
-	var wire []forkResult
-	if err := c.call(ctx, "Fork", rpcArgs{ID: id, Count: count, D: d, Metadata: metadata}, &wire); err != nil {
-		return nil, err
-	}
-	out := make([]sandbox.ForkResult, len(wire))
-	for i, fr := range wire {
-		out[i] = sandbox.ForkResult{Sandbox: fr.Sandbox, Err: fr.Err.err()}
-	}
-	return out, nil
-}
-
-func (c *nodeClient) ListSnapshots(ctx context.Context, sandboxID string) ([]snapshot.Snapshot, error) {
-	var out []snapshot.Snapshot
-	err := c.call(ctx, "ListSnapshots", rpcArgs{ID: sandboxID}, &out)
-	return out, err
-}
-
-func (c *nodeClient) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot, error) {
-	var sn snapshot.Snapshot
-	err := c.call(ctx, "GetSnapshot", rpcArgs{ID: id}, &sn)
-	return sn, err
-}
-
-func (c *nodeClient) DeleteSnapshot(ctx context.Context, id string) error {
-	return c.call(ctx, "DeleteSnapshot", rpcArgs{ID: id}, nil)
-}
-
-func (c *nodeClient) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
-	var out []api.TemplateInfo
-	err := c.call(ctx, "ListTemplates", rpcArgs{}, &out)
-	return out, err
-}
-
-func (c *nodeClient) GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error) {
-	var t api.TemplateInfo
-	err := c.call(ctx, "GetTemplate", rpcArgs{Name: name}, &t)
-	return t, err
-}
-
-func (c *nodeClient) DeleteTemplate(ctx context.Context, name string) error {
-	return c.call(ctx, "DeleteTemplate", rpcArgs{Name: name}, nil)
-}
-
+// BuildTemplate builds on the node: the upload streamed in, its progress
+// streamed back.
 func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+	if c.err != nil {
+		return api.TemplateInfo{}, c.err
+	}
 	hdr, err := json.Marshal(req)
 	if err != nil {
 		return api.TemplateInfo{}, err
@@ -462,13 +269,9 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	if req.Upload != nil {
 		body = req.Upload
 	}
-	u, err := c.url("build")
-	if err != nil {
-		return api.TemplateInfo{}, err
-	}
 	ctx, cancel := c.bound(ctx, "build")
 	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+rpcPath+"build", body)
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}
@@ -484,7 +287,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return api.TemplateInfo{}, readWireError(resp)
+		return api.TemplateInfo{}, nodepb.ReadHTTPError(resp)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -495,7 +298,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 		}
 		switch {
 		case ev.Error != nil:
-			return api.TemplateInfo{}, ev.Error.err()
+			return api.TemplateInfo{}, nodepb.DecodeError(ev.Error)
 		case ev.Template != nil:
 			return *ev.Template, nil
 		case ev.Progress != nil:

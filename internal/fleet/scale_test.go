@@ -31,6 +31,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -355,13 +356,14 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	tb.Helper()
 	n := &scaleNode{name: name, cli: cli}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) {
+	path, svc := serviceHandler(n)
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !newRPCAuth(scaleSecret).verify(r) {
-			writeWireError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
+			nodepb.WriteHTTPError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
 			return
 		}
-		serveRPC(n, w, r, r.PathValue("method"))
-	})
+		svc.ServeHTTP(w, r)
+	}))
 	n.srv = httptest.NewServer(mux)
 	tb.Cleanup(n.srv.Close)
 
@@ -461,6 +463,10 @@ func (n *scaleNode) Pause(ctx context.Context, id string) (sandbox.Sandbox, erro
 
 func (n *scaleNode) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return sandbox.Sandbox{}, n.notFound(id)
+}
+
+func (n *scaleNode) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	return sandbox.Sandbox{}, false, n.notFound(id)
 }
 
 func (n *scaleNode) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {

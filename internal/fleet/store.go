@@ -532,6 +532,45 @@ func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
 
 // templateHolders returns the live nodes holding a template or a snapshot
 // of that name.
+// snapshotList returns one copy of each published snapshot.
+func (c *Cache) snapshotList() []snapshot.Snapshot {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []snapshot.Snapshot
+	for _, byNode := range c.snaps {
+		for _, sn := range byNode {
+			out = append(out, sn)
+			break
+		}
+	}
+	return out
+}
+
+// templateList returns each template live nodes hold, ready where one
+// of them has it ready.
+func (c *Cache) templateList() []api.TemplateInfo {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []api.TemplateInfo
+	for _, byNode := range c.templates {
+		var ti api.TemplateInfo
+		found := false
+		for node, t := range byNode {
+			if _, alive := c.nodes[node]; !alive {
+				continue
+			}
+			if !found || t.Ready {
+				ti, found = t, true
+			}
+		}
+		if found {
+			ti.InUse = 0
+			out = append(out, ti)
+		}
+	}
+	return out
+}
+
 func (c *Cache) holders(name string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

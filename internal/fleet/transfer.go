@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -118,7 +119,7 @@ func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		defer resp.Body.Close()
-		return nil, readWireError(resp)
+		return nil, nodepb.ReadHTTPError(resp)
 	}
 	return resp, nil
 }
@@ -333,19 +334,19 @@ func freeBytes(dir string) (int64, error) {
 func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 	t, err := n.host.Templates.Get(r.PathValue("name"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	f, err := os.Open(n.host.Templates.ImagePath(t.Name))
 	if err != nil {
-		writeWireError(w, errdefs.NotFound("template image: %v", err))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("template image: %v", err))
 		return
 	}
 	defer f.Close()
 	h := sha256.New()
 	size, err := io.Copy(h, f)
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	t.ImageSize, t.InUse = size, 0 // what the receiver bounds the image by
@@ -356,7 +357,7 @@ func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 	t, err := n.host.Templates.Get(r.PathValue("name"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	serveFile(w, r, n.host.Templates.ImagePath(t.Name))
@@ -365,7 +366,7 @@ func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 	sn, err := n.host.Snapshots.Manifest(r.PathValue("id"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -376,7 +377,7 @@ func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
 	p, err := n.host.Snapshots.ChunkPath(r.PathValue("id"), r.PathValue("file"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	serveFile(w, r, p)
@@ -386,7 +387,7 @@ func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
 func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 	f, err := os.Open(p)
 	if err != nil {
-		writeWireError(w, errdefs.NotFound("snapshot file: %v", err))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("snapshot file: %v", err))
 		return
 	}
 	defer f.Close()
@@ -396,7 +397,7 @@ func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 	}
 	st, err := f.Stat()
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	http.ServeContent(w, r, "", st.ModTime(), f)

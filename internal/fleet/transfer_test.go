@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
@@ -27,7 +28,7 @@ func flakyPeer(t *testing.T, data []byte, secret string, corrupt bool) (*httptes
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !newRPCAuth(secret).verify(r) {
-			writeWireError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
+			nodepb.WriteHTTPError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		n := calls.Add(1)

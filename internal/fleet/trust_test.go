@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -226,8 +227,8 @@ func TestTLSIsNotTheRecordsChoice(t *testing.T) {
 	if u, err := (NodeRecord{Name: "n", Addr: "10.0.0.1:3100", TLS: true}).baseURL(true); err != nil || u != "https://10.0.0.1:3100" {
 		t.Fatalf("TLS node: %q, %v", u, err)
 	}
-	c := &nodeClient{name: "n", addr: "10.0.0.1:3100", needTLS: true, auth: newRPCAuth("x")}
-	if _, err := c.Get(context.Background(), "i1"); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "without TLS") {
+	c := newNodeClient(NodeRecord{Name: "n", Addr: "10.0.0.1:3100"}, true, newRPCAuth("x"), &http.Client{}, nil)
+	if _, err := call(context.Background(), c.rpc.Get, &nodepb.SandboxRef{Id: "i1"}); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "without TLS") {
 		t.Fatalf("call to a plain node with TLS required: %v, want a refusal before any request", err)
 	}
 }

@@ -279,7 +279,7 @@ func (m *Manager) entry(id string) (*entry, error) {
 		return e, nil
 	}
 	if sb, ok := m.lost[id]; ok {
-		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
+		return nil, fmt.Errorf("sandbox %q was lost: %s: %w", id, sb.Reason, ErrLost)
 	}
 	if how, ok := m.ended.how(id); ok {
 		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)
