@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 DATA_DIR ?= /var/lib/agentenv
 
-.PHONY: setup build demo test test-short soak fuzz bench clean
+.PHONY: setup build demo test test-short soak fuzz bench clean gen
 
 setup:
 	@scripts/setup.sh
@@ -33,6 +33,11 @@ soak: setup build
 FUZZTIME ?= 10s
 fuzz:
 	@FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+# Regenerate the protobuf services' Go and Connect code (api/ → internal/);
+# TestGeneratedCodeIsCurrent checks it is committed as generated.
+gen:
+	@scripts/gen.sh
 
 # Unit tests only (no root, no runsc).
 test-short:

@@ -533,7 +533,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	live := err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused)
 	switch {
 	case live:
-		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})
+		b, _ := json.Marshal(recordOf(n.cfg.Name, sb))
 		value = string(b)
 		if last, ok := n.recorded.Load(id); ok && last == value {
 			return nil

@@ -164,7 +164,7 @@ func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateR
 		return sandbox.Sandbox{}, err
 	}
 	sb := nodepb.ToSandbox(resp.GetSandbox())
-	r.cache.putSandbox(SandboxRecord{Node: n.Name, Sandbox: sb})
+	r.cache.putSandbox(recordOf(n.Name, sb))
 	return sb, nil
 }
 
@@ -258,7 +258,7 @@ func changed[Req any](r *Remote, ctx context.Context, id string, f func(*nodeCli
 		return sandbox.Sandbox{}, err
 	}
 	sb := nodepb.ToSandbox(resp.GetSandbox())
-	r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	r.cache.putSandbox(recordOf(c.name, sb))
 	return sb, nil
 }
 
@@ -306,7 +306,7 @@ func (r *Remote) Connect(ctx context.Context, id string, d time.Duration) (sandb
 		return sandbox.Sandbox{}, false, err
 	}
 	sb := nodepb.ToSandbox(resp.GetSandbox())
-	r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	r.cache.putSandbox(recordOf(c.name, sb))
 	return sb, resp.GetResumed(), nil
 }
 
@@ -354,7 +354,7 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 		for i, ch := range resp.GetChildren() {
 			res[i] = sandbox.ForkResult{Sandbox: nodepb.ToSandbox(ch.GetSandbox()), Err: nodepb.FromChildErr(ch.GetError())}
 			if res[i].Err == nil {
-				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: res[i].Sandbox})
+				r.cache.putSandbox(recordOf(c.name, res[i].Sandbox))
 			}
 		}
 		return res, nil

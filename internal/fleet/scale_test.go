@@ -406,7 +406,7 @@ func (n *scaleNode) record(id, tmpl string) (sandbox.Sandbox, string) {
 		Metadata:    map[string]string{"user": "scale"},
 		Network:     sandbox.Network{AllowInternet: true},
 	}
-	val, _ := scaleSeal.seal(sandboxPrefix+id, SandboxRecord{Node: n.name, Sandbox: sb})
+	val, _ := scaleSeal.seal(sandboxPrefix+id, recordOf(n.name, sb))
 	return sb, val
 }
 

@@ -75,8 +75,50 @@ func (n NodeRecord) baseURL(needTLS bool) (string, error) {
 
 // SandboxRecord says which node runs a sandbox, with its last state.
 type SandboxRecord struct {
-	Node    string          `json:"node"`
-	Sandbox sandbox.Sandbox `json:"sandbox"`
+	Node    string       `json:"node"`
+	Sandbox SandboxEntry `json:"sandbox"`
+}
+
+// SandboxEntry is a sandbox as etcd records it: what API servers list,
+// filter and place by. Its tokens, env vars and network slot stay on its
+// node: API servers answer them from the node's own answer (create, get,
+// connect), never from etcd. The JSON names are sandbox.Sandbox's, so
+// records written before this type still read.
+type SandboxEntry struct {
+	ID        string            `json:"sandboxID"`
+	Template  string            `json:"templateID"`
+	State     sandbox.State     `json:"state"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	CPUs      int               `json:"cpuCount"`
+	MemoryMB  int               `json:"memoryMB"`
+	DiskMB    int               `json:"diskMB,omitempty"`
+	StartedAt time.Time         `json:"startedAt"`
+	EndAt     time.Time         `json:"endAt"`
+	Snapshot  string            `json:"snapshotID,omitempty"`
+	Parent    string            `json:"parentSandboxID,omitempty"`
+	Network   sandbox.Network   `json:"network"`
+	Reason    string            `json:"reason,omitempty"`
+	Lifecycle sandbox.Lifecycle `json:"lifecycle,omitempty"`
+	FilesOnly bool              `json:"filesOnly,omitempty"`
+	Owner     string            `json:"owner,omitempty"`
+}
+
+// recordOf is the etcd record of sandbox sb on node.
+func recordOf(node string, sb sandbox.Sandbox) SandboxRecord {
+	return SandboxRecord{Node: node, Sandbox: SandboxEntry{
+		ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
+		DiskMB: sb.DiskMB, StartedAt: sb.StartedAt, EndAt: sb.EndAt, Snapshot: sb.Snapshot, Parent: sb.Parent,
+		Network: sb.Network, Reason: sb.Reason, Lifecycle: sb.Lifecycle, FilesOnly: sb.FilesOnly, Owner: sb.Owner,
+	}}
+}
+
+// sandbox is the entry as a sandbox (without what etcd does not hold).
+func (e SandboxEntry) sandbox() sandbox.Sandbox {
+	return sandbox.Sandbox{
+		ID: e.ID, Template: e.Template, State: e.State, Metadata: e.Metadata, CPUs: e.CPUs, MemoryMB: e.MemoryMB,
+		DiskMB: e.DiskMB, StartedAt: e.StartedAt, EndAt: e.EndAt, Snapshot: e.Snapshot, Parent: e.Parent,
+		Network: e.Network, Reason: e.Reason, Lifecycle: e.Lifecycle, FilesOnly: e.FilesOnly, Owner: e.Owner,
+	}
 }
 
 // cordonMark is a cordon/<node> record: the node it is for (so that a
@@ -523,8 +565,11 @@ func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
 	defer c.mu.RUnlock()
 	var out []sandbox.Sandbox
 	for _, r := range c.sandboxes {
-		if _, ok := c.nodes[r.Node]; ok && f.Match(r.Sandbox) {
-			out = append(out, r.Sandbox)
+		if _, ok := c.nodes[r.Node]; !ok {
+			continue
+		}
+		if sb := r.Sandbox.sandbox(); f.Match(sb) {
+			out = append(out, sb)
 		}
 	}
 	return out

@@ -19,9 +19,9 @@ func newTestCache() *Cache {
 // cordon event after a newer drain.
 func TestCacheKeepsOwnChangesOverLateWatchEvents(t *testing.T) {
 	c := newTestCache()
-	rec, _ := testSeal.seal(sandboxPrefix+"i1", SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
+	rec, _ := testSeal.seal(sandboxPrefix+"i1", recordOf("n1", sandbox.Sandbox{ID: "i1"}))
 
-	c.putSandbox(SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
+	c.putSandbox(recordOf("n1", sandbox.Sandbox{ID: "i1"}))
 	c.dropSandbox("i1") // killed through this API server
 	c.mu.Lock()
 	c.apply(sandboxPrefix+"i1", []byte(rec), false, 10) // the create, late

@@ -24,20 +24,24 @@ import (
 var testSeal = NewSealer("test-secret-0123456789abcdef")
 
 func TestSealedRecords(t *testing.T) {
-	rec := SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1", AccessToken: "tok-0123456789", EnvVars: map[string]string{"K": "secret-value"}}}
+	rec := recordOf("n1", sandbox.Sandbox{ID: "i1", AccessToken: "tok-0123456789", EnvVars: map[string]string{"K": "secret-value"}, Metadata: map[string]string{"k": "meta-0123456789"}})
 	val, err := testSeal.seal(sandboxPrefix+"i1", rec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Only strings long enough not to turn up in random base64 by chance.
-	for _, clear := range []string{"tok-0123456789", "secret-value", `"node"`} {
+	for _, clear := range []string{"tok-0123456789", "secret-value", "meta-0123456789", `"node"`} {
 		if strings.Contains(val, clear) {
 			t.Errorf("sealed record holds %q in clear: %s", clear, val)
 		}
 	}
 	var got SandboxRecord
-	if err := testSeal.open(sandboxPrefix+"i1", []byte(val), &got); err != nil || got.Sandbox.AccessToken != "tok-0123456789" {
+	if err := testSeal.open(sandboxPrefix+"i1", []byte(val), &got); err != nil || got.Sandbox.Metadata["k"] != "meta-0123456789" {
 		t.Fatalf("open: %+v, %v; want the record back", got, err)
+	}
+	// Tokens and env vars are the node's: not in etcd at all, sealed or not.
+	if plain, _ := json.Marshal(got); strings.Contains(string(plain), "tok-0123456789") || strings.Contains(string(plain), "secret-value") {
+		t.Errorf("the etcd record holds a token or an env var: %s", plain)
 	}
 	plain, _ := json.Marshal(rec)
 	tampered := []byte(val)
@@ -114,7 +118,7 @@ func TestForgedRecordsSteerNothing(t *testing.T) {
 	forge(nodesPrefix+"evil", NodeRecord{Name: "evil", Addr: strings.TrimPrefix(evil.URL, "http://"), Capacity: Capacity{CPUs: 512, MemoryMB: 1 << 30, FreeMemoryMB: 1 << 30, MaxSandboxes: 1 << 20}})
 	forge(templatePrefix+"busybox/evil", api.TemplateInfo{Template: template.Template{Name: "busybox"}})
 	forge(cordonPrefix+"real", "cordon")
-	forge(sandboxPrefix+"victim", SandboxRecord{Node: "evil", Sandbox: sandbox.Sandbox{ID: "victim", State: sandbox.StateRunning}})
+	forge(sandboxPrefix+"victim", recordOf("evil", sandbox.Sandbox{ID: "victim", State: sandbox.StateRunning}))
 	// A genuine sealed record moved to another key.
 	sealed, _ := scaleSeal.seal(cordonPrefix+"other", cordonMark{Node: "other", Mode: "cordon"})
 	cli.Put(ctx, cordonPrefix+"real", sealed)
