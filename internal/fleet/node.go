@@ -23,6 +23,8 @@ import (
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
@@ -62,8 +64,8 @@ type Node struct {
 	log  *slog.Logger
 	px   *proxy.Proxy
 	http *http.Client
-	seal *Sealer
-	auth rpcAuth
+	seal *secret.Sealer
+	auth secret.Auth
 	// claimed: this agent has held its name in etcd at least once (a
 	// name held by another live node at the first try ends Run).
 	claimed atomic.Bool
@@ -93,7 +95,7 @@ type Node struct {
 
 	fetch   singleflight.Group
 	started time.Time
-	tombs   tombstones
+	tombs   *store.Tombstones
 }
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
@@ -102,10 +104,10 @@ func NewNode(cfg NodeConfig) *Node {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 10 * time.Second
 	}
-	seal := NewSealer(cfg.Secret)
+	seal := secret.NewSealer(cfg.Secret)
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
 		published: map[string]string{}, http: &http.Client{Transport: newTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
-		seal: seal, auth: newRPCAuth(cfg.Secret), tombs: tombstones{cli: cfg.Etcd, seal: seal}}
+		seal: seal, auth: secret.NewAuth(cfg.Secret), tombs: store.NewTombstones(cfg.Etcd, seal)}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -241,9 +243,9 @@ func (n *Node) leaseID() clientv3.LeaseID {
 // sandboxes. A record left by this node's own previous run (same
 // advertised address, which this process now listens on) is taken over.
 func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
-	key := nodesPrefix + n.cfg.Name
+	key := store.NodesPrefix + n.cfg.Name
 	rec := n.nodeRecord()
-	val, err := n.seal.seal(key, rec)
+	val, err := n.seal.Seal(key, rec)
 	if err != nil {
 		return err
 	}
@@ -264,8 +266,8 @@ func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
 		if clientv3.LeaseID(holder.Lease) == lease {
 			return nil
 		}
-		var other NodeRecord
-		opened := n.seal.open(key, holder.Value, &other) == nil
+		var other store.NodeRecord
+		opened := n.seal.Open(key, holder.Value, &other) == nil
 		if opened && other.Addr == n.cfg.Advertise {
 			// This node's previous run: it cannot be alive, this
 			// process holds its address. End its lease now.
@@ -288,7 +290,7 @@ func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
 // this host's sandbox stack starts: a clone must not touch the host's
 // networks either). claim is what guards the race of two starting at once.
 func (n *Node) check(ctx context.Context) error {
-	key := nodesPrefix + n.cfg.Name
+	key := store.NodesPrefix + n.cfg.Name
 	resp, err := n.cli.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("etcd: reading node %s: %w", n.cfg.Name, err)
@@ -296,8 +298,8 @@ func (n *Node) check(ctx context.Context) error {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	var other NodeRecord
-	if err := n.seal.open(key, resp.Kvs[0].Value, &other); err != nil {
+	var other store.NodeRecord
+	if err := n.seal.Open(key, resp.Kvs[0].Value, &other); err != nil {
 		return errdefs.Conflict("node name %q is held in etcd by a record that does not open with this cluster secret (another fleet sharing this etcd?): give this node another --name", n.cfg.Name)
 	}
 	if other.Addr == n.cfg.Advertise {
@@ -307,8 +309,8 @@ func (n *Node) check(ctx context.Context) error {
 		n.cfg.Name, other.Addr, other.StartedAt.Format(time.RFC3339))
 }
 
-func (n *Node) nodeRecord() NodeRecord {
-	return NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
+func (n *Node) nodeRecord() store.NodeRecord {
+	return store.NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
 }
 
 // register writes the node record (capacity now) and the templates and
@@ -321,12 +323,12 @@ func (n *Node) register(ctx context.Context) error {
 	rec := n.nodeRecord()
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
-	want[nodesPrefix+n.cfg.Name] = string(b)
+	want[store.NodesPrefix+n.cfg.Name] = string(b)
 	tmpls, _ := n.host.Backend.ListTemplates(ctx)
 	for _, t := range tmpls {
 		t.InUse = 0
 		b, _ := json.Marshal(t)
-		want[templatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
+		want[store.TemplatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
 	}
 	for _, sn := range n.host.Snapshots.ListAll() {
 		if sn.Internal {
@@ -334,7 +336,7 @@ func (n *Node) register(ctx context.Context) error {
 		}
 		sn.InUse = 0
 		b, _ := json.Marshal(sn)
-		want[snapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
+		want[store.SnapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
 	}
 	return n.sync(ctx, want)
 }
@@ -351,11 +353,11 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	changed := map[string]string{}
 	for k, v := range want {
 		old, ok := n.published[k]
-		if ok && (old == v || strings.HasPrefix(k, nodesPrefix) && sameNode(old, v)) {
+		if ok && (old == v || strings.HasPrefix(k, store.NodesPrefix) && sameNode(old, v)) {
 			continue
 		}
 		changed[k] = v
-		ops = append(ops, clientv3.OpPut(k, n.seal.sealBytes(k, []byte(v)), clientv3.WithLease(lease)))
+		ops = append(ops, clientv3.OpPut(k, n.seal.SealBytes(k, []byte(v)), clientv3.WithLease(lease)))
 	}
 	var gone []string
 	for k := range n.published {
@@ -375,7 +377,7 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 		}
 		if !resp.Succeeded {
 			n.registered.Store(false)
-			return fmt.Errorf("node record %s is no longer this node's (deleted, or the lease was lost): registering again", nodesPrefix+n.cfg.Name)
+			return fmt.Errorf("node record %s is no longer this node's (deleted, or the lease was lost): registering again", store.NodesPrefix+n.cfg.Name)
 		}
 	}
 	for _, k := range gone {
@@ -388,11 +390,11 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 // holdsName is the compare that fences a write on this node's lease
 // holding its name.
 func (n *Node) holdsName(lease clientv3.LeaseID) clientv3.Cmp {
-	return clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", lease)
+	return clientv3.Compare(clientv3.LeaseValue(store.NodesPrefix+n.cfg.Name), "=", lease)
 }
 
 func sameNode(a, b string) bool {
-	var ra, rb NodeRecord
+	var ra, rb store.NodeRecord
 	if json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil {
 		return false
 	}
@@ -414,8 +416,8 @@ func (n *Node) publishNow(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) capacity() Capacity {
-	c := Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
+func (n *Node) capacity() store.Capacity {
+	c := store.Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
 	c.MemoryMB, c.FreeMemoryMB = meminfo()
 	if n.host == nil {
 		return c // not started yet (the name's claim)
@@ -450,15 +452,15 @@ func meminfo() (total, avail int64) {
 // running here without a record (killed by a client while this node was
 // cut off) are killed.
 func (n *Node) reconcile(ctx context.Context) error {
-	resp, err := n.cli.Get(ctx, sandboxPrefix, clientv3.WithPrefix())
+	resp, err := n.cli.Get(ctx, store.SandboxPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("reading sandbox records: %w", err)
 	}
 	mine := map[string]bool{}
 	for _, kv := range resp.Kvs {
-		var r SandboxRecord
+		var r store.SandboxRecord
 		key := string(kv.Key)
-		if n.seal.open(key, kv.Value, &r) == nil && r.Node == n.cfg.Name && sandboxPrefix+r.Sandbox.ID == key {
+		if n.seal.Open(key, kv.Value, &r) == nil && r.Node == n.cfg.Name && store.SandboxPrefix+r.Sandbox.ID == key {
 			mine[r.Sandbox.ID] = true
 		}
 	}
@@ -479,7 +481,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 		}
 		gone = append(gone, id)
 	}
-	if err := n.tombs.bury(ctx, gone, "its node "+n.cfg.Name+" restarted and the sandbox did not survive"); err != nil {
+	if err := n.tombs.Bury(ctx, gone, "its node "+n.cfg.Name+" restarted and the sandbox did not survive"); err != nil {
 		return err
 	}
 	removed := len(gone)
@@ -491,7 +493,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 		// server left a sealed tombstone. A record that is merely
 		// missing (deleted by someone who reached etcd, or etcd restored
 		// from an old backup) kills nothing: the sandbox is recorded again.
-		if _, ok := n.tombs.read(ctx, id); ok {
+		if _, ok := n.tombs.Read(ctx, id); ok {
 			n.host.Manager.Kill(ctx, id)
 			killed++
 			continue
@@ -533,19 +535,19 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	live := err == nil && (sb.State == sandbox.StateRunning || sb.State == sandbox.StatePaused)
 	switch {
 	case live:
-		b, _ := json.Marshal(recordOf(n.cfg.Name, sb))
+		b, _ := json.Marshal(store.RecordOf(n.cfg.Name, sb))
 		value = string(b)
 		if last, ok := n.recorded.Load(id); ok && last == value {
 			return nil
 		}
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, n.seal.sealBytes(sandboxPrefix+id, b)))
+		ops = append(ops, clientv3.OpPut(store.SandboxPrefix+id, n.seal.SealBytes(store.SandboxPrefix+id, b)))
 	default:
 		if _, ok := n.recorded.Load(id); !ok {
 			return nil // never published (still creating, or a pooled sandbox)
 		}
-		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id))
+		ops = append(ops, clientv3.OpDelete(store.SandboxPrefix+id))
 		if errors.Is(err, sandbox.ErrLost) {
-			t, terr := n.tombs.put(ctx, id, err.Error())
+			t, terr := n.tombs.Put(ctx, id, err.Error())
 			if terr != nil {
 				return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
 			}
@@ -554,7 +556,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	}
 	txn := n.cli.Txn(ctx)
 	if fenced {
-		txn = txn.If(clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", n.leaseID()))
+		txn = txn.If(clientv3.Compare(clientv3.LeaseValue(store.NodesPrefix+n.cfg.Name), "=", n.leaseID()))
 	}
 	resp, terr := txn.Then(ops...).Commit()
 	if terr != nil {
@@ -634,15 +636,25 @@ func (n *Node) Handler() http.Handler {
 			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		if !n.auth.verify(r) {
-			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", rpcSkew, errdefs.ErrUnauthenticated))
+		if !n.auth.Verify(r) {
+			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", secret.Skew, errdefs.ErrUnauthenticated))
 			return
 		}
-		r.Header.Del(AuthHeader)
+		r.Header.Del(secret.AuthHeader)
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			px.ServeHTTP(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

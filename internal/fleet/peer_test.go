@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -95,7 +96,7 @@ type peerSetup struct {
 	root  string
 	node  *Node
 	peer  *fakePeer
-	rec   NodeRecord
+	rec   store.NodeRecord
 	snaps []snapshot.Snapshot // manifests of the peer's snapshots
 }
 
@@ -135,17 +136,17 @@ func newPeerSetup(t *testing.T) *peerSetup {
 	if _, err := tmpls.Adopt(context.Background(), template.Template{Name: "busybox"}, strings.NewReader("image"), ""); err != nil {
 		t.Fatal(err)
 	}
-	store, err := snapshot.Open(filepath.Join(root, "data", "snapshots"))
+	snaps0, err := snapshot.Open(filepath.Join(root, "data", "snapshots"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := NewNode(NodeConfig{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
-	n.host = &server.Host{Snapshots: store, Templates: tmpls}
+	n.host = &server.Host{Snapshots: snaps0, Templates: tmpls}
 	peer := &fakePeer{src: src, asked: map[string]int{}}
 	srv := httptest.NewServer(peer)
 	t.Cleanup(srv.Close)
 	return &peerSetup{root: root, node: n, peer: peer, snaps: snaps,
-		rec: NodeRecord{Name: "evil", Addr: strings.TrimPrefix(srv.URL, "http://")}}
+		rec: store.NodeRecord{Name: "evil", Addr: strings.TrimPrefix(srv.URL, "http://")}}
 }
 
 // sparseFrame is one frame of the sparse encoding (snapshot.WriteSparse):

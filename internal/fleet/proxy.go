@@ -69,7 +69,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	u, _ := url.Parse(c.base)
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
-	c.auth.sign(r)
+	c.auth.Sign(r)
 	http.NewResponseController(w).EnableFullDuplex()
 	// A request to a node that is lost ends then, not when a dead link
 	// times out.

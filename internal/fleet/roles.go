@@ -20,6 +20,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
@@ -336,7 +338,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	defer cli.Close()
-	cache := NewCache(ctx, cli, NewSealer(cfg.Secret), log)
+	cache := store.NewCache(ctx, cli, secret.NewSealer(cfg.Secret), log)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = cache.Wait(wctx)
 	cancel()
@@ -360,7 +362,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	// The fleet's sandboxes as etcd lists them (each node reports its pools).
-	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
+	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.LiveMatching(sandbox.Filter{})) })
 	backend := api.Metered(remote, reg)
 	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
 	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg

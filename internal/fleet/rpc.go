@@ -20,6 +20,8 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb/nodepbconnect"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -29,7 +31,7 @@ import (
 // (nodepb.Wire/Unwire). A template build (an upload in, progress out) and
 // the peer exports (byte ranges of files) stay plain HTTP streams under
 // rpcPath, with errors in the same codes. Every request carries a proof of
-// the cluster secret (AuthHeader); a node answers nothing without it, and
+// the cluster secret (secret.AuthHeader); a node answers nothing without it, and
 // with mutual TLS configured nothing to a caller without a certificate of
 // the fleet's CA.
 
@@ -109,7 +111,7 @@ type nodeClient struct {
 	// may not be reached as registered).
 	err  error
 	base string
-	auth rpcAuth
+	auth secret.Auth
 	http *http.Client
 	// gone, if set, returns a channel closed when the node is lost: calls
 	// to it end.
@@ -117,9 +119,9 @@ type nodeClient struct {
 	rpc  nodepbconnect.NodeServiceClient
 }
 
-func newNodeClient(n NodeRecord, needTLS bool, auth rpcAuth, hc *http.Client, gone func() <-chan struct{}) *nodeClient {
+func newNodeClient(n store.NodeRecord, needTLS bool, auth secret.Auth, hc *http.Client, gone func() <-chan struct{}) *nodeClient {
 	c := &nodeClient{name: n.Name, addr: n.Addr, auth: auth, http: hc, gone: gone}
-	c.base, c.err = n.baseURL(needTLS)
+	c.base, c.err = n.BaseURL(needTLS)
 	signed := &http.Client{Transport: signer{auth: auth, next: hc.Transport}}
 	c.rpc = nodepbconnect.NewNodeServiceClient(signed, c.base, connect.WithInterceptors(connect.UnaryInterceptorFunc(c.intercept)))
 	return c
@@ -127,13 +129,13 @@ func newNodeClient(n NodeRecord, needTLS bool, auth rpcAuth, hc *http.Client, go
 
 // signer signs each request with the cluster secret.
 type signer struct {
-	auth rpcAuth
+	auth secret.Auth
 	next http.RoundTripper
 }
 
 func (s signer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	s.auth.sign(r)
+	s.auth.Sign(r)
 	next := s.next
 	if next == nil {
 		next = http.DefaultTransport
@@ -275,7 +277,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}
-	c.auth.sign(r)
+	c.auth.Sign(r)
 	r.Header.Set("X-Agentenv-Build", base64.StdEncoding.EncodeToString(hdr))
 	if req.Upload != nil {
 		r.Header.Set("X-Agentenv-Upload", "1")

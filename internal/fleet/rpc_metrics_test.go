@@ -12,6 +12,8 @@ import (
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
@@ -39,7 +41,7 @@ func TestRPCMetrics(t *testing.T) {
 	mux.Handle(serviceHandler(b))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	c := newNodeClient(NodeRecord{Name: "n1", Addr: strings.TrimPrefix(srv.URL, "http://")}, false, newRPCAuth("x"), srv.Client(), nil)
+	c := newNodeClient(store.NodeRecord{Name: "n1", Addr: strings.TrimPrefix(srv.URL, "http://")}, false, secret.NewAuth("x"), srv.Client(), nil)
 	resp, err := call(context.Background(), c.rpc.Metrics, &nodepb.SandboxRef{Id: "sb1"})
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,8 @@ import (
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -44,7 +46,7 @@ const (
 	scaleAPIKey  = "k"
 )
 
-var scaleSeal = NewSealer(scaleSecret)
+var scaleSeal = secret.NewSealer(scaleSecret)
 
 func TestScale(t *testing.T) {
 	if testing.Short() {
@@ -57,7 +59,7 @@ func TestScale(t *testing.T) {
 	// learns of them only through its watch.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	t.Cleanup(cancel2)
-	other := NewCache(ctx2, f.cli, scaleSeal, scaleLog())
+	other := store.NewCache(ctx2, f.cli, scaleSeal, scaleLog())
 	if err := other.Wait(scaleTimeout(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +133,7 @@ func BenchmarkPlace(b *testing.B) {
 // scaleFleet is an API server over a real etcd and fake nodes.
 type scaleFleet struct {
 	cli    *clientv3.Client
-	cache  *Cache
+	cache  *store.Cache
 	remote *Remote
 	api    *httptest.Server
 	client *http.Client
@@ -158,7 +160,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	for i := range records {
 		n := f.nodes[i%len(f.nodes)]
 		sb, val := n.record(fmt.Sprintf("seed-%06d", i), "busybox")
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+sb.ID, val))
+		ops = append(ops, clientv3.OpPut(store.SandboxPrefix+sb.ID, val))
 		if len(ops) == 128 || i == records-1 {
 			if _, err := f.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 				tb.Fatalf("seeding sandbox records: %v", err)
@@ -169,7 +171,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	f.seedTook = time.Since(start)
 
 	start = time.Now()
-	f.cache = NewCache(ctx, f.cli, scaleSeal, scaleLog())
+	f.cache = store.NewCache(ctx, f.cli, scaleSeal, scaleLog())
 	if err := f.cache.Wait(scaleTimeout(tb, 30*time.Second)); err != nil {
 		tb.Fatal(err)
 	}
@@ -177,7 +179,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	if got := scaleCount(f.cache); got != records {
 		tb.Fatalf("got %d records in the cache after its first read, want %d", got, records)
 	}
-	if got := len(f.cache.holders("busybox")); got != nodes {
+	if got := len(f.cache.Holders("busybox")); got != nodes {
 		tb.Fatalf("got %d nodes holding busybox, want %d", got, nodes)
 	}
 
@@ -358,7 +360,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	mux := http.NewServeMux()
 	path, svc := serviceHandler(n)
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !newRPCAuth(scaleSecret).verify(r) {
+		if !secret.NewAuth(scaleSecret).Verify(r) {
 			nodepb.WriteHTTPError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
 			return
 		}
@@ -379,16 +381,16 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 		for range ka {
 		}
 	}()
-	rec, _ := scaleSeal.seal(nodesPrefix+name, NodeRecord{
+	rec, _ := scaleSeal.Seal(store.NodesPrefix+name, store.NodeRecord{
 		Name: name, Addr: strings.TrimPrefix(n.srv.URL, "http://"), Runtime: "fake", StartedAt: time.Now().UTC(),
-		Capacity: Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
+		Capacity: store.Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
 	})
-	tmpl, _ := scaleSeal.seal(templatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
+	tmpl, _ := scaleSeal.Seal(store.TemplatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
 		Name: "busybox", Source: "docker.io/library/busybox:latest", CreatedAt: time.Now().UTC(), ImageSize: 4 << 20, EnvdHash: "fake",
 	}, Ready: true})
 	_, err = cli.Txn(ctx).Then(
-		clientv3.OpPut(nodesPrefix+name, rec, clientv3.WithLease(lease.ID)),
-		clientv3.OpPut(templatePrefix+"busybox/"+name, tmpl, clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(store.NodesPrefix+name, rec, clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(store.TemplatePrefix+"busybox/"+name, tmpl, clientv3.WithLease(lease.ID)),
 	).Commit()
 	if err != nil {
 		tb.Fatalf("node %s: registering: %v", name, err)
@@ -406,7 +408,7 @@ func (n *scaleNode) record(id, tmpl string) (sandbox.Sandbox, string) {
 		Metadata:    map[string]string{"user": "scale"},
 		Network:     sandbox.Network{AllowInternet: true},
 	}
-	val, _ := scaleSeal.seal(sandboxPrefix+id, recordOf(n.name, sb))
+	val, _ := scaleSeal.Seal(store.SandboxPrefix+id, store.RecordOf(n.name, sb))
 	return sb, val
 }
 
@@ -424,7 +426,7 @@ func (n *scaleNode) Create(ctx context.Context, req sandbox.CreateRequest) (sand
 	}
 	id := fmt.Sprintf("%s-%06d", n.name, n.seq.Add(1))
 	sb, val := n.record(id, req.Template)
-	if _, err := n.cli.Put(ctx, sandboxPrefix+id, val); err != nil {
+	if _, err := n.cli.Put(ctx, store.SandboxPrefix+id, val); err != nil {
 		return sandbox.Sandbox{}, errdefs.Unavailable("recording sandbox %s in etcd: %v", id, err)
 	}
 	n.creates.Add(1)
@@ -553,11 +555,7 @@ func scaleURL(tb testing.TB, raw string) []url.URL {
 }
 
 // scaleCount is how many sandbox records a cache holds.
-func scaleCount(c *Cache) int {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.sandboxes)
-}
+func scaleCount(c *store.Cache) int { return c.Len() }
 
 // scaleLog drops the fleet's logs (node up × 100): a goroutine may still
 // log after the test has ended.

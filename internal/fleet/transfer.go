@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -56,7 +57,7 @@ func (n *Node) ensure(ctx context.Context, name string) error {
 
 // copyIn copies name from a live peer that holds it.
 func (n *Node) copyIn(ctx context.Context, name string) error {
-	for _, kind := range []string{snapPrefix, templatePrefix} {
+	for _, kind := range []string{store.SnapPrefix, store.TemplatePrefix} {
 		peer, ok, err := n.peerHolding(ctx, kind, name)
 		if err != nil {
 			return err
@@ -64,7 +65,7 @@ func (n *Node) copyIn(ctx context.Context, name string) error {
 		if !ok {
 			continue
 		}
-		if kind == snapPrefix {
+		if kind == store.SnapPrefix {
 			return n.copySnapshot(ctx, peer, name)
 		}
 		return n.copyTemplate(ctx, peer, name)
@@ -73,32 +74,32 @@ func (n *Node) copyIn(ctx context.Context, name string) error {
 }
 
 // peerHolding finds a live node other than this one under kind/name/.
-func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, bool, error) {
+func (n *Node) peerHolding(ctx context.Context, kind, name string) (store.NodeRecord, bool, error) {
 	resp, err := n.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix())
 	if err != nil {
-		return NodeRecord{}, false, errdefs.Unavailable("etcd: %v", err)
+		return store.NodeRecord{}, false, errdefs.Unavailable("etcd: %v", err)
 	}
 	for _, kv := range resp.Kvs {
 		peer := strings.TrimPrefix(string(kv.Key), kind+name+"/")
 		if peer == n.cfg.Name {
 			continue
 		}
-		nr, err := n.cli.Get(ctx, nodesPrefix+peer)
+		nr, err := n.cli.Get(ctx, store.NodesPrefix+peer)
 		if err != nil || len(nr.Kvs) == 0 {
 			continue
 		}
-		var rec NodeRecord
-		if n.seal.open(nodesPrefix+peer, nr.Kvs[0].Value, &rec) == nil && rec.Name == peer && n.seal.open(string(kv.Key), kv.Value, &json.RawMessage{}) == nil {
+		var rec store.NodeRecord
+		if n.seal.Open(store.NodesPrefix+peer, nr.Kvs[0].Value, &rec) == nil && rec.Name == peer && n.seal.Open(string(kv.Key), kv.Value, &json.RawMessage{}) == nil {
 			return rec, true, nil
 		}
 	}
-	return NodeRecord{}, false, nil
+	return store.NodeRecord{}, false, nil
 }
 
 // peerGet asks a peer for path from offset; with sparse, it asks for the
 // sparse encoding (sparse.go), which the answer may or may not use.
-func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
-	base, err := peer.baseURL(n.cfg.PeerTLS != nil)
+func (n *Node) peerGet(ctx context.Context, peer store.NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
+	base, err := peer.BaseURL(n.cfg.PeerTLS != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +107,7 @@ func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset
 	if err != nil {
 		return nil, err
 	}
-	n.auth.sign(req)
+	n.auth.Sign(req)
 	if sparse {
 		req.Header.Set(sparseHeader, "1")
 	}
@@ -145,7 +146,7 @@ var errPeerData = errors.New("not what the peer declared")
 // fromPeer says which node sent what. What a peer sent wrong is not the
 // client's fault: an invalid description or a broken copy is classed
 // unavailable (another node may hold a good copy).
-func fromPeer(peer NodeRecord, what string, err error) error {
+func fromPeer(peer store.NodeRecord, what string, err error) error {
 	if !errdefs.Classified(err) || errors.Is(err, errdefs.ErrInvalid) {
 		return errdefs.Unavailable("%s from node %s (%s): %v", what, peer.Name, peer.Addr, err)
 	}
@@ -154,7 +155,7 @@ func fromPeer(peer NodeRecord, what string, err error) error {
 
 // peerJSON reads the JSON description a peer answers path with, at most
 // limit bytes of it.
-func (n *Node) peerJSON(ctx context.Context, peer NodeRecord, path string, limit int64, v any) error {
+func (n *Node) peerJSON(ctx context.Context, peer store.NodeRecord, path string, limit int64, v any) error {
 	resp, err := n.peerGet(ctx, peer, path, 0, false)
 	if err != nil {
 		return err
@@ -171,7 +172,7 @@ func (n *Node) peerJSON(ctx context.Context, peer NodeRecord, path string, limit
 // on), then makes it ready in the background. The peer's answer must be
 // the template asked for, with its image's SHA-256 and a size that fits
 // on this node; the image must be exactly that size and hash.
-func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
+func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name string) error {
 	if err := template.ValidName(name); err != nil {
 		return err
 	}
@@ -215,7 +216,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) e
 // see snapshot.CheckManifest), its template if this node lacks it, then
 // the chunks this node lacks, each bounded by its declared size and
 // checked against its name before the store uses it.
-func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) error {
+func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id string) error {
 	if err := snapshot.ValidID(id); err != nil {
 		return err
 	}
@@ -249,7 +250,7 @@ func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) err
 // copyChunk downloads one chunk of a snapshot, of the size its
 // description declares, into the new file dst, resuming where a broken
 // transfer stopped. More bytes than declared fail it at once.
-func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string, size int64, dst string) error {
+func (n *Node) copyChunk(ctx context.Context, peer store.NodeRecord, id, chunk string, size int64, dst string) error {
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err

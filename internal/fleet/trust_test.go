@@ -17,79 +17,37 @@ import (
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-var testSeal = NewSealer("test-secret-0123456789abcdef")
-
-func TestSealedRecords(t *testing.T) {
-	rec := recordOf("n1", sandbox.Sandbox{ID: "i1", AccessToken: "tok-0123456789", EnvVars: map[string]string{"K": "secret-value"}, Metadata: map[string]string{"k": "meta-0123456789"}})
-	val, err := testSeal.seal(sandboxPrefix+"i1", rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Only strings long enough not to turn up in random base64 by chance.
-	for _, clear := range []string{"tok-0123456789", "secret-value", "meta-0123456789", `"node"`} {
-		if strings.Contains(val, clear) {
-			t.Errorf("sealed record holds %q in clear: %s", clear, val)
-		}
-	}
-	var got SandboxRecord
-	if err := testSeal.open(sandboxPrefix+"i1", []byte(val), &got); err != nil || got.Sandbox.Metadata["k"] != "meta-0123456789" {
-		t.Fatalf("open: %+v, %v; want the record back", got, err)
-	}
-	// Tokens and env vars are the node's: not in etcd at all, sealed or not.
-	if plain, _ := json.Marshal(got); strings.Contains(string(plain), "tok-0123456789") || strings.Contains(string(plain), "secret-value") {
-		t.Errorf("the etcd record holds a token or an env var: %s", plain)
-	}
-	plain, _ := json.Marshal(rec)
-	tampered := []byte(val)
-	tampered[len(tampered)-3] ^= 1
-	for _, c := range []struct {
-		name, key string
-		val       []byte
-		seal      *Sealer
-	}{
-		{"plain JSON (written without the secret)", sandboxPrefix + "i1", plain, testSeal},
-		{"moved to another key", sandboxPrefix + "i2", []byte(val), testSeal},
-		{"tampered", sandboxPrefix + "i1", tampered, testSeal},
-		{"another fleet's secret", sandboxPrefix + "i1", []byte(val), NewSealer("another-secret-0123456789")},
-		{"empty", sandboxPrefix + "i1", nil, testSeal},
-		{"prefix only", sandboxPrefix + "i1", []byte(sealPrefix), testSeal},
-	} {
-		var r SandboxRecord
-		if err := c.seal.open(c.key, c.val, &r); !errors.Is(err, errUnsealed) {
-			t.Errorf("%s: open gave %v, want errUnsealed", c.name, err)
-		}
-	}
-}
-
 func TestRPCAuth(t *testing.T) {
-	a := newRPCAuth("test-secret-0123456789abcdef")
+	a := secret.NewAuth("test-secret-0123456789abcdef")
 	req := httptest.NewRequest(http.MethodPost, "http://node/fleet/v1/List", nil)
-	if a.verify(req) {
+	if a.Verify(req) {
 		t.Fatal("a request without the header verified")
 	}
-	a.sign(req)
-	if !a.verify(req) {
+	a.Sign(req)
+	if !a.Verify(req) {
 		t.Fatal("a signed request did not verify")
 	}
-	if strings.Contains(req.Header.Get(AuthHeader), "test-secret") {
+	if strings.Contains(req.Header.Get(secret.AuthHeader), "test-secret") {
 		t.Fatal("the header carries the secret")
 	}
-	if newRPCAuth("another-secret-0123456789").verify(req) {
+	if secret.NewAuth("another-secret-0123456789").Verify(req) {
 		t.Fatal("verified with another secret")
 	}
 	other := httptest.NewRequest(http.MethodPost, "http://node/fleet/v1/Kill", nil)
-	other.Header.Set(AuthHeader, req.Header.Get(AuthHeader))
-	if a.verify(other) {
+	other.Header.Set(secret.AuthHeader, req.Header.Get(secret.AuthHeader))
+	if a.Verify(other) {
 		t.Fatal("a header made for List verified for Kill")
 	}
 	old := httptest.NewRequest(http.MethodPost, "http://node/fleet/v1/List", nil)
-	ts := time.Now().Add(-2 * rpcSkew).Unix()
-	old.Header.Set(AuthHeader, strings.Join([]string{itoa(ts), b64(a.mac(itoa(ts), "POST", "/fleet/v1/List"))}, "."))
-	if a.verify(old) {
+	ts := time.Now().Add(-2 * secret.Skew).Unix()
+	old.Header.Set(secret.AuthHeader, strings.Join([]string{itoa(ts), b64(a.MAC(itoa(ts), "POST", "/fleet/v1/List"))}, "."))
+	if a.Verify(old) {
 		t.Fatal("a header older than the allowed skew verified")
 	}
 }
@@ -115,29 +73,29 @@ func TestForgedRecordsSteerNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	forge(nodesPrefix+"evil", NodeRecord{Name: "evil", Addr: strings.TrimPrefix(evil.URL, "http://"), Capacity: Capacity{CPUs: 512, MemoryMB: 1 << 30, FreeMemoryMB: 1 << 30, MaxSandboxes: 1 << 20}})
-	forge(templatePrefix+"busybox/evil", api.TemplateInfo{Template: template.Template{Name: "busybox"}})
-	forge(cordonPrefix+"real", "cordon")
-	forge(sandboxPrefix+"victim", recordOf("evil", sandbox.Sandbox{ID: "victim", State: sandbox.StateRunning}))
+	forge(store.NodesPrefix+"evil", store.NodeRecord{Name: "evil", Addr: strings.TrimPrefix(evil.URL, "http://"), Capacity: store.Capacity{CPUs: 512, MemoryMB: 1 << 30, FreeMemoryMB: 1 << 30, MaxSandboxes: 1 << 20}})
+	forge(store.TemplatePrefix+"busybox/evil", api.TemplateInfo{Template: template.Template{Name: "busybox"}})
+	forge(store.CordonPrefix+"real", "cordon")
+	forge(store.SandboxPrefix+"victim", store.RecordOf("evil", sandbox.Sandbox{ID: "victim", State: sandbox.StateRunning}))
 	// A genuine sealed record moved to another key.
-	sealed, _ := scaleSeal.seal(cordonPrefix+"other", cordonMark{Node: "other", Mode: "cordon"})
-	cli.Put(ctx, cordonPrefix+"real", sealed)
+	sealed, _ := scaleSeal.Seal(store.CordonPrefix+"other", store.CordonMark{Node: "other", Mode: "cordon"})
+	cli.Put(ctx, store.CordonPrefix+"real", sealed)
 
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cache := NewCache(cctx, cli, scaleSeal, scaleLog())
+	cache := store.NewCache(cctx, cli, scaleSeal, scaleLog())
 	if err := cache.Wait(scaleTimeout(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	remote := NewRemote(cli, cache, scaleSecret, nil, scaleLog())
 	defer remote.http.CloseIdleConnections()
-	if _, ok := cache.node("evil"); ok {
+	if _, ok := cache.Node("evil"); ok {
 		t.Error("a node record written without the secret counts as a live node")
 	}
-	if cache.cordoned("real") {
+	if cache.Cordoned("real") {
 		t.Error("a cordon written without the secret (or moved from another key) cordoned the real node")
 	}
-	if _, ok := cache.sandbox("victim"); ok {
+	if _, ok := cache.Sandbox("victim"); ok {
 		t.Error("a sandbox record written without the secret routes traffic")
 	}
 	if got := cache.Refused(); got < 4 {
@@ -181,7 +139,7 @@ func TestNodeNameIsUnique(t *testing.T) {
 		t.Fatalf("second's start-up check: %v; want a refusal naming the holder", err)
 	}
 	cli.Revoke(ctx, l2.ID) // the second stops: the first's record must stay
-	resp, _ := cli.Get(ctx, nodesPrefix+"t1")
+	resp, _ := cli.Get(ctx, store.NodesPrefix+"t1")
 	if len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != l1.ID {
 		t.Fatalf("after the second stopped, node t1's record is %v, want the first's", resp.Kvs)
 	}
@@ -225,13 +183,13 @@ func TestDialRefusesUnauthenticatedEtcd(t *testing.T) {
 // With a CA configured, a node that registered without TLS is never
 // called over plain HTTP, whatever its record says.
 func TestTLSIsNotTheRecordsChoice(t *testing.T) {
-	if _, err := (NodeRecord{Name: "n", Addr: "10.0.0.1:3100"}).baseURL(true); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := (store.NodeRecord{Name: "n", Addr: "10.0.0.1:3100"}).BaseURL(true); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("plain node with TLS required: %v, want a refusal", err)
 	}
-	if u, err := (NodeRecord{Name: "n", Addr: "10.0.0.1:3100", TLS: true}).baseURL(true); err != nil || u != "https://10.0.0.1:3100" {
+	if u, err := (store.NodeRecord{Name: "n", Addr: "10.0.0.1:3100", TLS: true}).BaseURL(true); err != nil || u != "https://10.0.0.1:3100" {
 		t.Fatalf("TLS node: %q, %v", u, err)
 	}
-	c := newNodeClient(NodeRecord{Name: "n", Addr: "10.0.0.1:3100"}, true, newRPCAuth("x"), &http.Client{}, nil)
+	c := newNodeClient(store.NodeRecord{Name: "n", Addr: "10.0.0.1:3100"}, true, secret.NewAuth("x"), &http.Client{}, nil)
 	if _, err := call(context.Background(), c.rpc.Get, &nodepb.SandboxRef{Id: "i1"}); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "without TLS") {
 		t.Fatalf("call to a plain node with TLS required: %v, want a refusal before any request", err)
 	}

@@ -1,10 +1,8 @@
-// Package fleet runs agentenv on many hosts with etcd as the source of
-// truth: node agents (Node) run sandboxes and publish what they hold;
-// stateless API servers (Remote, Proxy) place sandboxes and route every
-// call and every byte of sandbox traffic to the owning node. It must not
-// hold sandbox logic of its own: nodes run the same sandbox manager as
-// `agentenv serve`, behind the api.Backend seam.
-package fleet
+// Package store is the fleet's state in etcd: the key layout, the records
+// each key holds (each its own type, sealed with the cluster secret),
+// tombstones, and the API server's watch cache of all of it. It knows
+// nothing of how nodes are called or sandboxes run.
+package store
 
 import (
 	"context"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
@@ -30,12 +29,12 @@ import (
 // sandboxes are reported lost, not forgotten).
 const (
 	prefix         = "/agentenv/"
-	nodesPrefix    = prefix + "nodes/"     // nodes/<node> → NodeRecord
-	cordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
-	sandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
-	lostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
-	templatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
-	snapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → snapshot.Snapshot
+	NodesPrefix    = prefix + "nodes/"     // nodes/<node> → NodeRecord
+	CordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
+	SandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
+	LostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
+	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
+	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → snapshot.Snapshot
 )
 
 // Capacity is what a node can hold and holds now.
@@ -63,7 +62,7 @@ type NodeRecord struct {
 // baseURL is the URL prefix of the node. With needTLS (the caller was
 // given the fleet's CA) a node that registered without TLS is refused:
 // whether TLS is used never depends on what a record says.
-func (n NodeRecord) baseURL(needTLS bool) (string, error) {
+func (n NodeRecord) BaseURL(needTLS bool) (string, error) {
 	if n.TLS {
 		return "https://" + n.Addr, nil
 	}
@@ -104,7 +103,7 @@ type SandboxEntry struct {
 }
 
 // recordOf is the etcd record of sandbox sb on node.
-func recordOf(node string, sb sandbox.Sandbox) SandboxRecord {
+func RecordOf(node string, sb sandbox.Sandbox) SandboxRecord {
 	return SandboxRecord{Node: node, Sandbox: SandboxEntry{
 		ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, StartedAt: sb.StartedAt, EndAt: sb.EndAt, Snapshot: sb.Snapshot, Parent: sb.Parent,
@@ -121,9 +120,9 @@ func (e SandboxEntry) sandbox() sandbox.Sandbox {
 	}
 }
 
-// cordonMark is a cordon/<node> record: the node it is for (so that a
+// CordonMark is a cordon/<node> record: the node it is for (so that a
 // sealed mark cannot be moved to another key) and "cordon" or "drain".
-type cordonMark struct {
+type CordonMark struct {
 	Node string `json:"node"`
 	Mode string `json:"mode"`
 }
@@ -149,7 +148,7 @@ type NodeView struct {
 // watch (no polling). Reads never wait on etcd.
 type Cache struct {
 	cli  *clientv3.Client
-	seal *Sealer
+	seal *secret.Sealer
 	log  *slog.Logger
 	// refused counts records that did not open with the cluster secret.
 	refused atomic.Int64
@@ -177,7 +176,7 @@ type Cache struct {
 
 // NewCache starts watching the fleet's state; Wait blocks until the first
 // full read is in.
-func NewCache(ctx context.Context, cli *clientv3.Client, seal *Sealer, log *slog.Logger) *Cache {
+func NewCache(ctx context.Context, cli *clientv3.Client, seal *secret.Sealer, log *slog.Logger) *Cache {
 	c := &Cache{cli: cli, seal: seal, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
 	c.reset()
 	go c.run(ctx)
@@ -267,8 +266,8 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 // rev. Callers hold c.mu.
 func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 	switch {
-	case strings.HasPrefix(key, nodesPrefix):
-		name := strings.TrimPrefix(key, nodesPrefix)
+	case strings.HasPrefix(key, NodesPrefix):
+		name := strings.TrimPrefix(key, NodesPrefix)
 		if deleted {
 			if _, ok := c.nodes[name]; ok {
 				c.lostAt[name] = time.Now()
@@ -288,15 +287,15 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		c.nodes[name] = n
 		c.known[name] = n
 		delete(c.lostAt, name)
-	case strings.HasPrefix(key, cordonPrefix):
-		name := strings.TrimPrefix(key, cordonPrefix)
+	case strings.HasPrefix(key, CordonPrefix):
+		name := strings.TrimPrefix(key, CordonPrefix)
 		if rev < c.cordonRev[name] {
 			return // older than a change this API server made itself
 		}
-		var mark cordonMark
+		var mark CordonMark
 		if !deleted {
 			var ok bool
-			if mark, ok = openRecord(c, key, val, func(m cordonMark) bool { return m.Node == name && (m.Mode == "cordon" || m.Mode == "drain") }); !ok {
+			if mark, ok = openRecord(c, key, val, func(m CordonMark) bool { return m.Node == name && (m.Mode == "cordon" || m.Mode == "drain") }); !ok {
 				return
 			}
 		}
@@ -306,8 +305,8 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		} else {
 			c.cordon[name] = mark.Mode
 		}
-	case strings.HasPrefix(key, sandboxPrefix):
-		id := strings.TrimPrefix(key, sandboxPrefix)
+	case strings.HasPrefix(key, SandboxPrefix):
+		id := strings.TrimPrefix(key, SandboxPrefix)
 		var r SandboxRecord
 		if !deleted {
 			var ok bool
@@ -340,16 +339,16 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		}
 		c.sandboxes[id] = r
 		c.perNode[r.Node]++
-	case strings.HasPrefix(key, templatePrefix):
-		name, node := path.Split(strings.TrimPrefix(key, templatePrefix))
+	case strings.HasPrefix(key, TemplatePrefix):
+		name, node := path.Split(strings.TrimPrefix(key, TemplatePrefix))
 		name = strings.TrimSuffix(name, "/")
 		if deleted {
 			setNested(c.templates, name, node, api.TemplateInfo{}, true)
 		} else if t, ok := openRecord(c, key, val, func(t api.TemplateInfo) bool { return t.Name == name }); ok {
 			setNested(c.templates, name, node, t, false)
 		}
-	case strings.HasPrefix(key, snapPrefix):
-		id, node := path.Split(strings.TrimPrefix(key, snapPrefix))
+	case strings.HasPrefix(key, SnapPrefix):
+		id, node := path.Split(strings.TrimPrefix(key, SnapPrefix))
 		id = strings.TrimSuffix(id, "/")
 		if deleted {
 			setNested(c.snaps, id, node, snapshot.Snapshot{}, true)
@@ -365,9 +364,9 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 // because of it. Callers hold c.mu (or own c).
 func openRecord[T any](c *Cache, key string, val []byte, check func(T) bool) (T, bool) {
 	var v T
-	err := c.seal.open(key, val, &v)
+	err := c.seal.Open(key, val, &v)
 	if err == nil && !check(v) {
-		err = fmt.Errorf("record %s names another object than its key: %w", key, errUnsealed)
+		err = fmt.Errorf("record %s names another object than its key: %w", key, secret.ErrUnsealed)
 	}
 	if err != nil {
 		var zero T
@@ -413,7 +412,7 @@ func (c *Cache) markGone(name string) {
 
 // goneCh returns a channel closed when the node is lost (already closed
 // if it is not alive now).
-func (c *Cache) goneCh(name string) <-chan struct{} {
+func (c *Cache) GoneCh(name string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, alive := c.nodes[name]; !alive {
@@ -449,7 +448,7 @@ func (c *Cache) Nodes() []NodeView {
 }
 
 // node returns a live node's record.
-func (c *Cache) node(name string) (NodeRecord, bool) {
+func (c *Cache) Node(name string) (NodeRecord, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	n, ok := c.nodes[name]
@@ -457,14 +456,14 @@ func (c *Cache) node(name string) (NodeRecord, bool) {
 }
 
 // lostSince says when a node was last seen to go away (zero: unknown).
-func (c *Cache) lostSince(name string) time.Time {
+func (c *Cache) LostSince(name string) time.Time {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.lostAt[name]
 }
 
 // sandbox returns the record of a sandbox, if the cache has it.
-func (c *Cache) sandbox(id string) (SandboxRecord, bool) {
+func (c *Cache) Sandbox(id string) (SandboxRecord, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	r, ok := c.sandboxes[id]
@@ -484,7 +483,7 @@ func (c *Cache) recentlyDeleted(id string) bool {
 
 // putSandbox records what this API server just learned from a node, ahead
 // of the watch.
-func (c *Cache) putSandbox(r SandboxRecord) {
+func (c *Cache) PutSandbox(r SandboxRecord) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.recentlyDeleted(r.Sandbox.ID) {
@@ -499,7 +498,7 @@ func (c *Cache) putSandbox(r SandboxRecord) {
 
 // dropSandbox forgets a sandbox this API server just killed, ahead of
 // the watch (a list right after the kill must not show it).
-func (c *Cache) dropSandbox(id string) {
+func (c *Cache) DropSandbox(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.sandboxes[id]; ok {
@@ -511,11 +510,11 @@ func (c *Cache) dropSandbox(id string) {
 
 // setCordon records a cordon change this API server just made, ahead of
 // the watch: a create right after `node drain` must not land on the node.
-func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
+func (c *Cache) SetCordon(node, mode string, deleted bool, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if deleted {
-		c.apply(cordonPrefix+node, nil, true, rev)
+		c.apply(CordonPrefix+node, nil, true, rev)
 		return
 	}
 	if rev < c.cordonRev[node] {
@@ -526,7 +525,7 @@ func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
 }
 
 // putSnapshot records a snapshot a node just made, ahead of the watch.
-func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
+func (c *Cache) PutSnapshot(node string, sn snapshot.Snapshot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.snaps[sn.ID] == nil {
@@ -536,7 +535,7 @@ func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
 }
 
 // records returns the sandbox records of one node.
-func (c *Cache) records(node string) []SandboxRecord {
+func (c *Cache) Records(node string) []SandboxRecord {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []SandboxRecord
@@ -549,7 +548,7 @@ func (c *Cache) records(node string) []SandboxRecord {
 }
 
 // forget drops a lost node from this API server's list of nodes seen.
-func (c *Cache) forget(node string) {
+func (c *Cache) Forget(node string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, alive := c.nodes[node]; !alive {
@@ -560,7 +559,7 @@ func (c *Cache) forget(node string) {
 
 // liveMatching returns the sandboxes f matches whose node is alive, in
 // one pass under the read lock.
-func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
+func (c *Cache) LiveMatching(f sandbox.Filter) []sandbox.Sandbox {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []sandbox.Sandbox
@@ -577,8 +576,22 @@ func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
 
 // templateHolders returns the live nodes holding a template or a snapshot
 // of that name.
-// snapshotList returns one copy of each published snapshot.
-func (c *Cache) snapshotList() []snapshot.Snapshot {
+// Cordoned reports whether a cordon (or drain) mark holds for node.
+func (c *Cache) Cordoned(node string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.cordon[node] != ""
+}
+
+// Len is how many sandbox records the cache holds (of live nodes or not).
+func (c *Cache) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.sandboxes)
+}
+
+// SnapshotList returns one copy of each published snapshot.
+func (c *Cache) SnapshotList() []snapshot.Snapshot {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []snapshot.Snapshot
@@ -591,9 +604,9 @@ func (c *Cache) snapshotList() []snapshot.Snapshot {
 	return out
 }
 
-// templateList returns each template live nodes hold, ready where one
+// TemplateList returns each template live nodes hold, ready where one
 // of them has it ready.
-func (c *Cache) templateList() []api.TemplateInfo {
+func (c *Cache) TemplateList() []api.TemplateInfo {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []api.TemplateInfo
@@ -616,7 +629,7 @@ func (c *Cache) templateList() []api.TemplateInfo {
 	return out
 }
 
-func (c *Cache) holders(name string) []string {
+func (c *Cache) Holders(name string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []string
@@ -634,7 +647,7 @@ func (c *Cache) holders(name string) []string {
 }
 
 // isSnapshot reports whether name is a snapshot ID some node published.
-func (c *Cache) isSnapshot(name string) bool {
+func (c *Cache) IsSnapshot(name string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.snaps[name]) > 0
