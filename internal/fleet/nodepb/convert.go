@@ -1,3 +1,8 @@
+// Package nodepb is the wire of the node service (api/node/v1/node.proto):
+// its generated messages and Connect code, their conversions to and from
+// the node's own types, the error ↔ code map, and the node's plain HTTP
+// streams (build, peer exports). It must not decide anything: the node
+// and router packages do.
 package nodepb
 
 import (

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.asked[r.URL.Path]++
 	manifest, chunk, tmpl, image := p.manifest, p.chunk, p.tmpl, p.image
 	p.mu.Unlock()
-	path := strings.TrimPrefix(r.URL.Path, rpcPath)
+	path := strings.TrimPrefix(r.URL.Path, nodepb.HTTPPath)
 	switch parts := strings.Split(path, "/"); {
 	case len(parts) == 2 && parts[0] == "snapshots":
 		var v any
@@ -87,7 +87,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *fakePeer) requests(path string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.asked[rpcPath+path]
+	return p.asked[nodepb.HTTPPath+path]
 }
 
 // peerSetup is a node (stores under root/data, built just enough to copy
@@ -140,7 +140,7 @@ func newPeerSetup(t *testing.T) *peerSetup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := NewNode(NodeConfig{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
+	n := New(Config{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
 	n.host = &server.Host{Snapshots: snaps0, Templates: tmpls}
 	peer := &fakePeer{src: src, asked: map[string]int{}}
 	srv := httptest.NewServer(peer)

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
@@ -87,7 +88,7 @@ func TestSparseChunkCopy(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	n := &Node{cfg: NodeConfig{Secret: clusterSecret}, auth: secret.NewAuth(clusterSecret), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
+	n := &Node{cfg: Config{Secret: clusterSecret}, auth: secret.NewAuth(clusterSecret), log: slog.Default(), http: &http.Client{Transport: nodepb.NewTransport(nil)}}
 	peer := store.NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 	dst := filepath.Join(t.TempDir(), "copy")
 	if err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", "w-x", size, dst); err != nil {

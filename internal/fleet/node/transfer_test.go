@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, calls, lastRange := flakyPeer(t, data, "s3cret-s3cret-s3cret", tc.corrupt)
-			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, auth: secret.NewAuth("s3cret-s3cret-s3cret"), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
+			n := &Node{cfg: Config{Secret: "s3cret-s3cret-s3cret"}, auth: secret.NewAuth("s3cret-s3cret-s3cret"), log: slog.Default(), http: &http.Client{Transport: nodepb.NewTransport(nil)}}
 			peer := store.NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
 			err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", hash, int64(len(data)), dst)

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func (n *Node) peerGet(ctx context.Context, peer store.NodeRecord, path string, 
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+rpcPath+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+nodepb.HTTPPath+path, nil)
 	if err != nil {
 		return nil, err
 	}

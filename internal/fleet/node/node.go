@@ -1,4 +1,10 @@
-package fleet
+// Package node is a fleet node agent: this host's sandbox stack (the very
+// one `agentenv serve` runs), registered in etcd under a lease, serving
+// the node service to API servers and copying templates and snapshots
+// from its peers on demand. It publishes what it holds and each
+// sandbox's record before it answers the call that changed it. It must
+// not place sandboxes or know other nodes beyond the peers it copies from.
+package node
 
 import (
 	"context"
@@ -31,8 +37,8 @@ import (
 	"github.com/agentenv/agentenv/internal/server"
 )
 
-// NodeConfig configures a node agent.
-type NodeConfig struct {
+// Config configures a node agent.
+type Config struct {
 	Name string
 	// Advertise is the host:port API servers and other nodes reach this
 	// node's RPC and proxy at.
@@ -58,7 +64,7 @@ type NodeConfig struct {
 // Node is a node agent: this host's sandbox stack, published in etcd and
 // served to API servers over the node RPC.
 type Node struct {
-	cfg  NodeConfig
+	cfg  Config
 	host *server.Host
 	cli  *clientv3.Client
 	log  *slog.Logger
@@ -100,13 +106,13 @@ type Node struct {
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
 // OnPersist, then call Run with the started host.
-func NewNode(cfg NodeConfig) *Node {
+func New(cfg Config) *Node {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 10 * time.Second
 	}
 	seal := secret.NewSealer(cfg.Secret)
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
-		published: map[string]string{}, http: &http.Client{Transport: newTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
+		published: map[string]string{}, http: &http.Client{Transport: nodepb.NewTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
 		seal: seal, auth: secret.NewAuth(cfg.Secret), tombs: store.NewTombstones(cfg.Etcd, seal)}
 }
 
@@ -131,7 +137,7 @@ func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, 
 // with etcd and registers again. It returns an error at once if another
 // live node holds this node's name at the first registration.
 func (n *Node) Run(ctx context.Context, host *server.Host) error {
-	n.attach(host)
+	n.Attach(host)
 	go n.flushLoop(ctx)
 	for ctx.Err() == nil {
 		err := n.session(ctx)
@@ -156,7 +162,7 @@ func (n *Node) Run(ctx context.Context, host *server.Host) error {
 }
 
 // attach sets the host the node serves (before Handler and Run).
-func (n *Node) attach(host *server.Host) {
+func (n *Node) Attach(host *server.Host) {
 	if n.host == nil {
 		n.host = host
 		n.px = proxy.New(host.Manager, n.log)
@@ -289,7 +295,7 @@ func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
 // check refuses to start a node whose name a live node holds (before
 // this host's sandbox stack starts: a clone must not touch the host's
 // networks either). claim is what guards the race of two starting at once.
-func (n *Node) check(ctx context.Context) error {
+func (n *Node) Check(ctx context.Context) error {
 	key := store.NodesPrefix + n.cfg.Name
 	resp, err := n.cli.Get(ctx, key)
 	if err != nil {
@@ -310,7 +316,7 @@ func (n *Node) check(ctx context.Context) error {
 }
 
 func (n *Node) nodeRecord() store.NodeRecord {
-	return store.NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
+	return store.NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.Capacity()}
 }
 
 // register writes the node record (capacity now) and the templates and
@@ -416,7 +422,7 @@ func (n *Node) publishNow(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) capacity() store.Capacity {
+func (n *Node) Capacity() store.Capacity {
 	c := store.Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
 	c.MemoryMB, c.FreeMemoryMB = meminfo()
 	if n.host == nil {
@@ -620,12 +626,12 @@ func (n *Node) Handler() http.Handler {
 		b = api.Metered(b, n.cfg.Metrics)
 		px = server.MeterProxy(n.cfg.Metrics, px)
 	}
-	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
-	mux.Handle(serviceHandler(b))
-	mux.HandleFunc("GET "+rpcPath+"templates/{name}", n.exportTemplateMeta)
-	mux.HandleFunc("GET "+rpcPath+"templates/{name}/image", n.exportTemplateImage)
-	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
-	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
+	mux.HandleFunc("POST "+nodepb.HTTPPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
+	mux.Handle(ServiceHandler(b))
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}", n.exportTemplateMeta)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}/image", n.exportTemplateImage)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}", n.exportSnapshotMeta)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/health" {
 			w.Header().Set("Content-Type", "application/json")

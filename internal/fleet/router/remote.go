@@ -1,4 +1,10 @@
-package fleet
+// Package router is an API server's side of the fleet: Remote, the
+// api.Backend that places new sandboxes on nodes and sends every other
+// call to the node owning the sandbox (through the generated node service
+// client), and Proxy, which routes sandbox traffic the same way. It keeps
+// no state but the store's watch cache and its creates in flight; it must
+// not run sandboxes or write a node's records.
+package router
 
 import (
 	"context"
@@ -56,7 +62,7 @@ var _ api.Backend = (*Remote)(nil)
 func NewRemote(cli *clientv3.Client, cache *store.Cache, clusterSecret string, tlsConf *tls.Config, log *slog.Logger) *Remote {
 	seal := secret.NewSealer(clusterSecret)
 	return &Remote{cli: cli, cache: cache, seal: seal, auth: secret.NewAuth(clusterSecret), tls: tlsConf != nil, log: log,
-		http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{}, tombs: store.NewTombstones(cli, seal)}
+		http: &http.Client{Transport: nodepb.NewTransport(tlsConf)}, pending: map[string]int{}, tombs: store.NewTombstones(cli, seal)}
 }
 
 type clientKey struct {

@@ -1,9 +1,8 @@
-package fleet
+package router
 
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -24,84 +23,6 @@ import (
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/template"
 )
-
-// The node RPC: the node service (api/node/v1/node.proto) over Connect,
-// generated at both ends, so an API server runs the very same REST
-// handlers against a node's sandboxes. Errors cross as Connect codes
-// (nodepb.Wire/Unwire). A template build (an upload in, progress out) and
-// the peer exports (byte ranges of files) stay plain HTTP streams under
-// rpcPath, with errors in the same codes. Every request carries a proof of
-// the cluster secret (secret.AuthHeader); a node answers nothing without it, and
-// with mutual TLS configured nothing to a caller without a certificate of
-// the fleet's CA.
-
-const rpcPath = "/fleet/v1/"
-
-// serviceHandler serves the node service over b: the route prefix and
-// its handler.
-func serviceHandler(b api.Backend) (string, http.Handler) {
-	return nodepbconnect.NewNodeServiceHandler(&nodeService{b: b},
-		connect.WithInterceptors(connect.UnaryInterceptorFunc(wireErrors)), connect.WithReadMaxBytes(api.MaxBody))
-}
-
-// wireErrors turns a handler's errdefs error into its Connect code.
-func wireErrors(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		resp, err := next(ctx, req)
-		if err != nil {
-			var ce *connect.Error
-			if !errors.As(err, &ce) {
-				err = nodepb.Wire(err)
-			}
-		}
-		return resp, err
-	}
-}
-
-// buildEvent is one line of a streamed build.
-type buildEvent struct {
-	Progress *template.Progress `json:"progress,omitempty"`
-	Template *api.TemplateInfo  `json:"template,omitempty"`
-	Error    json.RawMessage    `json:"error,omitempty"`
-}
-
-// serveBuild runs a template build: the request in a header, the upload
-// (if any) as the body, progress streamed back as NDJSON.
-func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
-	var req template.BuildRequest
-	raw, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Agentenv-Build"))
-	if err == nil {
-		err = json.Unmarshal(raw, &req)
-	}
-	if err != nil {
-		nodepb.WriteHTTPError(w, errdefs.Invalid("fleet build: malformed request header: %v", err))
-		return
-	}
-	if r.Header.Get("X-Agentenv-Upload") == "1" {
-		http.NewResponseController(w).EnableFullDuplex()
-		req.Upload = r.Body
-	}
-	enc := json.NewEncoder(w)
-	started := false
-	emit := func(ev buildEvent) {
-		if !started {
-			w.Header().Set("Content-Type", "application/x-ndjson")
-			w.WriteHeader(http.StatusOK)
-			started = true
-		}
-		enc.Encode(ev)
-		http.NewResponseController(w).Flush()
-	}
-	t, err := b.BuildTemplate(r.Context(), req, func(p template.Progress) { emit(buildEvent{Progress: &p}) })
-	switch {
-	case err != nil && !started:
-		nodepb.WriteHTTPError(w, err)
-	case err != nil:
-		emit(buildEvent{Error: nodepb.EncodeError(err)})
-	default:
-		emit(buildEvent{Template: &t})
-	}
-}
 
 // nodeClient calls one node: the generated client, its calls bounded
 // and their errors classed by intercept.
@@ -242,17 +163,6 @@ func (c *nodeClient) failed(parent context.Context, err error) error {
 	return fmt.Errorf("%w: %w", errOutcomeUnknown, c.unreachable(err))
 }
 
-// newTransport is the HTTP transport API servers (and nodes copying from
-// peers) use to reach nodes; tlsConf verifies nodes that serve TLS.
-func newTransport(tlsConf *tls.Config) *http.Transport {
-	return &http.Transport{
-		TLSClientConfig:     tlsConf,
-		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-	}
-}
-
 func (c *nodeClient) unreachable(err error) error {
 	return errdefs.Unavailable("node %s (%s) did not answer: %v; retry in a moment", c.name, c.addr, err)
 }
@@ -273,7 +183,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	}
 	ctx, cancel := c.bound(ctx, "build")
 	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+rpcPath+"build", body)
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+nodepb.HTTPPath+"build", body)
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}
@@ -294,7 +204,7 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var ev buildEvent
+		var ev nodepb.BuildEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			continue
 		}

@@ -1,4 +1,4 @@
-package fleet
+package router
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/node"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
@@ -38,7 +39,7 @@ func TestRPCMetrics(t *testing.T) {
 		MemUsed: 1 << 20, MemTotal: 512 << 20, MemCache: 4096, DiskUsed: 15 << 20, DiskTotal: 527 << 20}
 	b := metricsBackend{m: map[string]sandbox.Metric{"sb1": want}}
 	mux := http.NewServeMux()
-	mux.Handle(serviceHandler(b))
+	mux.Handle(node.ServiceHandler(b))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	c := newNodeClient(store.NodeRecord{Name: "n1", Addr: strings.TrimPrefix(srv.URL, "http://")}, false, secret.NewAuth("x"), srv.Client(), nil)

@@ -1,4 +1,4 @@
-package fleet
+package router
 
 // The control-plane scale test: one API server, a real (embedded) etcd and
 // 100 fake nodes in one process, the runtime faked away, so that what is
@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -26,11 +25,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/fleettest"
+	"github.com/agentenv/agentenv/internal/fleet/node"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
@@ -358,7 +357,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	tb.Helper()
 	n := &scaleNode{name: name, cli: cli}
 	mux := http.NewServeMux()
-	path, svc := serviceHandler(n)
+	path, svc := node.ServiceHandler(n)
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !secret.NewAuth(scaleSecret).Verify(r) {
 			nodepb.WriteHTTPError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
@@ -511,48 +510,7 @@ func (n *scaleNode) BuildTemplate(ctx context.Context, req template.BuildRequest
 	return api.TemplateInfo{}, errdefs.Invalid("fake node %s does not build templates", n.name)
 }
 
-// scaleEtcd starts a single-member etcd on unix sockets in a temporary
-// directory and returns a client of it; both stop in tb.Cleanup.
-func scaleEtcd(tb testing.TB) *clientv3.Client {
-	tb.Helper()
-	dir := tb.TempDir()
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	client := scaleURL(tb, "unix://"+filepath.Join(dir, "client.sock"))
-	peer := scaleURL(tb, "unix://"+filepath.Join(dir, "peer.sock"))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		tb.Fatalf("starting etcd: %v", err)
-	}
-	tb.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		tb.Fatalf("etcd failed while starting: %v", err)
-	case <-time.After(30 * time.Second):
-		tb.Fatal("etcd not ready after 30 s")
-	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{client[0].String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
-	if err != nil {
-		tb.Fatalf("etcd client: %v", err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	return cli
-}
-
-func scaleURL(tb testing.TB, raw string) []url.URL {
-	u, err := url.Parse(raw)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return []url.URL{*u}
-}
+func scaleEtcd(tb testing.TB) *clientv3.Client { return fleettest.Etcd(tb) }
 
 // scaleCount is how many sandbox records a cache holds.
 func scaleCount(c *store.Cache) int { return c.Len() }
