@@ -341,7 +341,7 @@ func (n *Node) register(ctx context.Context) error {
 			continue
 		}
 		sn.InUse = 0
-		b, _ := json.Marshal(sn)
+		b, _ := json.Marshal(store.SnapshotOf(sn))
 		want[store.SnapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
 	}
 	return n.sync(ctx, want)

@@ -440,9 +440,9 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 	// Made through another API server a moment ago: ask etcd.
 	if resp, err := r.cli.Get(ctx, store.SnapPrefix+id+"/", clientv3.WithPrefix()); err == nil {
 		for _, kv := range resp.Kvs {
-			var sn snapshot.Snapshot
-			if r.seal.Open(string(kv.Key), kv.Value, &sn) == nil && sn.ID == id {
-				return sn, nil
+			var e store.SnapshotEntry
+			if r.seal.Open(string(kv.Key), kv.Value, &e) == nil && e.ID == id {
+				return e.Snapshot(), nil
 			}
 		}
 	}

@@ -34,7 +34,7 @@ const (
 	SandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
 	LostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
 	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
-	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → snapshot.Snapshot
+	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → SnapshotEntry
 )
 
 // Capacity is what a node can hold and holds now.
@@ -118,6 +118,43 @@ func (e SandboxEntry) sandbox() sandbox.Sandbox {
 		DiskMB: e.DiskMB, StartedAt: e.StartedAt, EndAt: e.EndAt, Snapshot: e.Snapshot, Parent: e.Parent,
 		Network: e.Network, Reason: e.Reason, Lifecycle: e.Lifecycle, FilesOnly: e.FilesOnly, Owner: e.Owner,
 	}
+}
+
+// SnapshotEntry is a snapshot as etcd records it under each node holding
+// it: what API servers list and show. Its file layout (a peer asks the
+// holder for it when it copies), access token and env vars stay on the
+// node. The JSON names are snapshot.Snapshot's, so older records read.
+type SnapshotEntry struct {
+	ID        string            `json:"snapshotID"`
+	Name      string            `json:"name,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Template  string            `json:"templateID"`
+	Parent    string            `json:"parentSnapshotID,omitempty"`
+	Sandbox   string            `json:"sandboxID"`
+	Runtime   string            `json:"runtimeVersion"`
+	Size      int64             `json:"sizeBytes"`
+	CreatedAt time.Time         `json:"createdAt"`
+	Internal  bool              `json:"internal,omitempty"`
+	Owner     string            `json:"owner,omitempty"`
+	CPUs      int               `json:"cpuCount"`
+	MemoryMB  int               `json:"memoryMB"`
+	Nproc     int64             `json:"nproc,omitempty"`
+	DiskMB    int               `json:"diskMB,omitempty"`
+	Stored    int64             `json:"storedBytes"`
+}
+
+// SnapshotOf is the etcd record of snapshot sn.
+func SnapshotOf(sn snapshot.Snapshot) SnapshotEntry {
+	return SnapshotEntry{ID: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
+		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: sn.CreatedAt, Internal: sn.Internal, Owner: sn.Owner, CPUs: sn.CPUs,
+		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored}
+}
+
+// Snapshot is the entry as a snapshot (without what etcd does not hold).
+func (e SnapshotEntry) Snapshot() snapshot.Snapshot {
+	return snapshot.Snapshot{ID: e.ID, Name: e.Name, Metadata: e.Metadata, Template: e.Template, Parent: e.Parent, Sandbox: e.Sandbox,
+		Runtime: e.Runtime, Size: e.Size, CreatedAt: e.CreatedAt, Internal: e.Internal, Owner: e.Owner, CPUs: e.CPUs,
+		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored}
 }
 
 // CordonMark is a cordon/<node> record: the node it is for (so that a
@@ -352,7 +389,8 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		id = strings.TrimSuffix(id, "/")
 		if deleted {
 			setNested(c.snaps, id, node, snapshot.Snapshot{}, true)
-		} else if sn, ok := openRecord(c, key, val, func(sn snapshot.Snapshot) bool { return sn.ID == id }); ok {
+		} else if e, ok := openRecord(c, key, val, func(e SnapshotEntry) bool { return e.ID == id }); ok {
+			sn := e.Snapshot()
 			setNested(c.snaps, id, node, sn, false)
 		}
 	}
