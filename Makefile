@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 DATA_DIR ?= /var/lib/agentenv
 
-.PHONY: setup build demo test test-short soak fuzz bench clean
+.PHONY: setup build demo test test-short soak fuzz bench clean gen
 
 setup:
 	@scripts/setup.sh
@@ -41,6 +41,11 @@ fuzz:
 .PHONY: test-unprivileged
 test-unprivileged:
 	@scripts/test-unprivileged.sh
+
+# Regenerate the protobuf services' Go and Connect code (api/ → internal/);
+# TestGeneratedCodeIsCurrent checks it is committed as generated.
+gen:
+	@scripts/gen.sh
 
 # Unit tests only (no root, no runsc).
 test-short:

@@ -41,6 +41,10 @@ type Backend interface {
 	// new timeout).
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
+	// Connect is E2B's connect, atomic under the sandbox's lock: a paused
+	// sandbox is resumed (resumed true; d only lengthens what it had
+	// left), a running one lives at least d more (never shortened).
+	Connect(ctx context.Context, id string, d time.Duration) (sb sandbox.Sandbox, resumed bool, err error)
 	// Snapshot saves a running sandbox; creates may name the snapshot.
 	Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error)
 	// Fork restores count children of a running sandbox; an error only
@@ -132,6 +136,10 @@ func (l *Local) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, err
 
 func (l *Local) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return l.Manager.Resume(ctx, id, d)
+}
+
+func (l *Local) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	return l.Manager.Connect(ctx, id, d)
 }
 
 func (l *Local) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {

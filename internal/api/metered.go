@@ -55,6 +55,17 @@ func (m *metered) Resume(ctx context.Context, id string, d time.Duration) (sandb
 	return timed(m, "resume", func() (sandbox.Sandbox, error) { return m.Backend.Resume(ctx, id, d) })
 }
 
+// Connect counts as a resume when it resumed (or failed), as the resume
+// it replaces did.
+func (m *metered) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	start := time.Now()
+	sb, resumed, err := m.Backend.Connect(ctx, id, d)
+	if resumed || err != nil {
+		m.reg.ObserveOp(metrics.OpResume, time.Since(start), err)
+	}
+	return sb, resumed, err
+}
+
 func (m *metered) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
 	return timed(m, "snapshot", func() (snapshot.Snapshot, error) { return m.Backend.Snapshot(ctx, id, req) })
 }

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -173,49 +172,27 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	id := r.PathValue("id")
-	// A timeout pause or an auto-resume may change the state between the
-	// read and the action: read again and retry a few times.
-	for range 3 {
+	if req.Memory != nil && !*req.Memory {
 		sb, err := s.backend(r).Get(r.Context(), id)
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		if req.Memory != nil && !*req.Memory && sb.State == sandbox.StatePaused {
+		if sb.State == sandbox.StatePaused {
 			writeError(w, errdefs.Invalid("memory: false resumes a sandbox without its memory, and sandbox %s was paused with it: resume it with its memory (leave memory out), or pause it with memory: false", id))
 			return
 		}
-		if sb.State.Paused() {
-			// The timeout only ever extends what the sandbox had left.
-			rd := d
-			if rd < sb.Remaining {
-				rd = 0
-			}
-			sb, err = s.backend(r).Resume(r.Context(), id, rd)
-			if errors.Is(err, errdefs.ErrConflict) {
-				continue // resumed meanwhile
-			}
-			if err != nil {
-				writeError(w, err)
-				return
-			}
-			writeJSON(w, http.StatusCreated, s.toJSON(sb, true))
-			return
-		}
-		if d > 0 {
-			// Connect never shortens a sandbox's life.
-			if sb, err = s.backend(r).Extend(r.Context(), id, d); err != nil {
-				writeError(w, err)
-				return
-			}
-		}
-		if sb.State.Paused() {
-			continue // paused meanwhile (its timeout)
-		}
-		writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+	}
+	sb, resumed, err := s.backend(r).Connect(r.Context(), id, d)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
-	writeError(w, errdefs.Conflict("sandbox %s kept changing state during connect: retry", id))
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.toJSON(sb, true))
 }
 
 func toNetwork(internet *bool, n *wire.Network) *sandbox.Network {

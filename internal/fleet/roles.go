@@ -1,3 +1,11 @@
+// Package fleet runs agentenv on many hosts with etcd as the source of
+// truth: it wires the two roles, `agentenv node` (package node: runs
+// sandboxes and publishes what it holds) and `agentenv api` (package
+// router: stateless API servers that place sandboxes and route every call
+// and every byte of sandbox traffic to the owning node), over the etcd
+// state of package store. It must not hold sandbox logic of its own:
+// nodes run the same sandbox manager as `agentenv serve`, behind the
+// api.Backend seam.
 package fleet
 
 import (
@@ -20,6 +28,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/fleet/node"
+	"github.com/agentenv/agentenv/internal/fleet/router"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
@@ -135,7 +147,7 @@ func ReadSecret(path string) (string, error) {
 // NodeRun is everything `agentenv node` is told.
 type NodeRun struct {
 	Host     server.Config // the sandbox stack, as `serve` takes it
-	Node     NodeConfig
+	Node     node.Config
 	Etcd     string
 	EtcdAuth EtcdAuth
 	Listen   string
@@ -240,24 +252,24 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
 	reg := server.NewMetrics("node")
 	cfg.Node.Metrics = reg
-	node := NewNode(cfg.Node)
-	if err := node.check(ctx); err != nil {
+	nd := node.New(cfg.Node)
+	if err := nd.Check(ctx); err != nil {
 		return err
 	}
-	cfg.Host.OnPersist = node.Changed
+	cfg.Host.OnPersist = nd.Changed
 	host, err := server.StartHost(ctx, cfg.Host)
 	if err != nil {
 		return err
 	}
 	defer host.Close()
-	node.attach(host)
+	nd.Attach(host)
 	server.WatchHost(reg, host)
 	reg.SetCapacity(func() metrics.Capacity {
-		c := node.capacity()
+		c := nd.Capacity()
 		return metrics.Capacity{CPUs: c.CPUs, MemoryMB: c.MemoryMB, FreeMemoryMB: c.FreeMemoryMB, MaxSandboxes: c.MaxSandboxes,
 			Sandboxes: c.Sandboxes, Templates: c.Templates, Snapshots: c.Snapshots}
 	})
-	srv, ln := server.NewHTTPServer(server.WithMetrics(reg, node.Handler()), cfg.Host.HTTP), server.LimitConnsPerIP(ln, cfg.Host.HTTP, log)
+	srv, ln := server.NewHTTPServer(server.WithMetrics(reg, nd.Handler()), cfg.Host.HTTP), server.LimitConnsPerIP(ln, cfg.Host.HTTP, log)
 	errc := make(chan error, 1)
 	go func() {
 		if serverTLS != nil {
@@ -272,7 +284,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	defer stopRun()
 	runDone := make(chan struct{})
 	var runErr error
-	go func() { runErr = node.Run(runCtx, host); close(runDone) }()
+	go func() { runErr = nd.Run(runCtx, host); close(runDone) }()
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
@@ -336,14 +348,14 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	defer cli.Close()
-	cache := NewCache(ctx, cli, NewSealer(cfg.Secret), log)
+	cache := store.NewCache(ctx, cli, secret.NewSealer(cfg.Secret), log)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = cache.Wait(wctx)
 	cancel()
 	if err != nil {
 		return err
 	}
-	remote := NewRemote(cli, cache, cfg.Secret, tlsConf, log)
+	remote := router.NewRemote(cli, cache, cfg.Secret, tlsConf, log)
 	reg := server.NewMetrics("api")
 	remote.Observe = reg.ObserveOp
 	reg.SetNodes(func() []metrics.NodeInfo {
@@ -360,10 +372,10 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		return err
 	}
 	// The fleet's sandboxes as etcd lists them (each node reports its pools).
-	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.liveMatching(sandbox.Filter{})) })
+	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.LiveMatching(sandbox.Filter{})) })
 	backend := api.Metered(remote, reg)
 	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
 	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
 	apiH := server.WithMetrics(reg, api.New(acfg).Handler())
-	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, NewProxy(remote)), cfg.Ready)
+	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, router.NewProxy(remote)), cfg.Ready)
 }

@@ -25,7 +25,7 @@ func (r *registry) lookup(id string) (*entry, error) {
 		return e, nil
 	}
 	if sb, ok := r.lost[id]; ok {
-		return nil, errdefs.NotFound("sandbox %q was lost: %s", id, sb.Reason)
+		return nil, fmt.Errorf("sandbox %q was lost: %s: %w", id, sb.Reason, ErrLost)
 	}
 	if how, ok := r.ended.how(id); ok {
 		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)

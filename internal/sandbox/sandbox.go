@@ -41,6 +41,16 @@ const (
 	StateLost    State = "lost"
 )
 
+// ErrLost marks the error about a lost sandbox (a kind of not found):
+// callers that must tell a lost sandbox from a killed one test it with
+// errors.Is, never by the message.
+var ErrLost error = lostError{}
+
+type lostError struct{}
+
+func (lostError) Error() string { return errdefs.ErrNotFound.Error() }
+func (lostError) Unwrap() error { return errdefs.ErrNotFound }
+
 // stateRules is what a state allows. The table below is the one place
 // that decides it; code asks through the methods under it.
 type stateRules struct {

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"bytes"
@@ -22,6 +22,8 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -45,7 +47,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.asked[r.URL.Path]++
 	manifest, chunk, tmpl, image := p.manifest, p.chunk, p.tmpl, p.image
 	p.mu.Unlock()
-	path := strings.TrimPrefix(r.URL.Path, rpcPath)
+	path := strings.TrimPrefix(r.URL.Path, nodepb.HTTPPath)
 	switch parts := strings.Split(path, "/"); {
 	case len(parts) == 2 && parts[0] == "snapshots":
 		var v any
@@ -54,7 +56,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else if sn, err := p.src.Manifest(parts[1]); err == nil {
 			v = sn
 		} else {
-			writeWireError(w, err)
+			nodepb.WriteHTTPError(w, err)
 			return
 		}
 		json.NewEncoder(w).Encode(v)
@@ -72,7 +74,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		writeWireError(w, errdefs.NotFound("no chunk %s", parts[3]))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("no chunk %s", parts[3]))
 	case len(parts) == 2 && parts[0] == "templates":
 		json.NewEncoder(w).Encode(tmpl)
 	case len(parts) == 3 && parts[0] == "templates" && parts[2] == "image":
@@ -85,7 +87,7 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *fakePeer) requests(path string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.asked[rpcPath+path]
+	return p.asked[nodepb.HTTPPath+path]
 }
 
 // peerSetup is a node (stores under root/data, built just enough to copy
@@ -94,7 +96,7 @@ type peerSetup struct {
 	root  string
 	node  *Node
 	peer  *fakePeer
-	rec   NodeRecord
+	rec   store.NodeRecord
 	snaps []snapshot.Snapshot // manifests of the peer's snapshots
 }
 
@@ -134,17 +136,17 @@ func newPeerSetup(t *testing.T) *peerSetup {
 	if _, err := tmpls.Adopt(context.Background(), template.Template{Name: "busybox"}, strings.NewReader("image"), ""); err != nil {
 		t.Fatal(err)
 	}
-	store, err := snapshot.Open(filepath.Join(root, "data", "snapshots"))
+	snaps0, err := snapshot.Open(filepath.Join(root, "data", "snapshots"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := NewNode(NodeConfig{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
-	n.host = &server.Host{Snapshots: store, Templates: tmpls}
+	n := New(Config{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
+	n.host = &server.Host{Snapshots: snaps0, Templates: tmpls}
 	peer := &fakePeer{src: src, asked: map[string]int{}}
 	srv := httptest.NewServer(peer)
 	t.Cleanup(srv.Close)
 	return &peerSetup{root: root, node: n, peer: peer, snaps: snaps,
-		rec: NodeRecord{Name: "evil", Addr: strings.TrimPrefix(srv.URL, "http://")}}
+		rec: store.NodeRecord{Name: "evil", Addr: strings.TrimPrefix(srv.URL, "http://")}}
 }
 
 // sparseFrame is one frame of the sparse encoding (snapshot.WriteSparse):

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
@@ -66,11 +69,11 @@ func TestSparseChunkCopy(t *testing.T) {
 	f.Truncate(size)
 	f.Close()
 
-	const secret = "s3cret-s3cret-s3cret"
+	const clusterSecret = "s3cret-s3cret-s3cret"
 	var calls, wire atomic.Int64
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !newRPCAuth(secret).verify(r) {
+		if !secret.NewAuth(clusterSecret).Verify(r) {
 			http.Error(w, "no secret", http.StatusUnauthorized)
 			return
 		}
@@ -85,8 +88,8 @@ func TestSparseChunkCopy(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	n := &Node{cfg: NodeConfig{Secret: secret}, auth: newRPCAuth(secret), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
-	peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
+	n := &Node{cfg: Config{Secret: clusterSecret}, auth: secret.NewAuth(clusterSecret), log: slog.Default(), http: &http.Client{Transport: nodepb.NewTransport(nil)}}
+	peer := store.NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 	dst := filepath.Join(t.TempDir(), "copy")
 	if err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", "w-x", size, dst); err != nil {
 		t.Fatalf("copyChunk: %v", err)

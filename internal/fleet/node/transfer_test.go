@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"context"
@@ -16,18 +16,21 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
 // flakyPeer serves one file like a node's export route, but the first
 // answer breaks off half-way: the copy must resume with a Range request
 // and end with the exact bytes.
-func flakyPeer(t *testing.T, data []byte, secret string, corrupt bool) (*httptest.Server, *atomic.Int32, *atomic.Value) {
+func flakyPeer(t *testing.T, data []byte, clusterSecret string, corrupt bool) (*httptest.Server, *atomic.Int32, *atomic.Value) {
 	var calls atomic.Int32
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !newRPCAuth(secret).verify(r) {
-			writeWireError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
+		if !secret.NewAuth(clusterSecret).Verify(r) {
+			nodepb.WriteHTTPError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		n := calls.Add(1)
@@ -67,8 +70,8 @@ func TestCopyFileResumesAndChecks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, calls, lastRange := flakyPeer(t, data, "s3cret-s3cret-s3cret", tc.corrupt)
-			n := &Node{cfg: NodeConfig{Secret: "s3cret-s3cret-s3cret"}, auth: newRPCAuth("s3cret-s3cret-s3cret"), log: slog.Default(), http: &http.Client{Transport: newTransport(nil)}}
-			peer := NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
+			n := &Node{cfg: Config{Secret: "s3cret-s3cret-s3cret"}, auth: secret.NewAuth("s3cret-s3cret-s3cret"), log: slog.Default(), http: &http.Client{Transport: nodepb.NewTransport(nil)}}
+			peer := store.NodeRecord{Name: "peer", Addr: strings.TrimPrefix(srv.URL, "http://")}
 			dst := filepath.Join(t.TempDir(), "f")
 			err := n.copyChunk(context.Background(), peer, "snap-0000000000000001", hash, int64(len(data)), dst)
 			if err != nil {

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -55,7 +57,7 @@ func (n *Node) ensure(ctx context.Context, name string) error {
 
 // copyIn copies name from a live peer that holds it.
 func (n *Node) copyIn(ctx context.Context, name string) error {
-	for _, kind := range []string{snapPrefix, templatePrefix} {
+	for _, kind := range []string{store.SnapPrefix, store.TemplatePrefix} {
 		peer, ok, err := n.peerHolding(ctx, kind, name)
 		if err != nil {
 			return err
@@ -63,7 +65,7 @@ func (n *Node) copyIn(ctx context.Context, name string) error {
 		if !ok {
 			continue
 		}
-		if kind == snapPrefix {
+		if kind == store.SnapPrefix {
 			return n.copySnapshot(ctx, peer, name)
 		}
 		return n.copyTemplate(ctx, peer, name)
@@ -72,40 +74,40 @@ func (n *Node) copyIn(ctx context.Context, name string) error {
 }
 
 // peerHolding finds a live node other than this one under kind/name/.
-func (n *Node) peerHolding(ctx context.Context, kind, name string) (NodeRecord, bool, error) {
+func (n *Node) peerHolding(ctx context.Context, kind, name string) (store.NodeRecord, bool, error) {
 	resp, err := n.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix())
 	if err != nil {
-		return NodeRecord{}, false, errdefs.Unavailable("etcd: %v", err)
+		return store.NodeRecord{}, false, errdefs.Unavailable("etcd: %v", err)
 	}
 	for _, kv := range resp.Kvs {
 		peer := strings.TrimPrefix(string(kv.Key), kind+name+"/")
 		if peer == n.cfg.Name {
 			continue
 		}
-		nr, err := n.cli.Get(ctx, nodesPrefix+peer)
+		nr, err := n.cli.Get(ctx, store.NodesPrefix+peer)
 		if err != nil || len(nr.Kvs) == 0 {
 			continue
 		}
-		var rec NodeRecord
-		if n.seal.open(nodesPrefix+peer, nr.Kvs[0].Value, &rec) == nil && rec.Name == peer && n.seal.open(string(kv.Key), kv.Value, &json.RawMessage{}) == nil {
+		var rec store.NodeRecord
+		if n.seal.Open(store.NodesPrefix+peer, nr.Kvs[0].Value, &rec) == nil && rec.Name == peer && n.seal.Open(string(kv.Key), kv.Value, &json.RawMessage{}) == nil {
 			return rec, true, nil
 		}
 	}
-	return NodeRecord{}, false, nil
+	return store.NodeRecord{}, false, nil
 }
 
 // peerGet asks a peer for path from offset; with sparse, it asks for the
 // sparse encoding (sparse.go), which the answer may or may not use.
-func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
-	base, err := peer.baseURL(n.cfg.PeerTLS != nil)
+func (n *Node) peerGet(ctx context.Context, peer store.NodeRecord, path string, offset int64, sparse bool) (*http.Response, error) {
+	base, err := peer.BaseURL(n.cfg.PeerTLS != nil)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+rpcPath+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+nodepb.HTTPPath+path, nil)
 	if err != nil {
 		return nil, err
 	}
-	n.auth.sign(req)
+	n.auth.Sign(req)
 	if sparse {
 		req.Header.Set(sparseHeader, "1")
 	}
@@ -118,7 +120,7 @@ func (n *Node) peerGet(ctx context.Context, peer NodeRecord, path string, offset
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		defer resp.Body.Close()
-		return nil, readWireError(resp)
+		return nil, nodepb.ReadHTTPError(resp)
 	}
 	return resp, nil
 }
@@ -144,7 +146,7 @@ var errPeerData = errors.New("not what the peer declared")
 // fromPeer says which node sent what. What a peer sent wrong is not the
 // client's fault: an invalid description or a broken copy is classed
 // unavailable (another node may hold a good copy).
-func fromPeer(peer NodeRecord, what string, err error) error {
+func fromPeer(peer store.NodeRecord, what string, err error) error {
 	if !errdefs.Classified(err) || errors.Is(err, errdefs.ErrInvalid) {
 		return errdefs.Unavailable("%s from node %s (%s): %v", what, peer.Name, peer.Addr, err)
 	}
@@ -153,7 +155,7 @@ func fromPeer(peer NodeRecord, what string, err error) error {
 
 // peerJSON reads the JSON description a peer answers path with, at most
 // limit bytes of it.
-func (n *Node) peerJSON(ctx context.Context, peer NodeRecord, path string, limit int64, v any) error {
+func (n *Node) peerJSON(ctx context.Context, peer store.NodeRecord, path string, limit int64, v any) error {
 	resp, err := n.peerGet(ctx, peer, path, 0, false)
 	if err != nil {
 		return err
@@ -170,7 +172,7 @@ func (n *Node) peerJSON(ctx context.Context, peer NodeRecord, path string, limit
 // on), then makes it ready in the background. The peer's answer must be
 // the template asked for, with its image's SHA-256 and a size that fits
 // on this node; the image must be exactly that size and hash.
-func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) error {
+func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name string) error {
 	if err := template.ValidName(name); err != nil {
 		return err
 	}
@@ -214,7 +216,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer NodeRecord, name string) e
 // see snapshot.CheckManifest), its template if this node lacks it, then
 // the chunks this node lacks, each bounded by its declared size and
 // checked against its name before the store uses it.
-func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) error {
+func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id string) error {
 	if err := snapshot.ValidID(id); err != nil {
 		return err
 	}
@@ -248,7 +250,7 @@ func (n *Node) copySnapshot(ctx context.Context, peer NodeRecord, id string) err
 // copyChunk downloads one chunk of a snapshot, of the size its
 // description declares, into the new file dst, resuming where a broken
 // transfer stopped. More bytes than declared fail it at once.
-func (n *Node) copyChunk(ctx context.Context, peer NodeRecord, id, chunk string, size int64, dst string) error {
+func (n *Node) copyChunk(ctx context.Context, peer store.NodeRecord, id, chunk string, size int64, dst string) error {
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -333,19 +335,19 @@ func freeBytes(dir string) (int64, error) {
 func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 	t, err := n.host.Templates.Get(r.PathValue("name"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	f, err := os.Open(n.host.Templates.ImagePath(t.Name))
 	if err != nil {
-		writeWireError(w, errdefs.NotFound("template image: %v", err))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("template image: %v", err))
 		return
 	}
 	defer f.Close()
 	h := sha256.New()
 	size, err := io.Copy(h, f)
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	t.ImageSize, t.InUse = size, 0 // what the receiver bounds the image by
@@ -356,7 +358,7 @@ func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 	t, err := n.host.Templates.Get(r.PathValue("name"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	serveFile(w, r, n.host.Templates.ImagePath(t.Name))
@@ -365,7 +367,7 @@ func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 	sn, err := n.host.Snapshots.Manifest(r.PathValue("id"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -376,7 +378,7 @@ func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
 	p, err := n.host.Snapshots.ChunkPath(r.PathValue("id"), r.PathValue("file"))
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	serveFile(w, r, p)
@@ -386,7 +388,7 @@ func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
 func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 	f, err := os.Open(p)
 	if err != nil {
-		writeWireError(w, errdefs.NotFound("snapshot file: %v", err))
+		nodepb.WriteHTTPError(w, errdefs.NotFound("snapshot file: %v", err))
 		return
 	}
 	defer f.Close()
@@ -396,7 +398,7 @@ func serveFile(w http.ResponseWriter, r *http.Request, p string) {
 	}
 	st, err := f.Stat()
 	if err != nil {
-		writeWireError(w, err)
+		nodepb.WriteHTTPError(w, err)
 		return
 	}
 	http.ServeContent(w, r, "", st.ModTime(), f)

@@ -1,4 +1,10 @@
-package fleet
+// Package router is an API server's side of the fleet: Remote, the
+// api.Backend that places new sandboxes on nodes and sends every other
+// call to the node owning the sandbox (through the generated node service
+// client), and Proxy, which routes sandbox traffic the same way. It keeps
+// no state but the store's watch cache and its creates in flight; it must
+// not run sandboxes or write a node's records.
+package router
 
 import (
 	"context"
@@ -12,10 +18,14 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -25,9 +35,9 @@ import (
 // nodes and sends every other call to the node that owns the sandbox.
 type Remote struct {
 	cli   *clientv3.Client
-	cache *Cache
-	seal  *Sealer
-	auth  rpcAuth
+	cache *store.Cache
+	seal  *secret.Sealer
+	auth  secret.Auth
 	// tls: nodes must serve TLS (the API server was given a CA); a node
 	// registered without it is refused, never called over plain HTTP.
 	tls  bool
@@ -38,7 +48,9 @@ type Remote struct {
 
 	mu      sync.Mutex
 	pending map[string]int // creates sent to a node and not answered yet
-	tombs   tombstones
+	tombs   *store.Tombstones
+	// clients holds a client per node address (clientKey).
+	clients sync.Map
 }
 
 var _ api.Backend = (*Remote)(nil)
@@ -47,36 +59,48 @@ var _ api.Backend = (*Remote)(nil)
 // fleet's CA, and this API server's client certificate for mutual TLS)
 // nodes are reached over TLS only; nil allows plain HTTP (a fleet on one
 // host's loopback).
-func NewRemote(cli *clientv3.Client, cache *Cache, secret string, tlsConf *tls.Config, log *slog.Logger) *Remote {
-	seal := NewSealer(secret)
-	return &Remote{cli: cli, cache: cache, seal: seal, auth: newRPCAuth(secret), tls: tlsConf != nil, log: log,
-		http: &http.Client{Transport: newTransport(tlsConf)}, pending: map[string]int{}, tombs: tombstones{cli: cli, seal: seal}}
+func NewRemote(cli *clientv3.Client, cache *store.Cache, clusterSecret string, tlsConf *tls.Config, log *slog.Logger) *Remote {
+	seal := secret.NewSealer(clusterSecret)
+	return &Remote{cli: cli, cache: cache, seal: seal, auth: secret.NewAuth(clusterSecret), tls: tlsConf != nil, log: log,
+		http: &http.Client{Transport: nodepb.NewTransport(tlsConf)}, pending: map[string]int{}, tombs: store.NewTombstones(cli, seal)}
 }
 
-func (r *Remote) client(n NodeRecord) *nodeClient {
-	return &nodeClient{name: n.Name, addr: n.Addr, tls: n.TLS, needTLS: r.tls, auth: r.auth, http: r.http, gone: r.cache.goneCh(n.Name)}
+type clientKey struct {
+	name, addr string
+	tls        bool
+}
+
+// client returns the client of node n (made once per name and address).
+func (r *Remote) client(n store.NodeRecord) *nodeClient {
+	k := clientKey{n.Name, n.Addr, n.TLS}
+	if c, ok := r.clients.Load(k); ok {
+		return c.(*nodeClient)
+	}
+	c := newNodeClient(n, r.tls, r.auth, r.http, func() <-chan struct{} { return r.cache.GoneCh(n.Name) })
+	got, _ := r.clients.LoadOrStore(k, c)
+	return got.(*nodeClient)
 }
 
 // locate finds the node that owns a sandbox: from the cache, else (a
 // sandbox created through another API server a moment ago) from etcd.
 // A sandbox whose node is gone is reported lost, with why and since when.
-func (r *Remote) locate(ctx context.Context, id string) (SandboxRecord, *nodeClient, error) {
-	rec, ok := r.cache.sandbox(id)
+func (r *Remote) locate(ctx context.Context, id string) (store.SandboxRecord, *nodeClient, error) {
+	rec, ok := r.cache.Sandbox(id)
 	if !ok {
 		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
 		defer cancel()
-		resp, err := r.cli.Get(ectx, sandboxPrefix+id)
+		resp, err := r.cli.Get(ectx, store.SandboxPrefix+id)
 		if err != nil {
-			return SandboxRecord{}, nil, errdefs.Unavailable("reading sandbox %s from etcd: %v", id, err)
+			return store.SandboxRecord{}, nil, errdefs.Unavailable("reading sandbox %s from etcd: %v", id, err)
 		}
-		if len(resp.Kvs) == 0 || r.seal.open(sandboxPrefix+id, resp.Kvs[0].Value, &rec) != nil || rec.Sandbox.ID != id {
-			return SandboxRecord{}, nil, r.notFound(ectx, id)
+		if len(resp.Kvs) == 0 || r.seal.Open(store.SandboxPrefix+id, resp.Kvs[0].Value, &rec) != nil || rec.Sandbox.ID != id {
+			return store.SandboxRecord{}, nil, r.notFound(ectx, id)
 		}
 	}
-	n, ok := r.cache.node(rec.Node)
+	n, ok := r.cache.Node(rec.Node)
 	if !ok {
 		since := "it left the fleet"
-		if t := r.cache.lostSince(rec.Node); !t.IsZero() {
+		if t := r.cache.LostSince(rec.Node); !t.IsZero() {
 			since = "its lease expired at " + t.UTC().Format(time.RFC3339)
 		}
 		return rec, nil, fmt.Errorf("sandbox %q is lost: its node %s stopped answering (%s); it comes back if the node returns with it still running: %w",
@@ -91,7 +115,7 @@ const etcdTimeout = 5 * time.Second
 
 // notFound explains a sandbox with no record: a tombstone says why.
 func (r *Remote) notFound(ctx context.Context, id string) error {
-	if t, ok := r.tombs.read(ctx, id); ok {
+	if t, ok := r.tombs.Read(ctx, id); ok {
 		return errdefs.NotFound("sandbox %q is gone: %s", id, t.Reason)
 	}
 	return errdefs.NotFound("sandbox %q does not exist (it was killed, timed out, or never existed)", id)
@@ -136,28 +160,31 @@ func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox
 }
 
 // createOn creates on n, which the caller counted as pending.
-func (r *Remote) createOn(ctx context.Context, n NodeRecord, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+func (r *Remote) createOn(ctx context.Context, n store.NodeRecord, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	defer func() {
 		r.mu.Lock()
 		r.pending[n.Name]--
 		r.mu.Unlock()
 	}()
-	sb, err := r.client(n).Create(ctx, req)
-	if err == nil {
-		r.cache.putSandbox(SandboxRecord{Node: n.Name, Sandbox: sb})
+	c := r.client(n)
+	resp, err := call(ctx, c.rpc.Create, nodepb.FromCreate(req))
+	if err != nil {
+		return sandbox.Sandbox{}, err
 	}
-	return sb, err
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.PutSandbox(store.RecordOf(n.Name, sb))
+	return sb, nil
 }
 
 // place ranks the live, uncordoned nodes for a sandbox from name; with
 // reserve, the first is counted as pending.
-func (r *Remote) place(name string, memMB int64, reserve bool) []NodeRecord {
+func (r *Remote) place(name string, memMB int64, reserve bool) []store.NodeRecord {
 	held := map[string]bool{}
-	for _, h := range r.cache.holders(name) {
+	for _, h := range r.cache.Holders(name) {
 		held[h] = true
 	}
 	views := r.cache.Nodes()
-	byName := make(map[string]NodeRecord, len(views))
+	byName := make(map[string]store.NodeRecord, len(views))
 	cands := make([]Candidate, 0, len(views))
 	r.mu.Lock()
 	for _, v := range views {
@@ -175,7 +202,7 @@ func (r *Remote) place(name string, memMB int64, reserve bool) []NodeRecord {
 		r.pending[ranked[0]]++
 	}
 	r.mu.Unlock()
-	out := make([]NodeRecord, len(ranked))
+	out := make([]store.NodeRecord, len(ranked))
 	for i, name := range ranked {
 		out[i] = byName[name]
 	}
@@ -185,7 +212,7 @@ func (r *Remote) place(name string, memMB int64, reserve bool) []NodeRecord {
 // List answers from the cache, unordered: the API layer orders and pages
 // (a page of 100 keeps only 100 as it scans).
 func (r *Remote) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {
-	return r.cache.liveMatching(f), nil
+	return r.cache.LiveMatching(f), nil
 }
 
 func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
@@ -193,7 +220,11 @@ func (r *Remote) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	return c.Get(ctx, id)
+	resp, err := call(ctx, c.rpc.Get, &nodepb.SandboxRef{Id: id})
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return nodepb.ToSandbox(resp.GetSandbox()), nil
 }
 
 // Kill stops a sandbox. A lost sandbox's record is removed (with a
@@ -203,12 +234,12 @@ func (r *Remote) Kill(ctx context.Context, id string) error {
 	if c == nil && rec.Node != "" {
 		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
 		defer cancel()
-		err = r.tombs.buryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
+		err = r.tombs.BuryIfGone(ectx, rec.Node, []string{id}, "killed while its node "+rec.Node+" was unreachable")
 	} else if err == nil {
-		err = c.Kill(ctx, id)
+		_, err = call(ctx, c.rpc.Kill, &nodepb.SandboxRef{Id: id})
 	}
 	if err == nil {
-		r.cache.dropSandbox(id)
+		r.cache.DropSandbox(id)
 	}
 	return err
 }
@@ -225,53 +256,85 @@ func onOwner[T any](r *Remote, ctx context.Context, id string, call func(*nodeCl
 
 // changed runs a call that changes sandbox id on its node and puts the
 // answer in this API server's cache (a list right after shows it).
-func (r *Remote) changed(ctx context.Context, id string, call func(*nodeClient) (sandbox.Sandbox, error)) (sandbox.Sandbox, error) {
+func changed[Req any](r *Remote, ctx context.Context, id string, f func(*nodeClient) func(context.Context, *connect.Request[Req]) (*connect.Response[nodepb.SandboxResponse], error), req *Req) (sandbox.Sandbox, error) {
 	_, c, err := r.locate(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	sb, err := call(c)
-	if err == nil {
-		r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: sb})
+	resp, err := call(ctx, f(c), req)
+	if err != nil {
+		return sandbox.Sandbox{}, err
 	}
-	return sb, err
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.PutSandbox(store.RecordOf(c.name, sb))
+	return sb, nil
 }
 
 func (r *Remote) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
-	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Metric, error) { return c.Metrics(ctx, id) })
+	return onOwner(r, ctx, id, func(c *nodeClient) (sandbox.Metric, error) {
+		resp, err := call(ctx, c.rpc.Metrics, &nodepb.SandboxRef{Id: id})
+		return nodepb.ToMetric(resp), err
+	})
 }
 
 func (r *Remote) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetTimeout(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.SetTimeout }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
 }
 
 func (r *Remote) Extend(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Extend(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.Extend }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
 }
 
 func (r *Remote) SetNetwork(ctx context.Context, id string, n sandbox.Network) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.SetNetwork(ctx, id, n) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.SetNetworkRequest] { return c.rpc.SetNetwork }, &nodepb.SetNetworkRequest{Id: id, Network: nodepb.FromNetwork(n)})
 }
 
 func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Pause(ctx, id) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id})
 }
 
 // PauseFiles pauses keeping only the files (api.FilesPauser), on the
 // sandbox's node.
 func (r *Remote) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.PauseFiles(ctx, id) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id, FilesOnly: true})
 }
 
 func (r *Remote) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
-	return r.changed(ctx, id, func(c *nodeClient) (sandbox.Sandbox, error) { return c.Resume(ctx, id, d) })
+	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.TimeoutRequest] { return c.rpc.Resume }, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
+}
+
+// Connect resumes or extends the sandbox on its node, atomically there.
+func (r *Remote) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	_, c, err := r.locate(ctx, id)
+	if err != nil {
+		return sandbox.Sandbox{}, false, err
+	}
+	resp, err := call(ctx, c.rpc.Connect, &nodepb.TimeoutRequest{Id: id, Timeout: nodepb.D(d)})
+	if err != nil {
+		return sandbox.Sandbox{}, false, err
+	}
+	sb := nodepb.ToSandbox(resp.GetSandbox())
+	r.cache.PutSandbox(store.RecordOf(c.name, sb))
+	return sb, resp.GetResumed(), nil
+}
+
+// rpcFunc is a node call that answers with a sandbox.
+type rpcFunc[Req any] = func(context.Context, *connect.Request[Req]) (*connect.Response[nodepb.SandboxResponse], error)
+
+// snapshotOn snapshots sandbox id on its node c.
+func snapshotOn(ctx context.Context, c *nodeClient, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
+	resp, err := call(ctx, c.rpc.Snapshot, &nodepb.SnapshotRequest{Id: id, Name: req.Name, Metadata: req.Metadata})
+	if err != nil {
+		return snapshot.Snapshot{}, err
+	}
+	return nodepb.ToSnapshot(resp.GetSnapshot()), nil
 }
 
 func (r *Remote) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
 	return onOwner(r, ctx, id, func(c *nodeClient) (snapshot.Snapshot, error) {
-		sn, err := c.Snapshot(ctx, id, req)
+		sn, err := snapshotOn(ctx, c, id, req)
 		if err == nil && !sn.Internal {
-			r.cache.putSnapshot(c.name, sn)
+			r.cache.PutSnapshot(c.name, sn)
 		}
 		return sn, err
 	})
@@ -288,21 +351,26 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 		return nil, err
 	}
 	if r.reserve(c.name, count) {
-		res, err := c.Fork(ctx, id, count, d, metadata)
+		resp, err := call(ctx, c.rpc.Fork, &nodepb.ForkRequest{Id: id, Count: int32(count), Timeout: nodepb.D(d), Metadata: metadata})
 		r.mu.Lock()
 		r.pending[c.name] -= count
 		r.mu.Unlock()
-		for _, fr := range res {
-			if fr.Err == nil {
-				r.cache.putSandbox(SandboxRecord{Node: c.name, Sandbox: fr.Sandbox})
+		if err != nil {
+			return nil, err
+		}
+		res := make([]sandbox.ForkResult, len(resp.GetChildren()))
+		for i, ch := range resp.GetChildren() {
+			res[i] = sandbox.ForkResult{Sandbox: nodepb.ToSandbox(ch.GetSandbox()), Err: nodepb.FromChildErr(ch.GetError())}
+			if res[i].Err == nil {
+				r.cache.PutSandbox(store.RecordOf(c.name, res[i].Sandbox))
 			}
 		}
-		return res, err
+		return res, nil
 	}
 	if count < 1 || count > 100 {
 		return nil, errdefs.Invalid("fork count %d out of range: give 1..100", count)
 	}
-	sn, err := c.Snapshot(ctx, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
+	sn, err := snapshotOn(ctx, c, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
 	if err != nil {
 		return nil, err
 	}
@@ -345,17 +413,9 @@ func (r *Remote) reserve(node string, n int) bool {
 	return true
 }
 
-// snapshots returns one copy of each published snapshot.
+// snapshots returns one copy of each published snapshot, oldest first.
 func (r *Remote) snapshots() []snapshot.Snapshot {
-	r.cache.mu.RLock()
-	defer r.cache.mu.RUnlock()
-	var out []snapshot.Snapshot
-	for _, byNode := range r.cache.snaps {
-		for _, sn := range byNode {
-			out = append(out, sn)
-			break
-		}
-	}
+	out := r.cache.SnapshotList()
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
 }
@@ -378,11 +438,11 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 		}
 	}
 	// Made through another API server a moment ago: ask etcd.
-	if resp, err := r.cli.Get(ctx, snapPrefix+id+"/", clientv3.WithPrefix()); err == nil {
+	if resp, err := r.cli.Get(ctx, store.SnapPrefix+id+"/", clientv3.WithPrefix()); err == nil {
 		for _, kv := range resp.Kvs {
-			var sn snapshot.Snapshot
-			if r.seal.open(string(kv.Key), kv.Value, &sn) == nil && sn.ID == id {
-				return sn, nil
+			var e store.SnapshotEntry
+			if r.seal.Open(string(kv.Key), kv.Value, &e) == nil && e.ID == id {
+				return e.Snapshot(), nil
 			}
 		}
 	}
@@ -391,7 +451,10 @@ func (r *Remote) GetSnapshot(ctx context.Context, id string) (snapshot.Snapshot,
 
 // DeleteSnapshot deletes every copy.
 func (r *Remote) DeleteSnapshot(ctx context.Context, id string) error {
-	return r.onHolders(ctx, id, "snapshot", func(c *nodeClient) error { return c.DeleteSnapshot(ctx, id) })
+	return r.onHolders(ctx, id, "snapshot", func(c *nodeClient) error {
+		_, err := call(ctx, c.rpc.DeleteSnapshot, &nodepb.SnapshotRef{Id: id})
+		return err
+	})
 }
 
 // onHolders runs call on every live node holding name.
@@ -405,7 +468,7 @@ func (r *Remote) onHolders(ctx context.Context, name, what string, call func(*no
 	}
 	var errs []error
 	for _, h := range holders {
-		n, ok := r.cache.node(h)
+		n, ok := r.cache.Node(h)
 		if !ok {
 			continue
 		}
@@ -420,21 +483,21 @@ func (r *Remote) onHolders(ctx context.Context, name, what string, call func(*no
 // from the cache, else (made through another API server a moment ago,
 // not yet seen by the watch) from etcd.
 func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error) {
-	if h := r.cache.holders(name); len(h) > 0 {
+	if h := r.cache.Holders(name); len(h) > 0 {
 		return h, nil
 	}
 	var out []string
-	for _, kind := range []string{snapPrefix, templatePrefix} {
+	for _, kind := range []string{store.SnapPrefix, store.TemplatePrefix} {
 		resp, err := r.cli.Get(ctx, kind+name+"/", clientv3.WithPrefix())
 		if err != nil {
 			return nil, errdefs.Unavailable("reading %s from etcd: %v", name, err)
 		}
 		for _, kv := range resp.Kvs {
 			node := strings.TrimPrefix(string(kv.Key), kind+name+"/")
-			if _, err := r.seal.openBytes(string(kv.Key), kv.Value); err != nil {
+			if _, err := r.seal.OpenBytes(string(kv.Key), kv.Value); err != nil {
 				continue // not written by a node of this fleet
 			}
-			if _, alive := r.cache.node(node); alive {
+			if _, alive := r.cache.Node(node); alive {
 				out = append(out, node)
 			}
 		}
@@ -443,25 +506,7 @@ func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error
 }
 
 func (r *Remote) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
-	r.cache.mu.RLock()
-	defer r.cache.mu.RUnlock()
-	var out []api.TemplateInfo
-	for _, byNode := range r.cache.templates {
-		var ti api.TemplateInfo
-		found := false
-		for node, t := range byNode {
-			if _, alive := r.cache.nodes[node]; !alive {
-				continue
-			}
-			if !found || t.Ready {
-				ti, found = t, true
-			}
-		}
-		if found {
-			ti.InUse = 0
-			out = append(out, ti)
-		}
-	}
+	out := r.cache.TemplateList()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
@@ -478,7 +523,10 @@ func (r *Remote) GetTemplate(ctx context.Context, name string) (api.TemplateInfo
 
 // DeleteTemplate deletes a template (or snapshot) on every node holding it.
 func (r *Remote) DeleteTemplate(ctx context.Context, name string) error {
-	return r.onHolders(ctx, name, "template", func(c *nodeClient) error { return c.DeleteTemplate(ctx, name) })
+	return r.onHolders(ctx, name, "template", func(c *nodeClient) error {
+		_, err := call(ctx, c.rpc.DeleteTemplate, &nodepb.TemplateRef{Name: name})
+		return err
+	})
 }
 
 // BuildTemplate builds on the node with the most room; other nodes copy
@@ -497,15 +545,15 @@ func (r *Remote) Cordon(ctx context.Context, node, mode string) error {
 	if _, err := r.nodeKnown(node); err != nil {
 		return err
 	}
-	val, err := r.seal.seal(cordonPrefix+node, cordonMark{Node: node, Mode: mode})
+	val, err := r.seal.Seal(store.CordonPrefix+node, store.CordonMark{Node: node, Mode: mode})
 	if err != nil {
 		return err
 	}
-	resp, err := r.cli.Put(ctx, cordonPrefix+node, val)
+	resp, err := r.cli.Put(ctx, store.CordonPrefix+node, val)
 	if err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
-	r.cache.setCordon(node, mode, false, resp.Header.Revision)
+	r.cache.SetCordon(node, mode, false, resp.Header.Revision)
 	return nil
 }
 
@@ -522,19 +570,19 @@ func (r *Remote) Forget(ctx context.Context, node string) error {
 		return errdefs.Conflict("node %q is alive: only a lost node can be forgotten (drain it, then stop its agent)", node)
 	}
 	var ids []string
-	for _, rec := range r.cache.records(node) {
+	for _, rec := range r.cache.Records(node) {
 		ids = append(ids, rec.Sandbox.ID)
 	}
-	if err := r.tombs.buryIfGone(ctx, node, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
+	if err := r.tombs.BuryIfGone(ctx, node, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
 		return err
 	}
 	for _, id := range ids {
-		r.cache.dropSandbox(id)
+		r.cache.DropSandbox(id)
 	}
-	if _, err := r.cli.Delete(ctx, cordonPrefix+node); err != nil {
+	if _, err := r.cli.Delete(ctx, store.CordonPrefix+node); err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
-	r.cache.forget(node)
+	r.cache.Forget(node)
 	r.log.Info("fleet: node forgotten", "node", node, "sandboxes", len(ids))
 	return nil
 }
@@ -544,25 +592,25 @@ func (r *Remote) Uncordon(ctx context.Context, node string) error {
 	if _, err := r.nodeKnown(node); err != nil {
 		return err
 	}
-	resp, err := r.cli.Delete(ctx, cordonPrefix+node)
+	resp, err := r.cli.Delete(ctx, store.CordonPrefix+node)
 	if err != nil {
 		return errdefs.Unavailable("etcd: %v", err)
 	}
-	r.cache.setCordon(node, "", true, resp.Header.Revision)
+	r.cache.SetCordon(node, "", true, resp.Header.Revision)
 	return nil
 }
 
-func (r *Remote) nodeKnown(name string) (NodeView, error) {
+func (r *Remote) nodeKnown(name string) (store.NodeView, error) {
 	for _, v := range r.cache.Nodes() {
 		if v.Name == name {
 			return v, nil
 		}
 	}
-	return NodeView{}, errdefs.NotFound("node %q is not in the fleet (see `agentenv node list`)", name)
+	return store.NodeView{}, errdefs.NotFound("node %q is not in the fleet (see `agentenv node list`)", name)
 }
 
 // Nodes lists the fleet's nodes.
-func (r *Remote) Nodes() []NodeView {
+func (r *Remote) Nodes() []store.NodeView {
 	out := r.cache.Nodes()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

@@ -1,4 +1,7 @@
-package fleet
+// Package secret holds what is derived from a fleet's cluster secret: the
+// sealing of etcd records and the proof each node RPC carries. The secret
+// itself never leaves the process.
+package secret
 
 import (
 	"crypto/aes"
@@ -33,13 +36,13 @@ func deriveKey(secret, info string) []byte {
 	return k
 }
 
-// sealPrefix marks a sealed record (and its format's version).
-const sealPrefix = "ae1:"
+// SealPrefix marks a sealed record (and its format's version).
+const SealPrefix = "ae1:"
 
-// errUnsealed is why a record is ignored: it was not sealed with this
+// ErrUnsealed is why a record is ignored: it was not sealed with this
 // fleet's secret (written by someone who reached etcd without it, by a
 // fleet with another secret, or by an older agentenv).
-var errUnsealed = errors.New("not sealed with this fleet's cluster secret")
+var ErrUnsealed = errors.New("not sealed with this fleet's cluster secret")
 
 // Sealer seals the fleet's etcd records: AES-256-GCM with a key derived
 // from the cluster secret, the record's etcd key as associated data. A
@@ -68,23 +71,23 @@ func NewSealer(secret string) *Sealer {
 }
 
 // seal encodes v as JSON and seals it for key.
-func (s *Sealer) seal(key string, v any) (string, error) {
+func (s *Sealer) Seal(key string, v any) (string, error) {
 	plain, err := json.Marshal(v)
 	if err != nil {
 		return "", err
 	}
-	return s.sealBytes(key, plain), nil
+	return s.SealBytes(key, plain), nil
 }
 
-func (s *Sealer) sealBytes(key string, plain []byte) string {
+func (s *Sealer) SealBytes(key string, plain []byte) string {
 	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(plain)+s.aead.Overhead())
 	rand.Read(nonce)
-	return sealPrefix + base64.RawStdEncoding.EncodeToString(s.aead.Seal(nonce, nonce, plain, []byte(key)))
+	return SealPrefix + base64.RawStdEncoding.EncodeToString(s.aead.Seal(nonce, nonce, plain, []byte(key)))
 }
 
 // open verifies a sealed value of key and decodes it into v.
-func (s *Sealer) open(key string, val []byte, v any) error {
-	plain, err := s.openBytes(key, val)
+func (s *Sealer) Open(key string, val []byte, v any) error {
+	plain, err := s.OpenBytes(key, val)
 	if err != nil {
 		return err
 	}
@@ -94,19 +97,19 @@ func (s *Sealer) open(key string, val []byte, v any) error {
 	return nil
 }
 
-func (s *Sealer) openBytes(key string, val []byte) ([]byte, error) {
-	rest, ok := strings.CutPrefix(string(val), sealPrefix)
+func (s *Sealer) OpenBytes(key string, val []byte) ([]byte, error) {
+	rest, ok := strings.CutPrefix(string(val), SealPrefix)
 	if !ok {
-		return nil, fmt.Errorf("record %s: %w", key, errUnsealed)
+		return nil, fmt.Errorf("record %s: %w", key, ErrUnsealed)
 	}
 	raw, err := base64.RawStdEncoding.DecodeString(rest)
 	if err != nil || len(raw) < s.aead.NonceSize() {
-		return nil, fmt.Errorf("record %s: %w", key, errUnsealed)
+		return nil, fmt.Errorf("record %s: %w", key, ErrUnsealed)
 	}
 	ns := s.aead.NonceSize()
 	plain, err := s.aead.Open(nil, raw[:ns], raw[ns:], []byte(key))
 	if err != nil {
-		return nil, fmt.Errorf("record %s: %w", key, errUnsealed)
+		return nil, fmt.Errorf("record %s: %w", key, ErrUnsealed)
 	}
 	return plain, nil
 }
@@ -114,30 +117,30 @@ func (s *Sealer) openBytes(key string, val []byte) ([]byte, error) {
 // AuthHeader carries a node RPC's proof of the cluster secret: a time and
 // a MAC over it, the method and the path. The secret never travels, so a
 // captured request gives no one the key to etcd's records; requests are
-// accepted for rpcSkew either side of the node's clock.
+// accepted for Skew either side of the node's clock.
 const AuthHeader = "X-Agentenv-Fleet-Auth"
 
-const rpcSkew = 5 * time.Minute
+const Skew = 5 * time.Minute
 
-// rpcAuth makes and checks AuthHeader values.
-type rpcAuth struct{ key []byte }
+// Auth makes and checks AuthHeader values.
+type Auth struct{ key []byte }
 
-func newRPCAuth(secret string) rpcAuth { return rpcAuth{key: deriveKey(secret, rpcKeyInfo)} }
+func NewAuth(secret string) Auth { return Auth{key: deriveKey(secret, rpcKeyInfo)} }
 
-func (a rpcAuth) mac(ts, method, path string) []byte {
+func (a Auth) MAC(ts, method, path string) []byte {
 	h := hmac.New(sha256.New, a.key)
 	h.Write([]byte(ts + "\n" + method + "\n" + path))
 	return h.Sum(nil)
 }
 
 // sign sets r's AuthHeader.
-func (a rpcAuth) sign(r *http.Request) {
+func (a Auth) Sign(r *http.Request) {
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	r.Header.Set(AuthHeader, ts+"."+base64.RawURLEncoding.EncodeToString(a.mac(ts, r.Method, r.URL.Path)))
+	r.Header.Set(AuthHeader, ts+"."+base64.RawURLEncoding.EncodeToString(a.MAC(ts, r.Method, r.URL.Path)))
 }
 
 // verify reports whether r carries a valid AuthHeader made now.
-func (a rpcAuth) verify(r *http.Request) bool {
+func (a Auth) Verify(r *http.Request) bool {
 	ts, sig, ok := strings.Cut(r.Header.Get(AuthHeader), ".")
 	if !ok {
 		return false
@@ -146,9 +149,9 @@ func (a rpcAuth) verify(r *http.Request) bool {
 	if err != nil {
 		return false
 	}
-	if d := time.Since(time.Unix(sec, 0)); d > rpcSkew || d < -rpcSkew {
+	if d := time.Since(time.Unix(sec, 0)); d > Skew || d < -Skew {
 		return false
 	}
 	got, err := base64.RawURLEncoding.DecodeString(sig)
-	return err == nil && hmac.Equal(got, a.mac(ts, r.Method, r.URL.Path))
+	return err == nil && hmac.Equal(got, a.MAC(ts, r.Method, r.URL.Path))
 }

@@ -1,4 +1,4 @@
-package fleet
+package store
 
 import (
 	"log/slog"
@@ -19,37 +19,31 @@ func newTestCache() *Cache {
 // cordon event after a newer drain.
 func TestCacheKeepsOwnChangesOverLateWatchEvents(t *testing.T) {
 	c := newTestCache()
-	rec, _ := testSeal.seal(sandboxPrefix+"i1", SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
+	rec, _ := testSeal.Seal(SandboxPrefix+"i1", RecordOf("n1", sandbox.Sandbox{ID: "i1"}))
 
-	c.putSandbox(SandboxRecord{Node: "n1", Sandbox: sandbox.Sandbox{ID: "i1"}})
-	c.dropSandbox("i1") // killed through this API server
+	c.PutSandbox(RecordOf("n1", sandbox.Sandbox{ID: "i1"}))
+	c.DropSandbox("i1") // killed through this API server
 	c.mu.Lock()
-	c.apply(sandboxPrefix+"i1", []byte(rec), false, 10) // the create, late
+	c.apply(SandboxPrefix+"i1", []byte(rec), false, 10) // the create, late
 	c.mu.Unlock()
-	if _, ok := c.sandbox("i1"); ok || c.perNode["n1"] != 0 {
+	if _, ok := c.Sandbox("i1"); ok || c.perNode["n1"] != 0 {
 		t.Fatalf("a late create event brought killed sandbox i1 back (n1 counts %d)", c.perNode["n1"])
 	}
 
-	c.setCordon("n3", "drain", false, 20) // drained through this API server
-	if !c.cordoned("n3") {
+	c.SetCordon("n3", "drain", false, 20) // drained through this API server
+	if !c.Cordoned("n3") {
 		t.Fatal("drain not seen at once")
 	}
 	c.mu.Lock()
-	c.apply(cordonPrefix+"n3", nil, true, 15) // an older uncordon, late
+	c.apply(CordonPrefix+"n3", nil, true, 15) // an older uncordon, late
 	c.mu.Unlock()
-	if !c.cordoned("n3") {
+	if !c.Cordoned("n3") {
 		t.Fatal("an older uncordon event undid a newer drain")
 	}
 	c.mu.Lock()
-	c.apply(cordonPrefix+"n3", nil, true, 25) // a newer uncordon
+	c.apply(CordonPrefix+"n3", nil, true, 25) // a newer uncordon
 	c.mu.Unlock()
-	if c.cordoned("n3") {
+	if c.Cordoned("n3") {
 		t.Fatal("a newer uncordon was ignored")
 	}
-}
-
-func (c *Cache) cordoned(node string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.cordon[node] != ""
 }

@@ -1,10 +1,8 @@
-// Package fleet runs agentenv on many hosts with etcd as the source of
-// truth: node agents (Node) run sandboxes and publish what they hold;
-// stateless API servers (Remote, Proxy) place sandboxes and route every
-// call and every byte of sandbox traffic to the owning node. It must not
-// hold sandbox logic of its own: nodes run the same sandbox manager as
-// `agentenv serve`, behind the api.Backend seam.
-package fleet
+// Package store is the fleet's state in etcd: the key layout, the records
+// each key holds (each its own type, sealed with the cluster secret),
+// tombstones, and the API server's watch cache of all of it. It knows
+// nothing of how nodes are called or sandboxes run.
+package store
 
 import (
 	"context"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
@@ -30,12 +29,12 @@ import (
 // sandboxes are reported lost, not forgotten).
 const (
 	prefix         = "/agentenv/"
-	nodesPrefix    = prefix + "nodes/"     // nodes/<node> → NodeRecord
-	cordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
-	sandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
-	lostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
-	templatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
-	snapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → snapshot.Snapshot
+	NodesPrefix    = prefix + "nodes/"     // nodes/<node> → NodeRecord
+	CordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
+	SandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
+	LostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
+	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
+	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → SnapshotEntry
 )
 
 // Capacity is what a node can hold and holds now.
@@ -63,7 +62,7 @@ type NodeRecord struct {
 // baseURL is the URL prefix of the node. With needTLS (the caller was
 // given the fleet's CA) a node that registered without TLS is refused:
 // whether TLS is used never depends on what a record says.
-func (n NodeRecord) baseURL(needTLS bool) (string, error) {
+func (n NodeRecord) BaseURL(needTLS bool) (string, error) {
 	if n.TLS {
 		return "https://" + n.Addr, nil
 	}
@@ -75,13 +74,98 @@ func (n NodeRecord) baseURL(needTLS bool) (string, error) {
 
 // SandboxRecord says which node runs a sandbox, with its last state.
 type SandboxRecord struct {
-	Node    string          `json:"node"`
-	Sandbox sandbox.Sandbox `json:"sandbox"`
+	Node    string       `json:"node"`
+	Sandbox SandboxEntry `json:"sandbox"`
 }
 
-// cordonMark is a cordon/<node> record: the node it is for (so that a
+// SandboxEntry is a sandbox as etcd records it: what API servers list,
+// filter and place by. Its tokens, env vars and network slot stay on its
+// node: API servers answer them from the node's own answer (create, get,
+// connect), never from etcd. The JSON names are sandbox.Sandbox's, so
+// records written before this type still read.
+type SandboxEntry struct {
+	ID        string            `json:"sandboxID"`
+	Template  string            `json:"templateID"`
+	State     sandbox.State     `json:"state"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	CPUs      int               `json:"cpuCount"`
+	MemoryMB  int               `json:"memoryMB"`
+	DiskMB    int               `json:"diskMB,omitempty"`
+	StartedAt time.Time         `json:"startedAt"`
+	EndAt     time.Time         `json:"endAt"`
+	Snapshot  string            `json:"snapshotID,omitempty"`
+	Parent    string            `json:"parentSandboxID,omitempty"`
+	Network   sandbox.Network   `json:"network"`
+	Reason    string            `json:"reason,omitempty"`
+	Lifecycle sandbox.Lifecycle `json:"lifecycle,omitempty"`
+	// FilesOnly is read from records written before the paused-files
+	// state (paused + filesOnly); new records carry the state alone.
+	FilesOnly bool   `json:"filesOnly,omitempty"`
+	Owner     string `json:"owner,omitempty"`
+}
+
+// recordOf is the etcd record of sandbox sb on node.
+func RecordOf(node string, sb sandbox.Sandbox) SandboxRecord {
+	return SandboxRecord{Node: node, Sandbox: SandboxEntry{
+		ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
+		DiskMB: sb.DiskMB, StartedAt: sb.StartedAt, EndAt: sb.EndAt, Snapshot: sb.Snapshot, Parent: sb.Parent,
+		Network: sb.Network, Reason: sb.Reason, Lifecycle: sb.Lifecycle, Owner: sb.Owner,
+	}}
+}
+
+// sandbox is the entry as a sandbox (without what etcd does not hold).
+func (e SandboxEntry) sandbox() sandbox.Sandbox {
+	state := e.State
+	if e.FilesOnly && state == sandbox.StatePaused {
+		state = sandbox.StatePausedFiles
+	}
+	return sandbox.Sandbox{
+		ID: e.ID, Template: e.Template, State: state, Metadata: e.Metadata, CPUs: e.CPUs, MemoryMB: e.MemoryMB,
+		DiskMB: e.DiskMB, StartedAt: e.StartedAt, EndAt: e.EndAt, Snapshot: e.Snapshot, Parent: e.Parent,
+		Network: e.Network, Reason: e.Reason, Lifecycle: e.Lifecycle, Owner: e.Owner,
+	}
+}
+
+// SnapshotEntry is a snapshot as etcd records it under each node holding
+// it: what API servers list and show. Its file layout (a peer asks the
+// holder for it when it copies), access token and env vars stay on the
+// node. The JSON names are snapshot.Snapshot's, so older records read.
+type SnapshotEntry struct {
+	ID        string            `json:"snapshotID"`
+	Name      string            `json:"name,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Template  string            `json:"templateID"`
+	Parent    string            `json:"parentSnapshotID,omitempty"`
+	Sandbox   string            `json:"sandboxID"`
+	Runtime   string            `json:"runtimeVersion"`
+	Size      int64             `json:"sizeBytes"`
+	CreatedAt time.Time         `json:"createdAt"`
+	Internal  bool              `json:"internal,omitempty"`
+	Owner     string            `json:"owner,omitempty"`
+	CPUs      int               `json:"cpuCount"`
+	MemoryMB  int               `json:"memoryMB"`
+	Nproc     int64             `json:"nproc,omitempty"`
+	DiskMB    int               `json:"diskMB,omitempty"`
+	Stored    int64             `json:"storedBytes"`
+}
+
+// SnapshotOf is the etcd record of snapshot sn.
+func SnapshotOf(sn snapshot.Snapshot) SnapshotEntry {
+	return SnapshotEntry{ID: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
+		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: sn.CreatedAt, Internal: sn.Internal, Owner: sn.Owner, CPUs: sn.CPUs,
+		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored}
+}
+
+// Snapshot is the entry as a snapshot (without what etcd does not hold).
+func (e SnapshotEntry) Snapshot() snapshot.Snapshot {
+	return snapshot.Snapshot{ID: e.ID, Name: e.Name, Metadata: e.Metadata, Template: e.Template, Parent: e.Parent, Sandbox: e.Sandbox,
+		Runtime: e.Runtime, Size: e.Size, CreatedAt: e.CreatedAt, Internal: e.Internal, Owner: e.Owner, CPUs: e.CPUs,
+		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored}
+}
+
+// CordonMark is a cordon/<node> record: the node it is for (so that a
 // sealed mark cannot be moved to another key) and "cordon" or "drain".
-type cordonMark struct {
+type CordonMark struct {
 	Node string `json:"node"`
 	Mode string `json:"mode"`
 }
@@ -107,7 +191,7 @@ type NodeView struct {
 // watch (no polling). Reads never wait on etcd.
 type Cache struct {
 	cli  *clientv3.Client
-	seal *Sealer
+	seal *secret.Sealer
 	log  *slog.Logger
 	// refused counts records that did not open with the cluster secret.
 	refused atomic.Int64
@@ -135,7 +219,7 @@ type Cache struct {
 
 // NewCache starts watching the fleet's state; Wait blocks until the first
 // full read is in.
-func NewCache(ctx context.Context, cli *clientv3.Client, seal *Sealer, log *slog.Logger) *Cache {
+func NewCache(ctx context.Context, cli *clientv3.Client, seal *secret.Sealer, log *slog.Logger) *Cache {
 	c := &Cache{cli: cli, seal: seal, log: log, ready: make(chan struct{}), gone: map[string]chan struct{}{}, deleted: map[string]time.Time{}}
 	c.reset()
 	go c.run(ctx)
@@ -225,8 +309,8 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 // rev. Callers hold c.mu.
 func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 	switch {
-	case strings.HasPrefix(key, nodesPrefix):
-		name := strings.TrimPrefix(key, nodesPrefix)
+	case strings.HasPrefix(key, NodesPrefix):
+		name := strings.TrimPrefix(key, NodesPrefix)
 		if deleted {
 			if _, ok := c.nodes[name]; ok {
 				c.lostAt[name] = time.Now()
@@ -246,15 +330,15 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		c.nodes[name] = n
 		c.known[name] = n
 		delete(c.lostAt, name)
-	case strings.HasPrefix(key, cordonPrefix):
-		name := strings.TrimPrefix(key, cordonPrefix)
+	case strings.HasPrefix(key, CordonPrefix):
+		name := strings.TrimPrefix(key, CordonPrefix)
 		if rev < c.cordonRev[name] {
 			return // older than a change this API server made itself
 		}
-		var mark cordonMark
+		var mark CordonMark
 		if !deleted {
 			var ok bool
-			if mark, ok = openRecord(c, key, val, func(m cordonMark) bool { return m.Node == name && (m.Mode == "cordon" || m.Mode == "drain") }); !ok {
+			if mark, ok = openRecord(c, key, val, func(m CordonMark) bool { return m.Node == name && (m.Mode == "cordon" || m.Mode == "drain") }); !ok {
 				return
 			}
 		}
@@ -264,8 +348,8 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		} else {
 			c.cordon[name] = mark.Mode
 		}
-	case strings.HasPrefix(key, sandboxPrefix):
-		id := strings.TrimPrefix(key, sandboxPrefix)
+	case strings.HasPrefix(key, SandboxPrefix):
+		id := strings.TrimPrefix(key, SandboxPrefix)
 		var r SandboxRecord
 		if !deleted {
 			var ok bool
@@ -298,20 +382,21 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		}
 		c.sandboxes[id] = r
 		c.perNode[r.Node]++
-	case strings.HasPrefix(key, templatePrefix):
-		name, node := path.Split(strings.TrimPrefix(key, templatePrefix))
+	case strings.HasPrefix(key, TemplatePrefix):
+		name, node := path.Split(strings.TrimPrefix(key, TemplatePrefix))
 		name = strings.TrimSuffix(name, "/")
 		if deleted {
 			setNested(c.templates, name, node, api.TemplateInfo{}, true)
 		} else if t, ok := openRecord(c, key, val, func(t api.TemplateInfo) bool { return t.Name == name }); ok {
 			setNested(c.templates, name, node, t, false)
 		}
-	case strings.HasPrefix(key, snapPrefix):
-		id, node := path.Split(strings.TrimPrefix(key, snapPrefix))
+	case strings.HasPrefix(key, SnapPrefix):
+		id, node := path.Split(strings.TrimPrefix(key, SnapPrefix))
 		id = strings.TrimSuffix(id, "/")
 		if deleted {
 			setNested(c.snaps, id, node, snapshot.Snapshot{}, true)
-		} else if sn, ok := openRecord(c, key, val, func(sn snapshot.Snapshot) bool { return sn.ID == id }); ok {
+		} else if e, ok := openRecord(c, key, val, func(e SnapshotEntry) bool { return e.ID == id }); ok {
+			sn := e.Snapshot()
 			setNested(c.snaps, id, node, sn, false)
 		}
 	}
@@ -323,9 +408,9 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 // because of it. Callers hold c.mu (or own c).
 func openRecord[T any](c *Cache, key string, val []byte, check func(T) bool) (T, bool) {
 	var v T
-	err := c.seal.open(key, val, &v)
+	err := c.seal.Open(key, val, &v)
 	if err == nil && !check(v) {
-		err = fmt.Errorf("record %s names another object than its key: %w", key, errUnsealed)
+		err = fmt.Errorf("record %s names another object than its key: %w", key, secret.ErrUnsealed)
 	}
 	if err != nil {
 		var zero T
@@ -371,7 +456,7 @@ func (c *Cache) markGone(name string) {
 
 // goneCh returns a channel closed when the node is lost (already closed
 // if it is not alive now).
-func (c *Cache) goneCh(name string) <-chan struct{} {
+func (c *Cache) GoneCh(name string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, alive := c.nodes[name]; !alive {
@@ -407,7 +492,7 @@ func (c *Cache) Nodes() []NodeView {
 }
 
 // node returns a live node's record.
-func (c *Cache) node(name string) (NodeRecord, bool) {
+func (c *Cache) Node(name string) (NodeRecord, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	n, ok := c.nodes[name]
@@ -415,14 +500,14 @@ func (c *Cache) node(name string) (NodeRecord, bool) {
 }
 
 // lostSince says when a node was last seen to go away (zero: unknown).
-func (c *Cache) lostSince(name string) time.Time {
+func (c *Cache) LostSince(name string) time.Time {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.lostAt[name]
 }
 
 // sandbox returns the record of a sandbox, if the cache has it.
-func (c *Cache) sandbox(id string) (SandboxRecord, bool) {
+func (c *Cache) Sandbox(id string) (SandboxRecord, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	r, ok := c.sandboxes[id]
@@ -442,7 +527,7 @@ func (c *Cache) recentlyDeleted(id string) bool {
 
 // putSandbox records what this API server just learned from a node, ahead
 // of the watch.
-func (c *Cache) putSandbox(r SandboxRecord) {
+func (c *Cache) PutSandbox(r SandboxRecord) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.recentlyDeleted(r.Sandbox.ID) {
@@ -457,7 +542,7 @@ func (c *Cache) putSandbox(r SandboxRecord) {
 
 // dropSandbox forgets a sandbox this API server just killed, ahead of
 // the watch (a list right after the kill must not show it).
-func (c *Cache) dropSandbox(id string) {
+func (c *Cache) DropSandbox(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.sandboxes[id]; ok {
@@ -469,11 +554,11 @@ func (c *Cache) dropSandbox(id string) {
 
 // setCordon records a cordon change this API server just made, ahead of
 // the watch: a create right after `node drain` must not land on the node.
-func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
+func (c *Cache) SetCordon(node, mode string, deleted bool, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if deleted {
-		c.apply(cordonPrefix+node, nil, true, rev)
+		c.apply(CordonPrefix+node, nil, true, rev)
 		return
 	}
 	if rev < c.cordonRev[node] {
@@ -484,7 +569,7 @@ func (c *Cache) setCordon(node, mode string, deleted bool, rev int64) {
 }
 
 // putSnapshot records a snapshot a node just made, ahead of the watch.
-func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
+func (c *Cache) PutSnapshot(node string, sn snapshot.Snapshot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.snaps[sn.ID] == nil {
@@ -494,7 +579,7 @@ func (c *Cache) putSnapshot(node string, sn snapshot.Snapshot) {
 }
 
 // records returns the sandbox records of one node.
-func (c *Cache) records(node string) []SandboxRecord {
+func (c *Cache) Records(node string) []SandboxRecord {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []SandboxRecord
@@ -507,7 +592,7 @@ func (c *Cache) records(node string) []SandboxRecord {
 }
 
 // forget drops a lost node from this API server's list of nodes seen.
-func (c *Cache) forget(node string) {
+func (c *Cache) Forget(node string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, alive := c.nodes[node]; !alive {
@@ -518,13 +603,16 @@ func (c *Cache) forget(node string) {
 
 // liveMatching returns the sandboxes f matches whose node is alive, in
 // one pass under the read lock.
-func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
+func (c *Cache) LiveMatching(f sandbox.Filter) []sandbox.Sandbox {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []sandbox.Sandbox
 	for _, r := range c.sandboxes {
-		if _, ok := c.nodes[r.Node]; ok && f.Match(r.Sandbox) {
-			out = append(out, r.Sandbox)
+		if _, ok := c.nodes[r.Node]; !ok {
+			continue
+		}
+		if sb := r.Sandbox.sandbox(); f.Match(sb) {
+			out = append(out, sb)
 		}
 	}
 	return out
@@ -532,7 +620,60 @@ func (c *Cache) liveMatching(f sandbox.Filter) []sandbox.Sandbox {
 
 // templateHolders returns the live nodes holding a template or a snapshot
 // of that name.
-func (c *Cache) holders(name string) []string {
+// Cordoned reports whether a cordon (or drain) mark holds for node.
+func (c *Cache) Cordoned(node string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.cordon[node] != ""
+}
+
+// Len is how many sandbox records the cache holds (of live nodes or not).
+func (c *Cache) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.sandboxes)
+}
+
+// SnapshotList returns one copy of each published snapshot.
+func (c *Cache) SnapshotList() []snapshot.Snapshot {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []snapshot.Snapshot
+	for _, byNode := range c.snaps {
+		for _, sn := range byNode {
+			out = append(out, sn)
+			break
+		}
+	}
+	return out
+}
+
+// TemplateList returns each template live nodes hold, ready where one
+// of them has it ready.
+func (c *Cache) TemplateList() []api.TemplateInfo {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []api.TemplateInfo
+	for _, byNode := range c.templates {
+		var ti api.TemplateInfo
+		found := false
+		for node, t := range byNode {
+			if _, alive := c.nodes[node]; !alive {
+				continue
+			}
+			if !found || t.Ready {
+				ti, found = t, true
+			}
+		}
+		if found {
+			ti.InUse = 0
+			out = append(out, ti)
+		}
+	}
+	return out
+}
+
+func (c *Cache) Holders(name string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []string
@@ -550,7 +691,7 @@ func (c *Cache) holders(name string) []string {
 }
 
 // isSnapshot reports whether name is a snapshot ID some node published.
-func (c *Cache) isSnapshot(name string) bool {
+func (c *Cache) IsSnapshot(name string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.snaps[name]) > 0

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"context"
@@ -88,6 +88,13 @@ func (p *published) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox,
 func (p *published) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	sb, err := p.Local.Resume(ctx, id, d)
 	return p.after(ctx, id, sb, err)
+}
+
+// Connect resumes or extends, and records the result before answering.
+func (p *published) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	sb, resumed, err := p.Local.Connect(ctx, id, d)
+	sb, err = p.after(ctx, id, sb, err)
+	return sb, resumed, err
 }
 
 func (p *published) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {

@@ -1,4 +1,4 @@
-package fleet
+package store
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
 )
 
 // Tombstones live a day: long enough for a client to learn why its
@@ -18,19 +19,24 @@ const (
 	tombstoneReuse = time.Hour
 )
 
-// tombstones grants and reuses the lease tombstones are written under.
-type tombstones struct {
+// Tombstones grants and reuses the lease Tombstones are written under.
+type Tombstones struct {
 	cli  *clientv3.Client
-	seal *Sealer
+	seal *secret.Sealer
 
 	mu    sync.Mutex
 	lease clientv3.LeaseID
 	at    time.Time
 }
 
+// NewTombstones writes and reads tombstones sealed with seal.
+func NewTombstones(cli *clientv3.Client, seal *secret.Sealer) *Tombstones {
+	return &Tombstones{cli: cli, seal: seal}
+}
+
 // put returns the operation that writes a tombstone for sandbox id.
-func (t *tombstones) put(ctx context.Context, id, reason string) (clientv3.Op, error) {
-	val, err := t.seal.seal(lostPrefix+id, Tombstone{ID: id, Reason: reason, At: time.Now().UTC()})
+func (t *Tombstones) Put(ctx context.Context, id, reason string) (clientv3.Op, error) {
+	val, err := t.seal.Seal(LostPrefix+id, Tombstone{ID: id, Reason: reason, At: time.Now().UTC()})
 	if err != nil {
 		return clientv3.Op{}, err
 	}
@@ -43,33 +49,33 @@ func (t *tombstones) put(ctx context.Context, id, reason string) (clientv3.Op, e
 		}
 		t.lease, t.at = g.ID, time.Now()
 	}
-	return clientv3.OpPut(lostPrefix+id, val, clientv3.WithLease(t.lease)), nil
+	return clientv3.OpPut(LostPrefix+id, val, clientv3.WithLease(t.lease)), nil
 }
 
 // read returns the tombstone of sandbox id, if one that opens with the
 // cluster secret is there.
-func (t *tombstones) read(ctx context.Context, id string) (Tombstone, bool) {
-	resp, err := t.cli.Get(ctx, lostPrefix+id)
+func (t *Tombstones) Read(ctx context.Context, id string) (Tombstone, bool) {
+	resp, err := t.cli.Get(ctx, LostPrefix+id)
 	if err != nil || len(resp.Kvs) == 0 {
 		return Tombstone{}, false
 	}
 	var ts Tombstone
-	if t.seal.open(lostPrefix+id, resp.Kvs[0].Value, &ts) != nil || ts.ID != id {
+	if t.seal.Open(LostPrefix+id, resp.Kvs[0].Value, &ts) != nil || ts.ID != id {
 		return Tombstone{}, false
 	}
 	return ts, true
 }
 
-// bury removes sandbox records and leaves tombstones saying why, in
+// bury removes sandbox records and leaves Tombstones saying why, in
 // batches.
-func (t *tombstones) bury(ctx context.Context, ids []string, reason string) error {
+func (t *Tombstones) Bury(ctx context.Context, ids []string, reason string) error {
 	var ops []clientv3.Op
 	for _, id := range ids {
-		op, err := t.put(ctx, id, reason)
+		op, err := t.Put(ctx, id, reason)
 		if err != nil {
 			return err
 		}
-		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id), op)
+		ops = append(ops, clientv3.OpDelete(SandboxPrefix+id), op)
 	}
 	for len(ops) > 0 {
 		batch := ops[:min(len(ops), 128)]
@@ -84,16 +90,16 @@ func (t *tombstones) bury(ctx context.Context, ids []string, reason string) erro
 // buryIfGone buries sandbox records of a node only while the node is not
 // registered: if it came back meanwhile, its sandboxes are its own again
 // (a kill goes to it) and nothing is removed.
-func (t *tombstones) buryIfGone(ctx context.Context, node string, ids []string, reason string) error {
+func (t *Tombstones) BuryIfGone(ctx context.Context, node string, ids []string, reason string) error {
 	var ops []clientv3.Op
 	for _, id := range ids {
-		op, err := t.put(ctx, id, reason)
+		op, err := t.Put(ctx, id, reason)
 		if err != nil {
 			return errdefs.Unavailable("etcd: %v", err)
 		}
-		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id), op)
+		ops = append(ops, clientv3.OpDelete(SandboxPrefix+id), op)
 	}
-	absent := clientv3.Compare(clientv3.CreateRevision(nodesPrefix+node), "=", 0)
+	absent := clientv3.Compare(clientv3.CreateRevision(NodesPrefix+node), "=", 0)
 	for len(ops) > 0 {
 		batch := ops[:min(len(ops), 126)]
 		ops = ops[len(batch):]

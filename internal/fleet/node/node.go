@@ -1,4 +1,10 @@
-package fleet
+// Package node is a fleet node agent: this host's sandbox stack (the very
+// one `agentenv serve` runs), registered in etcd under a lease, serving
+// the node service to API servers and copying templates and snapshots
+// from its peers on demand. It publishes what it holds and each
+// sandbox's record before it answers the call that changed it. It must
+// not place sandboxes or know other nodes beyond the peers it copies from.
+package node
 
 import (
 	"context"
@@ -22,14 +28,17 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 )
 
-// NodeConfig configures a node agent.
-type NodeConfig struct {
+// Config configures a node agent.
+type Config struct {
 	Name string
 	// Advertise is the host:port API servers and other nodes reach this
 	// node's RPC and proxy at.
@@ -55,14 +64,14 @@ type NodeConfig struct {
 // Node is a node agent: this host's sandbox stack, published in etcd and
 // served to API servers over the node RPC.
 type Node struct {
-	cfg  NodeConfig
+	cfg  Config
 	host *server.Host
 	cli  *clientv3.Client
 	log  *slog.Logger
 	px   *proxy.Proxy
 	http *http.Client
-	seal *Sealer
-	auth rpcAuth
+	seal *secret.Sealer
+	auth secret.Auth
 	// claimed: this agent has held its name in etcd at least once (a
 	// name held by another live node at the first try ends Run).
 	claimed atomic.Bool
@@ -92,19 +101,19 @@ type Node struct {
 
 	fetch   singleflight.Group
 	started time.Time
-	tombs   tombstones
+	tombs   *store.Tombstones
 }
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
 // OnPersist, then call Run with the started host.
-func NewNode(cfg NodeConfig) *Node {
+func New(cfg Config) *Node {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 10 * time.Second
 	}
-	seal := NewSealer(cfg.Secret)
+	seal := secret.NewSealer(cfg.Secret)
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
-		published: map[string]string{}, http: &http.Client{Transport: newTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
-		seal: seal, auth: newRPCAuth(cfg.Secret), tombs: tombstones{cli: cfg.Etcd, seal: seal}}
+		published: map[string]string{}, http: &http.Client{Transport: nodepb.NewTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
+		seal: seal, auth: secret.NewAuth(cfg.Secret), tombs: store.NewTombstones(cfg.Etcd, seal)}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -128,7 +137,7 @@ func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, 
 // with etcd and registers again. It returns an error at once if another
 // live node holds this node's name at the first registration.
 func (n *Node) Run(ctx context.Context, host *server.Host) error {
-	n.attach(host)
+	n.Attach(host)
 	go n.flushLoop(ctx)
 	for ctx.Err() == nil {
 		err := n.session(ctx)
@@ -153,7 +162,7 @@ func (n *Node) Run(ctx context.Context, host *server.Host) error {
 }
 
 // attach sets the host the node serves (before Handler and Run).
-func (n *Node) attach(host *server.Host) {
+func (n *Node) Attach(host *server.Host) {
 	if n.host == nil {
 		n.host = host
 		n.px = proxy.New(host.Manager, n.log)
@@ -240,9 +249,9 @@ func (n *Node) leaseID() clientv3.LeaseID {
 // sandboxes. A record left by this node's own previous run (same
 // advertised address, which this process now listens on) is taken over.
 func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
-	key := nodesPrefix + n.cfg.Name
+	key := store.NodesPrefix + n.cfg.Name
 	rec := n.nodeRecord()
-	val, err := n.seal.seal(key, rec)
+	val, err := n.seal.Seal(key, rec)
 	if err != nil {
 		return err
 	}
@@ -263,8 +272,8 @@ func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
 		if clientv3.LeaseID(holder.Lease) == lease {
 			return nil
 		}
-		var other NodeRecord
-		opened := n.seal.open(key, holder.Value, &other) == nil
+		var other store.NodeRecord
+		opened := n.seal.Open(key, holder.Value, &other) == nil
 		if opened && other.Addr == n.cfg.Advertise {
 			// This node's previous run: it cannot be alive, this
 			// process holds its address. End its lease now.
@@ -286,8 +295,8 @@ func (n *Node) claim(ctx context.Context, lease clientv3.LeaseID) error {
 // check refuses to start a node whose name a live node holds (before
 // this host's sandbox stack starts: a clone must not touch the host's
 // networks either). claim is what guards the race of two starting at once.
-func (n *Node) check(ctx context.Context) error {
-	key := nodesPrefix + n.cfg.Name
+func (n *Node) Check(ctx context.Context) error {
+	key := store.NodesPrefix + n.cfg.Name
 	resp, err := n.cli.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("etcd: reading node %s: %w", n.cfg.Name, err)
@@ -295,8 +304,8 @@ func (n *Node) check(ctx context.Context) error {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	var other NodeRecord
-	if err := n.seal.open(key, resp.Kvs[0].Value, &other); err != nil {
+	var other store.NodeRecord
+	if err := n.seal.Open(key, resp.Kvs[0].Value, &other); err != nil {
 		return errdefs.Conflict("node name %q is held in etcd by a record that does not open with this cluster secret (another fleet sharing this etcd?): give this node another --name", n.cfg.Name)
 	}
 	if other.Addr == n.cfg.Advertise {
@@ -306,8 +315,8 @@ func (n *Node) check(ctx context.Context) error {
 		n.cfg.Name, other.Addr, other.StartedAt.Format(time.RFC3339))
 }
 
-func (n *Node) nodeRecord() NodeRecord {
-	return NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.capacity()}
+func (n *Node) nodeRecord() store.NodeRecord {
+	return store.NodeRecord{Name: n.cfg.Name, Addr: n.cfg.Advertise, TLS: n.cfg.TLS, StartedAt: n.started, Capacity: n.Capacity()}
 }
 
 // register writes the node record (capacity now) and the templates and
@@ -320,20 +329,20 @@ func (n *Node) register(ctx context.Context) error {
 	rec := n.nodeRecord()
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
-	want[nodesPrefix+n.cfg.Name] = string(b)
+	want[store.NodesPrefix+n.cfg.Name] = string(b)
 	tmpls, _ := n.host.Backend.ListTemplates(ctx)
 	for _, t := range tmpls {
 		t.InUse = 0
 		b, _ := json.Marshal(t)
-		want[templatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
+		want[store.TemplatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
 	}
 	for _, sn := range n.host.Snapshots.ListAll() {
 		if sn.Internal {
 			continue
 		}
 		sn.InUse = 0
-		b, _ := json.Marshal(sn)
-		want[snapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
+		b, _ := json.Marshal(store.SnapshotOf(sn))
+		want[store.SnapPrefix+sn.ID+"/"+n.cfg.Name] = string(b)
 	}
 	return n.sync(ctx, want)
 }
@@ -350,11 +359,11 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 	changed := map[string]string{}
 	for k, v := range want {
 		old, ok := n.published[k]
-		if ok && (old == v || strings.HasPrefix(k, nodesPrefix) && sameNode(old, v)) {
+		if ok && (old == v || strings.HasPrefix(k, store.NodesPrefix) && sameNode(old, v)) {
 			continue
 		}
 		changed[k] = v
-		ops = append(ops, clientv3.OpPut(k, n.seal.sealBytes(k, []byte(v)), clientv3.WithLease(lease)))
+		ops = append(ops, clientv3.OpPut(k, n.seal.SealBytes(k, []byte(v)), clientv3.WithLease(lease)))
 	}
 	var gone []string
 	for k := range n.published {
@@ -374,7 +383,7 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 		}
 		if !resp.Succeeded {
 			n.registered.Store(false)
-			return fmt.Errorf("node record %s is no longer this node's (deleted, or the lease was lost): registering again", nodesPrefix+n.cfg.Name)
+			return fmt.Errorf("node record %s is no longer this node's (deleted, or the lease was lost): registering again", store.NodesPrefix+n.cfg.Name)
 		}
 	}
 	for _, k := range gone {
@@ -387,11 +396,11 @@ func (n *Node) sync(ctx context.Context, want map[string]string) error {
 // holdsName is the compare that fences a write on this node's lease
 // holding its name.
 func (n *Node) holdsName(lease clientv3.LeaseID) clientv3.Cmp {
-	return clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", lease)
+	return clientv3.Compare(clientv3.LeaseValue(store.NodesPrefix+n.cfg.Name), "=", lease)
 }
 
 func sameNode(a, b string) bool {
-	var ra, rb NodeRecord
+	var ra, rb store.NodeRecord
 	if json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil {
 		return false
 	}
@@ -413,8 +422,8 @@ func (n *Node) publishNow(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) capacity() Capacity {
-	c := Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
+func (n *Node) Capacity() store.Capacity {
+	c := store.Capacity{CPUs: goruntime.NumCPU(), MaxSandboxes: n.cfg.MaxSandboxes}
 	c.MemoryMB, c.FreeMemoryMB = meminfo()
 	if n.host == nil {
 		return c // not started yet (the name's claim)
@@ -449,15 +458,15 @@ func meminfo() (total, avail int64) {
 // running here without a record (killed by a client while this node was
 // cut off) are killed.
 func (n *Node) reconcile(ctx context.Context) error {
-	resp, err := n.cli.Get(ctx, sandboxPrefix, clientv3.WithPrefix())
+	resp, err := n.cli.Get(ctx, store.SandboxPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("reading sandbox records: %w", err)
 	}
 	mine := map[string]bool{}
 	for _, kv := range resp.Kvs {
-		var r SandboxRecord
+		var r store.SandboxRecord
 		key := string(kv.Key)
-		if n.seal.open(key, kv.Value, &r) == nil && r.Node == n.cfg.Name && sandboxPrefix+r.Sandbox.ID == key {
+		if n.seal.Open(key, kv.Value, &r) == nil && r.Node == n.cfg.Name && store.SandboxPrefix+r.Sandbox.ID == key {
 			mine[r.Sandbox.ID] = true
 		}
 	}
@@ -478,7 +487,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 		}
 		gone = append(gone, id)
 	}
-	if err := n.tombs.bury(ctx, gone, "its node "+n.cfg.Name+" restarted and the sandbox did not survive"); err != nil {
+	if err := n.tombs.Bury(ctx, gone, "its node "+n.cfg.Name+" restarted and the sandbox did not survive"); err != nil {
 		return err
 	}
 	removed := len(gone)
@@ -490,7 +499,7 @@ func (n *Node) reconcile(ctx context.Context) error {
 		// server left a sealed tombstone. A record that is merely
 		// missing (deleted by someone who reached etcd, or etcd restored
 		// from an old backup) kills nothing: the sandbox is recorded again.
-		if _, ok := n.tombs.read(ctx, id); ok {
+		if _, ok := n.tombs.Read(ctx, id); ok {
 			n.host.Manager.Kill(ctx, id)
 			killed++
 			continue
@@ -532,19 +541,19 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	live := err == nil && sb.State.Live()
 	switch {
 	case live:
-		b, _ := json.Marshal(SandboxRecord{Node: n.cfg.Name, Sandbox: sb})
+		b, _ := json.Marshal(store.RecordOf(n.cfg.Name, sb))
 		value = string(b)
 		if last, ok := n.recorded.Load(id); ok && last == value {
 			return nil
 		}
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+id, n.seal.sealBytes(sandboxPrefix+id, b)))
+		ops = append(ops, clientv3.OpPut(store.SandboxPrefix+id, n.seal.SealBytes(store.SandboxPrefix+id, b)))
 	default:
 		if _, ok := n.recorded.Load(id); !ok {
 			return nil // never published (still creating, or a pooled sandbox)
 		}
-		ops = append(ops, clientv3.OpDelete(sandboxPrefix+id))
-		if err != nil && strings.Contains(err.Error(), "was lost") {
-			t, terr := n.tombs.put(ctx, id, err.Error())
+		ops = append(ops, clientv3.OpDelete(store.SandboxPrefix+id))
+		if errors.Is(err, sandbox.ErrLost) {
+			t, terr := n.tombs.Put(ctx, id, err.Error())
 			if terr != nil {
 				return errdefs.Unavailable("removing sandbox %s from etcd: %v", id, terr)
 			}
@@ -553,7 +562,7 @@ func (n *Node) writeRecord(ctx context.Context, id string, fenced bool) error {
 	}
 	txn := n.cli.Txn(ctx)
 	if fenced {
-		txn = txn.If(clientv3.Compare(clientv3.LeaseValue(nodesPrefix+n.cfg.Name), "=", n.leaseID()))
+		txn = txn.If(clientv3.Compare(clientv3.LeaseValue(store.NodesPrefix+n.cfg.Name), "=", n.leaseID()))
 	}
 	resp, terr := txn.Then(ops...).Commit()
 	if terr != nil {
@@ -617,12 +626,12 @@ func (n *Node) Handler() http.Handler {
 		b = api.Metered(b, n.cfg.Metrics)
 		px = server.MeterProxy(n.cfg.Metrics, px)
 	}
-	mux.HandleFunc("POST "+rpcPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
-	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) { serveRPC(b, w, r, r.PathValue("method")) })
-	mux.HandleFunc("GET "+rpcPath+"templates/{name}", n.exportTemplateMeta)
-	mux.HandleFunc("GET "+rpcPath+"templates/{name}/image", n.exportTemplateImage)
-	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}", n.exportSnapshotMeta)
-	mux.HandleFunc("GET "+rpcPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
+	mux.HandleFunc("POST "+nodepb.HTTPPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
+	mux.Handle(ServiceHandler(b))
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}", n.exportTemplateMeta)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}/image", n.exportTemplateImage)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}", n.exportSnapshotMeta)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/health" {
 			w.Header().Set("Content-Type", "application/json")
@@ -630,18 +639,28 @@ func (n *Node) Handler() http.Handler {
 			return
 		}
 		if n.cfg.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-			writeWireError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
+			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		if !n.auth.verify(r) {
-			writeWireError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", rpcSkew, errdefs.ErrUnauthenticated))
+		if !n.auth.Verify(r) {
+			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", secret.Skew, errdefs.ErrUnauthenticated))
 			return
 		}
-		r.Header.Del(AuthHeader)
+		r.Header.Del(secret.AuthHeader)
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			px.ServeHTTP(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

@@ -1,4 +1,4 @@
-package fleet
+package router
 
 import (
 	"context"
@@ -63,22 +63,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Host header travels unchanged.
 	r.Header.Set("E2b-Sandbox-Id", id)
 	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
-	base, err := c.url("")
-	if err != nil {
-		writeProxyError(w, id, http.StatusBadGateway, err.Error())
+	if c.err != nil {
+		writeProxyError(w, id, http.StatusBadGateway, c.err.Error())
 		return
 	}
-	u, _ := url.Parse(base)
+	u, _ := url.Parse(c.base)
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
-	c.auth.sign(r)
+	c.auth.Sign(r)
 	http.NewResponseController(w).EnableFullDuplex()
 	// A request to a node that is lost ends then, not when a dead link
 	// times out.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	gone := c.gone()
 	go func() {
 		select {
-		case <-c.gone:
+		case <-gone:
 			cancel(errNodeLost)
 		case <-ctx.Done():
 		}

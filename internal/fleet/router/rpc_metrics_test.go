@@ -1,4 +1,4 @@
-package fleet
+package router
 
 import (
 	"context"
@@ -11,6 +11,10 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/node"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
@@ -34,15 +38,16 @@ func TestRPCMetrics(t *testing.T) {
 	want := sandbox.Metric{Timestamp: time.Date(2026, 12, 1, 4, 0, 0, 123, time.UTC), CPUCount: 2, CPUUsedPct: 12.5,
 		MemUsed: 1 << 20, MemTotal: 512 << 20, MemCache: 4096, DiskUsed: 15 << 20, DiskTotal: 527 << 20}
 	b := metricsBackend{m: map[string]sandbox.Metric{"sb1": want}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		serveRPC(b, w, r, strings.TrimPrefix(r.URL.Path, rpcPath))
-	}))
+	mux := http.NewServeMux()
+	mux.Handle(node.ServiceHandler(b))
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	c := &nodeClient{name: "n1", addr: strings.TrimPrefix(srv.URL, "http://"), http: srv.Client()}
-	got, err := c.Metrics(context.Background(), "sb1")
+	c := newNodeClient(store.NodeRecord{Name: "n1", Addr: strings.TrimPrefix(srv.URL, "http://")}, false, secret.NewAuth("x"), srv.Client(), nil)
+	resp, err := call(context.Background(), c.rpc.Metrics, &nodepb.SandboxRef{Id: "sb1"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := nodepb.ToMetric(resp)
 	if !got.Timestamp.Equal(want.Timestamp) {
 		t.Errorf("got timestamp %v, want %v", got.Timestamp, want.Timestamp)
 	}
@@ -50,7 +55,7 @@ func TestRPCMetrics(t *testing.T) {
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	if _, err := c.Metrics(context.Background(), "gone"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := call(context.Background(), c.rpc.Metrics, &nodepb.SandboxRef{Id: "gone"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown sandbox: got %v, want ErrNotFound", err)
 	}
 }

@@ -1,4 +1,4 @@
-package fleet
+package node
 
 import (
 	"net/http"

@@ -1,4 +1,4 @@
-package fleet
+package router
 
 // The control-plane scale test: one API server, a real (embedded) etcd and
 // 100 fake nodes in one process, the runtime faked away, so that what is
@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -26,11 +25,14 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/fleettest"
+	"github.com/agentenv/agentenv/internal/fleet/node"
+	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
@@ -43,7 +45,7 @@ const (
 	scaleAPIKey  = "k"
 )
 
-var scaleSeal = NewSealer(scaleSecret)
+var scaleSeal = secret.NewSealer(scaleSecret)
 
 func TestScale(t *testing.T) {
 	if testing.Short() {
@@ -56,7 +58,7 @@ func TestScale(t *testing.T) {
 	// learns of them only through its watch.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	t.Cleanup(cancel2)
-	other := NewCache(ctx2, f.cli, scaleSeal, scaleLog())
+	other := store.NewCache(ctx2, f.cli, scaleSeal, scaleLog())
 	if err := other.Wait(scaleTimeout(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +132,7 @@ func BenchmarkPlace(b *testing.B) {
 // scaleFleet is an API server over a real etcd and fake nodes.
 type scaleFleet struct {
 	cli    *clientv3.Client
-	cache  *Cache
+	cache  *store.Cache
 	remote *Remote
 	api    *httptest.Server
 	client *http.Client
@@ -157,7 +159,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	for i := range records {
 		n := f.nodes[i%len(f.nodes)]
 		sb, val := n.record(fmt.Sprintf("seed-%06d", i), "busybox")
-		ops = append(ops, clientv3.OpPut(sandboxPrefix+sb.ID, val))
+		ops = append(ops, clientv3.OpPut(store.SandboxPrefix+sb.ID, val))
 		if len(ops) == 128 || i == records-1 {
 			if _, err := f.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 				tb.Fatalf("seeding sandbox records: %v", err)
@@ -168,7 +170,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	f.seedTook = time.Since(start)
 
 	start = time.Now()
-	f.cache = NewCache(ctx, f.cli, scaleSeal, scaleLog())
+	f.cache = store.NewCache(ctx, f.cli, scaleSeal, scaleLog())
 	if err := f.cache.Wait(scaleTimeout(tb, 30*time.Second)); err != nil {
 		tb.Fatal(err)
 	}
@@ -176,7 +178,7 @@ func newScaleFleet(tb testing.TB, nodes, records int) *scaleFleet {
 	if got := scaleCount(f.cache); got != records {
 		tb.Fatalf("got %d records in the cache after its first read, want %d", got, records)
 	}
-	if got := len(f.cache.holders("busybox")); got != nodes {
+	if got := len(f.cache.Holders("busybox")); got != nodes {
 		tb.Fatalf("got %d nodes holding busybox, want %d", got, nodes)
 	}
 
@@ -355,13 +357,14 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	tb.Helper()
 	n := &scaleNode{name: name, cli: cli}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+rpcPath+"{method}", func(w http.ResponseWriter, r *http.Request) {
-		if !newRPCAuth(scaleSecret).verify(r) {
-			writeWireError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
+	path, svc := node.ServiceHandler(n)
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !secret.NewAuth(scaleSecret).Verify(r) {
+			nodepb.WriteHTTPError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
 			return
 		}
-		serveRPC(n, w, r, r.PathValue("method"))
-	})
+		svc.ServeHTTP(w, r)
+	}))
 	n.srv = httptest.NewServer(mux)
 	tb.Cleanup(n.srv.Close)
 
@@ -377,16 +380,16 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 		for range ka {
 		}
 	}()
-	rec, _ := scaleSeal.seal(nodesPrefix+name, NodeRecord{
+	rec, _ := scaleSeal.Seal(store.NodesPrefix+name, store.NodeRecord{
 		Name: name, Addr: strings.TrimPrefix(n.srv.URL, "http://"), Runtime: "fake", StartedAt: time.Now().UTC(),
-		Capacity: Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
+		Capacity: store.Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
 	})
-	tmpl, _ := scaleSeal.seal(templatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
+	tmpl, _ := scaleSeal.Seal(store.TemplatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
 		Name: "busybox", Source: "docker.io/library/busybox:latest", CreatedAt: time.Now().UTC(), ImageSize: 4 << 20, EnvdHash: "fake",
 	}, Ready: true})
 	_, err = cli.Txn(ctx).Then(
-		clientv3.OpPut(nodesPrefix+name, rec, clientv3.WithLease(lease.ID)),
-		clientv3.OpPut(templatePrefix+"busybox/"+name, tmpl, clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(store.NodesPrefix+name, rec, clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(store.TemplatePrefix+"busybox/"+name, tmpl, clientv3.WithLease(lease.ID)),
 	).Commit()
 	if err != nil {
 		tb.Fatalf("node %s: registering: %v", name, err)
@@ -404,7 +407,7 @@ func (n *scaleNode) record(id, tmpl string) (sandbox.Sandbox, string) {
 		Metadata:    map[string]string{"user": "scale"},
 		Network:     sandbox.Network{AllowInternet: true},
 	}
-	val, _ := scaleSeal.seal(sandboxPrefix+id, SandboxRecord{Node: n.name, Sandbox: sb})
+	val, _ := scaleSeal.Seal(store.SandboxPrefix+id, store.RecordOf(n.name, sb))
 	return sb, val
 }
 
@@ -422,7 +425,7 @@ func (n *scaleNode) Create(ctx context.Context, req sandbox.CreateRequest) (sand
 	}
 	id := fmt.Sprintf("%s-%06d", n.name, n.seq.Add(1))
 	sb, val := n.record(id, req.Template)
-	if _, err := n.cli.Put(ctx, sandboxPrefix+id, val); err != nil {
+	if _, err := n.cli.Put(ctx, store.SandboxPrefix+id, val); err != nil {
 		return sandbox.Sandbox{}, errdefs.Unavailable("recording sandbox %s in etcd: %v", id, err)
 	}
 	n.creates.Add(1)
@@ -461,6 +464,10 @@ func (n *scaleNode) Pause(ctx context.Context, id string) (sandbox.Sandbox, erro
 
 func (n *scaleNode) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return sandbox.Sandbox{}, n.notFound(id)
+}
+
+func (n *scaleNode) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
+	return sandbox.Sandbox{}, false, n.notFound(id)
 }
 
 func (n *scaleNode) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
@@ -503,55 +510,10 @@ func (n *scaleNode) BuildTemplate(ctx context.Context, req template.BuildRequest
 	return api.TemplateInfo{}, errdefs.Invalid("fake node %s does not build templates", n.name)
 }
 
-// scaleEtcd starts a single-member etcd on unix sockets in a temporary
-// directory and returns a client of it; both stop in tb.Cleanup.
-func scaleEtcd(tb testing.TB) *clientv3.Client {
-	tb.Helper()
-	dir := tb.TempDir()
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	client := scaleURL(tb, "unix://"+filepath.Join(dir, "client.sock"))
-	peer := scaleURL(tb, "unix://"+filepath.Join(dir, "peer.sock"))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		tb.Fatalf("starting etcd: %v", err)
-	}
-	tb.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		tb.Fatalf("etcd failed while starting: %v", err)
-	case <-time.After(30 * time.Second):
-		tb.Fatal("etcd not ready after 30 s")
-	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{client[0].String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
-	if err != nil {
-		tb.Fatalf("etcd client: %v", err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	return cli
-}
-
-func scaleURL(tb testing.TB, raw string) []url.URL {
-	u, err := url.Parse(raw)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return []url.URL{*u}
-}
+func scaleEtcd(tb testing.TB) *clientv3.Client { return fleettest.Etcd(tb) }
 
 // scaleCount is how many sandbox records a cache holds.
-func scaleCount(c *Cache) int {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.sandboxes)
-}
+func scaleCount(c *store.Cache) int { return c.Len() }
 
 // scaleLog drops the fleet's logs (node up × 100): a goroutine may still
 // log after the test has ended.

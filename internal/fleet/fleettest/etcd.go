@@ -1,0 +1,57 @@
+// Package fleettest holds what the fleet packages' tests share: an
+// in-process etcd.
+package fleettest
+
+import (
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Etcd starts a single-member etcd on unix sockets in a temporary
+// directory and returns a client of it; both stop in tb.Cleanup.
+func Etcd(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	dir := tb.TempDir()
+	cfg := embed.NewConfig()
+	cfg.Dir = filepath.Join(dir, "data")
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	client := unixURL(tb, "unix://"+filepath.Join(dir, "client.sock"))
+	peer := unixURL(tb, "unix://"+filepath.Join(dir, "peer.sock"))
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		tb.Fatalf("starting etcd: %v", err)
+	}
+	tb.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		tb.Fatalf("etcd failed while starting: %v", err)
+	case <-time.After(30 * time.Second):
+		tb.Fatal("etcd not ready after 30 s")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{client[0].String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		tb.Fatalf("etcd client: %v", err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func unixURL(tb testing.TB, raw string) []url.URL {
+	u, err := url.Parse(raw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return []url.URL{*u}
+}
