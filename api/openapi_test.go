@@ -41,6 +41,11 @@ var wireSchemas = []struct {
 	{BuildEvent{}, "#/components/schemas/BuildEvent"},
 	{Node{}, "#/components/schemas/Node"},
 	{Error{}, "#/components/schemas/Error"},
+	{Volume{}, "#/components/schemas/Volume"},
+	{VolumeAndToken{}, "#/components/schemas/VolumeAndToken"},
+	{NewVolume{}, "#/paths/~1volumes/post/requestBody/content/application~1json/schema"},
+	{VolumeEntryStat{}, "#/components/schemas/VolumeEntryStat"},
+	{VolumeMetadata{}, "#/paths/~1volumecontent~1{volumeID}~1path/patch/requestBody/content/application~1json/schema"},
 }
 
 // TestWireTypesMatchOpenAPI checks every wire type against its schema:

@@ -53,6 +53,8 @@ type Sandbox struct {
 	// Boot (agentenv's; on create, connect and get) says where the
 	// sandbox's last boot spent its time.
 	Boot *BootRecord `json:"boot,omitempty"`
+	// VolumeMounts are the volumes the sandbox mounts.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // BootRecord is a boot's steps in the order they ran.
@@ -106,6 +108,8 @@ type NewSandbox struct {
 	AutoPause       *bool       `json:"autoPause,omitempty"`
 	AutoPauseMemory *bool       `json:"autoPauseMemory,omitempty"`
 	AutoResume      *AutoResume `json:"autoResume,omitempty"`
+	// VolumeMounts mounts volumes (by name) at absolute paths.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // AutoResume is E2B's autoResume setting of a new sandbox.
@@ -334,3 +338,55 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+// VolumeMount is a volume mounted into a sandbox, by the volume's name.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+// Volume is a volume as GET /volumes lists it.
+type Volume struct {
+	VolumeID string `json:"volumeID"`
+	Name     string `json:"name"`
+}
+
+// VolumeAndToken is a volume with the bearer token of its content API
+// (/volumecontent), as create and get answer.
+type VolumeAndToken struct {
+	VolumeID string `json:"volumeID"`
+	Name     string `json:"name"`
+	Token    string `json:"token"`
+	// Domain is the server's --domain, if it has one.
+	Domain string `json:"domain,omitempty"`
+}
+
+// NewVolume is the body of POST /volumes.
+type NewVolume struct {
+	Name string `json:"name"`
+}
+
+// VolumeEntryStat describes a file or directory of a volume.
+type VolumeEntryStat struct {
+	Name string `json:"name"`
+	// Type is file, directory, symlink or unknown.
+	Type string `json:"type"`
+	// Path is absolute, inside the volume.
+	Path  string    `json:"path"`
+	Size  int64     `json:"size"`
+	Mode  uint32    `json:"mode"`
+	UID   uint32    `json:"uid"`
+	GID   uint32    `json:"gid"`
+	Atime time.Time `json:"atime"`
+	Mtime time.Time `json:"mtime"`
+	Ctime time.Time `json:"ctime"`
+	// Target is a symbolic link's target.
+	Target string `json:"target,omitempty"`
+}
+
+// VolumeMetadata is the body of PATCH /volumecontent/{id}/path.
+type VolumeMetadata struct {
+	UID  *uint32 `json:"uid,omitempty"`
+	GID  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+}

@@ -240,6 +240,9 @@ func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
 	if sb.Lifecycle.AutoPause {
 		out.Lifecycle.OnTimeout = "pause"
 	}
+	for _, v := range sb.Volumes {
+		out.VolumeMounts = append(out.VolumeMounts, wire.VolumeMount{Name: v.Name, Path: v.Path})
+	}
 	if s.cfg.Domain != "" {
 		d := s.cfg.Domain
 		out.Domain = &d

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	wire "github.com/agentenv/agentenv/api"
 	"io"
 	"net/http"
 	"path"
@@ -15,13 +16,6 @@ import (
 // The volume routes: E2B's control plane (/volumes, API key) and its
 // volume content API (/volumecontent, the volume's own bearer token, no
 // API key), as E2B's SDKs call them.
-
-type volumeJSON struct {
-	VolumeID string `json:"volumeID"`
-	Name     string `json:"name"`
-	Token    string `json:"token,omitempty"`
-	Domain   string `json:"domain,omitempty"`
-}
 
 func (s *Server) volumeRoutes(mux *http.ServeMux, auth func(string, http.HandlerFunc)) {
 	auth("POST /volumes", s.createVolume)
@@ -48,12 +42,14 @@ func (s *Server) volumes(w http.ResponseWriter) *volume.Store {
 	return s.cfg.Volumes
 }
 
-func (s *Server) volumeJSON(v volume.Volume, token bool) volumeJSON {
-	j := volumeJSON{VolumeID: v.ID, Name: v.Name}
-	if token {
-		j.Token, j.Domain = s.cfg.Volumes.Token(v.ID), s.cfg.Domain
-	}
-	return j
+func (s *Server) volumeJSON(v volume.Volume) wire.VolumeAndToken {
+	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: s.cfg.Volumes.Token(v.ID), Domain: s.cfg.Domain}
+}
+
+// entryJSON is a volume entry as the content API answers it.
+func entryJSON(e volume.Entry) wire.VolumeEntryStat {
+	return wire.VolumeEntryStat{Name: e.Name, Type: e.Type, Path: e.Path, Size: e.Size, Mode: e.Mode, UID: e.UID, GID: e.GID,
+		Atime: e.Atime, Mtime: e.Mtime, Ctime: e.Ctime, Target: e.Target}
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
@@ -61,9 +57,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		return
 	}
-	var req struct {
-		Name string `json:"name"`
-	}
+	var req wire.NewVolume
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -73,7 +67,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.volumeJSON(v, true))
+	writeJSON(w, http.StatusCreated, s.volumeJSON(v))
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -81,9 +75,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		return
 	}
-	out := []volumeJSON{}
+	out := []wire.Volume{}
 	for _, v := range st.Volumes(identityOf(r.Context()).Name) {
-		out = append(out, s.volumeJSON(v, false))
+		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -98,7 +92,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.volumeJSON(v, true))
+	writeJSON(w, http.StatusOK, s.volumeJSON(v))
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
@@ -182,10 +176,14 @@ func (s *Server) volumeListDir(w http.ResponseWriter, r *http.Request, id string
 		}
 		depth = n
 	}
-	out, err := s.cfg.Volumes.ListDir(id, r.URL.Query().Get("path"), depth)
+	list, err := s.cfg.Volumes.ListDir(id, r.URL.Query().Get("path"), depth)
 	if err != nil {
 		contentError(w, err)
 		return
+	}
+	out := make([]wire.VolumeEntryStat, 0, len(list))
+	for _, e := range list {
+		out = append(out, entryJSON(e))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -195,7 +193,7 @@ func (s *Server) volumeMakeDir(w http.ResponseWriter, r *http.Request, id string
 	if err == nil {
 		var e volume.Entry
 		if e, err = s.cfg.Volumes.MakeDir(id, r.URL.Query().Get("path"), a, force(r)); err == nil {
-			writeJSON(w, http.StatusCreated, e)
+			writeJSON(w, http.StatusCreated, entryJSON(e))
 			return
 		}
 	}
@@ -208,15 +206,11 @@ func (s *Server) volumeStat(w http.ResponseWriter, r *http.Request, id string) {
 		contentError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, e)
+	writeJSON(w, http.StatusOK, entryJSON(e))
 }
 
 func (s *Server) volumeUpdate(w http.ResponseWriter, r *http.Request, id string) {
-	var body struct {
-		UID  *uint32 `json:"uid"`
-		GID  *uint32 `json:"gid"`
-		Mode *uint32 `json:"mode"`
-	}
+	var body wire.VolumeMetadata
 	if err := decode(w, r, &body); err != nil {
 		contentError(w, err)
 		return
@@ -226,7 +220,7 @@ func (s *Server) volumeUpdate(w http.ResponseWriter, r *http.Request, id string)
 		contentError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, e)
+	writeJSON(w, http.StatusOK, entryJSON(e))
 }
 
 func (s *Server) volumeRemove(w http.ResponseWriter, r *http.Request, id string) {
@@ -257,36 +251,24 @@ func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, id string) 
 	if err == nil {
 		var e volume.Entry
 		if e, err = s.cfg.Volumes.WriteFile(id, r.URL.Query().Get("path"), r.Body, a, force(r)); err == nil {
-			writeJSON(w, http.StatusCreated, e)
+			writeJSON(w, http.StatusCreated, entryJSON(e))
 			return
 		}
 	}
 	contentError(w, err)
 }
 
-// volumeMountJSON is one entry of a create's volumeMounts.
-type volumeMountJSON struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-}
-
-// resolvedMount is a checked volume mount: the volume and where it goes.
-type resolvedMount struct {
-	volume.Volume
-	Path string
-}
-
 // resolveMounts checks a create's volumeMounts as E2B does (every problem
 // listed, one line per mount, 400) and finds each volume by name among the
 // caller's.
-func (s *Server) resolveMounts(owner string, in []volumeMountJSON) ([]resolvedMount, error) {
+func (s *Server) resolveMounts(owner string, in []wire.VolumeMount) ([]volume.Mount, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
 	if s.cfg.Volumes == nil {
 		return nil, errdefs.Invalid("volume mounts are not enabled on this server: volumes are served by `agentenv serve`, not yet through `agentenv api`")
 	}
-	var out []resolvedMount
+	var out []volume.Mount
 	var problems []string
 	used := map[string]bool{}
 	for i, m := range in {
@@ -303,8 +285,8 @@ func (s *Server) resolveMounts(owner string, in []volumeMountJSON) ([]resolvedMo
 		case path.Clean(m.Path) != m.Path:
 			bad("path must not contain any '.' or '..' components")
 			continue
-		case m.Path == "/":
-			bad("path cannot be the root directory")
+		case m.Path == "/" || systemPath(m.Path):
+			bad("path %s is the sandbox's own (/, /proc, /sys, /dev and what is under them): mount the volume elsewhere, such as /mnt/%s", m.Path, m.Name)
 			continue
 		case used[m.Path]:
 			bad("path '%s' is already used", m.Path)
@@ -316,10 +298,38 @@ func (s *Server) resolveMounts(owner string, in []volumeMountJSON) ([]resolvedMo
 			bad("volume '%s' not found", m.Name)
 			continue
 		}
-		out = append(out, resolvedMount{Volume: v, Path: m.Path})
+		out = append(out, volume.Mount{ID: v.ID, Name: v.Name, Path: m.Path, Source: s.cfg.Volumes.DataDir(v.ID)})
 	}
 	if len(problems) > 0 {
 		return nil, errdefs.Invalid("invalid mounts:\n%s", strings.Join(problems, "\n"))
 	}
 	return out, nil
+}
+
+func systemPath(p string) bool {
+	for _, sys := range []string{"/proc", "/sys", "/dev"} {
+		if p == sys || strings.HasPrefix(p, sys+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// holdMounts resolves a create's volume mounts and holds the volumes until
+// release (after the create returned): a delete racing the create is
+// refused.
+func (s *Server) holdMounts(r *http.Request, in []wire.VolumeMount) ([]volume.Mount, func(), error) {
+	mounts, err := s.resolveMounts(identityOf(r.Context()).Name, in)
+	if err != nil || len(mounts) == 0 {
+		return nil, func() {}, err
+	}
+	ids := make([]string, len(mounts))
+	for i, m := range mounts {
+		ids[i] = m.ID
+	}
+	release, err := s.cfg.Volumes.Hold(ids...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return mounts, release, nil
 }

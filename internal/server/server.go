@@ -206,7 +206,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	h.Manager, h.Templates, h.Snapshots = mgr, templates, snaps
-	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes})
+	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes, InUse: mgr.VolumeUsers})
 	if err != nil {
 		return nil, fmt.Errorf("volume store: %w", err)
 	}

@@ -10,18 +10,21 @@ import { after, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 
-import { Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b'
+import { Sandbox, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b'
 
 for (const k of ['E2B_API_URL', 'E2B_VOLUME_API_URL', 'E2B_API_KEY']) {
   if (!process.env[k]) throw new Error(`volumes.test.mjs: set ${k}`)
 }
 
 const T = { timeout: 60_000 }
+const TS = { timeout: 180_000 }
 const made = []
 const name = (p) => `${p}-${randomBytes(4).toString('hex')}`
 
 describe('volumes through the e2b SDK', { concurrency: false }, () => {
+  const boxes = []
   after(async () => {
+    for (const b of boxes) await b.kill().catch(() => {})
     for (const id of made) await Volume.destroy(id).catch(() => {})
   })
 
@@ -94,5 +97,41 @@ describe('volumes through the e2b SDK', { concurrency: false }, () => {
     made.push(other.volumeId)
     const forged = new Volume(vol.volumeId, vol.name, other.token)
     await assert.rejects(forged.readFile('/data/hello.txt'), /another volume/, "another volume's token is refused (401)")
+  })
+
+  test('mounted in two sandboxes at once, then in a third after both died', TS, async () => {
+    const vol = await Volume.create(name('shared'))
+    made.push(vol.volumeId)
+    await vol.writeFile('/from-api.txt', 'written through the volume API', { force: true })
+
+    const a = await Sandbox.create('busybox', { timeoutMs: 120_000, volumeMounts: { '/mnt/data': vol } })
+    boxes.push(a)
+    const b = await Sandbox.create('busybox', { timeoutMs: 120_000, volumeMounts: { '/data': vol.name } })
+    boxes.push(b)
+    const info = await Sandbox.getInfo(a.sandboxId)
+    assert.deepEqual(info.volumeMounts, [{ name: vol.name, path: '/mnt/data' }], 'get shows the mount')
+
+    assert.equal((await a.commands.run('cat /mnt/data/from-api.txt')).stdout, 'written through the volume API')
+    await a.commands.run('echo from-a > /mnt/data/a.txt')
+    await b.commands.run('echo from-b > /data/b.txt')
+    assert.equal((await b.commands.run('cat /data/a.txt')).stdout.trim(), 'from-a', 'b sees what a wrote')
+    assert.equal((await a.commands.run('cat /mnt/data/b.txt')).stdout.trim(), 'from-b', 'a sees what b wrote')
+    assert.equal(await vol.readFile('/b.txt'), 'from-b\n', 'the volume API sees what b wrote')
+
+    await assert.rejects(Volume.destroy(vol.volumeId), /mounted by sandbox/, 'delete is refused while mounted')
+    await assert.rejects(
+      Sandbox.create('busybox', { volumeMounts: { 'relative': vol, '/x/../y': vol } }),
+      /invalid mounts:[\s\S]*#0: path must be absolute[\s\S]*#1: path must not contain/,
+      'bad mounts are listed as E2B lists them',
+    )
+    await assert.rejects(Sandbox.create('busybox', { volumeMounts: { '/m': 'no-such-volume' } }), /volume 'no-such-volume' not found/)
+
+    await a.kill()
+    await b.kill()
+    const c = await Sandbox.create('busybox', { timeoutMs: 120_000, volumeMounts: { '/v': vol } })
+    boxes.push(c)
+    assert.equal((await c.commands.run('cat /v/a.txt /v/b.txt')).stdout, 'from-a\nfrom-b\n', 'the data outlived both sandboxes')
+    await c.kill()
+    assert.equal(await Volume.destroy(vol.volumeId), true, 'delete after the last sandbox is gone')
   })
 })
