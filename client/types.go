@@ -11,6 +11,8 @@ type (
 	// BootRecord and BootStep say where a sandbox's last boot spent its time.
 	BootRecord = api.BootRecord
 	BootStep   = api.BootStep
+	// VolumeMount mounts a volume (by name) into a new sandbox.
+	VolumeMount = api.VolumeMount
 	// CreateRequest is the body of a create (POST /sandboxes).
 	CreateRequest = api.NewSandbox
 	// ConnectRequest is the body of a connect.
