@@ -205,7 +205,9 @@ func (b *build) render(ctx context.Context) error {
 		return err
 	}
 	goVersion = strings.TrimPrefix(goVersion, "go")
-	gomod := fmt.Sprintf("module agentenv\n\ngo 1.26\n\nrequire %s %s\n", Module, b.Version)
+	// The copied generator imports its packages by this project's module
+	// path, so the temporary module is named as the project is.
+	gomod := fmt.Sprintf("module %s\n\ngo 1.26\n\nrequire %s %s\n", projectModule, Module, b.Version)
 	gowork := fmt.Sprintf("go %s\n\nuse (\n\t./gen\n\t./src\n)\n", goVersion)
 	if err := os.WriteFile(filepath.Join(b.gen, "go.mod"), []byte(gomod), 0o644); err != nil {
 		return err
@@ -225,6 +227,9 @@ func (b *build) render(ctx context.Context) error {
 	}
 	return nil
 }
+
+// projectModule is agentenv's module path (go.mod).
+const projectModule = "github.com/agentenv/agentenv"
 
 func (b *build) writeProxy(context.Context) error {
 	info, err := os.ReadFile(b.orig.Info)
