@@ -58,6 +58,14 @@ func clean(p string) (abs, rel string, err error) {
 	return abs, rel, nil
 }
 
+// at opens volume id's root and cleans p in it.
+func (s *Store) at(id, p string) (r *os.Root, abs, rel string, err error) {
+	if r, err = s.root(id); err == nil {
+		abs, rel, err = clean(p)
+	}
+	return r, abs, rel, err
+}
+
 // pathErr maps a file-system error on p to the API's classes.
 func pathErr(abs string, err error) error {
 	switch {
@@ -87,11 +95,7 @@ func pathErr(abs string, err error) error {
 
 // Stat describes the entry at p.
 func (s *Store) Stat(id, p string) (Entry, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return Entry{}, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -136,11 +140,7 @@ func entry(abs string, fi fs.FileInfo) Entry {
 // ListDir describes the entries under directory p, down to depth levels
 // (1: its children only).
 func (s *Store) ListDir(id, p string, depth int) ([]Entry, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return nil, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return nil, err
 	}
@@ -188,11 +188,7 @@ func (s *Store) ListDir(id, p string, depth int) ([]Entry, error) {
 // and a missing parent is not found; with force it makes the parents too
 // and an existing directory is fine.
 func (s *Store) MakeDir(id, p string, a Attrs, force bool) (Entry, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return Entry{}, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -250,11 +246,7 @@ func setAttrs(r *os.Root, rel string, a Attrs, mode fs.FileMode) error {
 // conflict and a missing parent is not found; with force it makes the
 // parents and replaces p.
 func (s *Store) WriteFile(id, p string, body io.Reader, a Attrs, force bool) (Entry, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return Entry{}, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -287,11 +279,7 @@ func (s *Store) WriteFile(id, p string, body io.Reader, a Attrs, force bool) (En
 
 // ReadFile opens file p for reading.
 func (s *Store) ReadFile(id, p string) (*os.File, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return nil, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return nil, err
 	}
@@ -308,11 +296,7 @@ func (s *Store) ReadFile(id, p string) (*os.File, error) {
 
 // UpdateMetadata sets p's owner and mode.
 func (s *Store) UpdateMetadata(id, p string, a Attrs) (Entry, error) {
-	r, err := s.root(id)
-	if err != nil {
-		return Entry{}, err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -328,11 +312,7 @@ func (s *Store) UpdateMetadata(id, p string, a Attrs) (Entry, error) {
 
 // Remove deletes p (a directory with everything under it).
 func (s *Store) Remove(id, p string) error {
-	r, err := s.root(id)
-	if err != nil {
-		return err
-	}
-	abs, rel, err := clean(p)
+	r, abs, rel, err := s.at(id, p)
 	if err != nil {
 		return err
 	}
