@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Per-process and per-host counts the limits probe reads from /proc.
@@ -53,7 +54,7 @@ func readProcCounts(pid int) (c procCounts, ok bool, err error) {
 // ignoreGone turns "the process has ended" into nil: a process can end
 // between listing and reading.
 func ignoreGone(err error) error {
-	if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "no such process") {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 		return nil
 	}
 	return err

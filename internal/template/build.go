@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -200,6 +201,15 @@ func (s *Store) importPath(p string) (string, error) {
 	return resolved, nil
 }
 
+// rootRefused reports whether err is os.Root's refusal of a path that
+// leads out of its tree (a *fs.PathError carrying no errno: os.Root has
+// no exported error value for it).
+func rootRefused(err error) bool {
+	var pe *fs.PathError
+	var errno syscall.Errno
+	return errors.As(err, &pe) && !errors.As(pe.Err, &errno)
+}
+
 // finish bakes envd and the sandbox conventions into dir/rootfs and writes
 // dir/image.erofs and dir/template.json.
 // busyboxUUID is the fixed filesystem UUID of busybox template images.
@@ -209,7 +219,7 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 	rootfs := filepath.Join(dir, "rootfs")
 	progress(Progress{Phase: "configure", Percent: 85, Message: "installing envd"})
 	if err := prepareRootfs(rootfs, s.envd); err != nil {
-		if strings.Contains(err.Error(), "escapes") {
+		if rootRefused(err) {
 			// os.Root refused a symlink that leads out of the tree.
 			return errdefs.Invalid("rootfs: %v: the paths agentenv sets up (/home/user, /tmp, /etc/passwd, /etc/group, /etc/hosts, /bin/bash, /.agentenv) must not be symlinks leading outside the root", err)
 		}
