@@ -64,9 +64,10 @@ func (w *worker) prepare(ctx context.Context, spec runtime.Spec) (*container.Con
 	c, err := w.spawn(conf, spec.ID, bundle, console)
 	if err != nil {
 		err = fmt.Errorf("create sandbox %s: %w%s", spec.ID, err, logTails(spec.Dir))
-		if strings.Contains(err.Error(), "container already exists") {
-			// Another create of the same ID won the race: its cgroups
-			// are not ours to remove.
+		if _, lerr := w.loadContainer(spec.ID); lerr == nil || errors.Is(lerr, container.ErrStateFileLocked) {
+			// Another create of the same ID won the race (gVisor says so
+			// only in text; its state file says so for sure): its
+			// cgroups are not ours to remove.
 			return nil, nil, fmt.Errorf("%w: %w", err, errdefs.ErrConflict)
 		}
 		if cerr := w.removeCgroups(spec.ID); cerr != nil {
