@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -10,6 +11,32 @@ import (
 // asks for the default limits takes one: envd gets the new sandbox's token
 // and environment through /init, the record gets its metadata, policy and
 // timeout, and it is running — no boot on the request's path.
+
+// hotPool holds the IDs of the pooled sandboxes per template, under its
+// own lock (spares: a leaf, after Manager.mu). The sandboxes themselves
+// are in the registry, in state pooled.
+type hotPool struct {
+	spares[string]
+}
+
+// pop takes the last pooled sandbox of the template, if any.
+func (p *hotPool) pop(template string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.lists[template]
+	if len(ids) == 0 {
+		return "", false
+	}
+	p.lists[template] = ids[:len(ids)-1]
+	return ids[len(ids)-1], true
+}
+
+// remove forgets a pooled sandbox (it is being killed).
+func (p *hotPool) remove(template, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lists[template] = slices.DeleteFunc(p.lists[template], func(h string) bool { return h == id })
+}
 
 // takeHot hands out a pooled sandbox for req, if one fits.
 func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool) {
@@ -26,18 +53,14 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		return Sandbox{}, false
 	}
 	for {
-		m.mu.Lock()
-		ids := m.hot[req.Template]
-		if len(ids) == 0 {
-			m.mu.Unlock()
-			m.kickHot()
+		id, ok := m.hot.pop(req.Template)
+		m.kickHot()
+		if !ok {
 			return Sandbox{}, false
 		}
-		id := ids[len(ids)-1]
-		m.hot[req.Template] = ids[:len(ids)-1]
+		m.mu.Lock()
 		e := m.boxes[id]
 		m.mu.Unlock()
-		m.kickHot()
 		if e == nil {
 			continue
 		}
@@ -100,7 +123,7 @@ func (e hotError) Error() string { return string(e) }
 
 const errNotPooled = hotError("sandbox is no longer pooled")
 
-func (m *Manager) kickHot() { kick(m.hotKick) }
+func (m *Manager) kickHot() { m.hot.wake() }
 
 // RunHot keeps HotPool booted sandboxes per template until ctx ends, then
 // kills them.
@@ -118,18 +141,13 @@ func (m *Manager) RunHot(ctx context.Context) {
 				continue
 			}
 			for ctx.Err() == nil {
-				m.mu.Lock()
-				n := len(m.hot[t.Name])
-				m.mu.Unlock()
-				if n >= m.d.Limits.HotPool {
+				if m.hot.listed(t.Name) >= m.d.Limits.HotPool {
 					break
 				}
-				ran, err := m.makeSpare(&m.hotBoot, t.Name, func() error {
+				ran, err := m.hot.makeOne(t.Name, func() error {
 					sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
 					if err == nil {
-						m.mu.Lock()
-						m.hot[t.Name] = append(m.hot[t.Name], sb.ID)
-						m.mu.Unlock()
+						m.hot.add(t.Name, sb.ID)
 					}
 					return err
 				})
@@ -144,12 +162,14 @@ func (m *Manager) RunHot(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-m.hotKick:
+		case <-m.hot.kick:
 		case <-tick.C:
 		}
 	}
 }
 
 func (m *Manager) drainHot() {
-	drainPool(m, &m.hot, func(id string) { m.Kill(context.Background(), id) })
+	for _, id := range m.hot.drain() {
+		m.Kill(context.Background(), id)
+	}
 }

@@ -18,7 +18,7 @@ import (
 func (m *Manager) Unlisted(template string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := len(m.warm[template]) + len(m.hot[template]) + m.making[template]
+	n := m.warm.held(template) + m.hot.held(template)
 	for _, t := range m.dying {
 		if t != nil && t.sb.Template == template {
 			n++
@@ -27,46 +27,16 @@ func (m *Manager) Unlisted(template string) int {
 	return n
 }
 
-// makeSpare runs make, which makes one spare of template and lists it,
-// under mu (warmPrep or hotBoot), unless the template is being built,
-// made ready or deleted (Preparing); ran says whether make ran.
-func (m *Manager) makeSpare(mu *sync.Mutex, template string, make func() error) (ran bool, err error) {
-	mu.Lock()
-	defer mu.Unlock()
-	if m.isPreparing(template) {
-		return false, nil
-	}
-	m.mu.Lock()
-	if m.making == nil {
-		m.making = map[string]int{}
-	}
-	m.making[template]++
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		if m.making[template]--; m.making[template] <= 0 {
-			delete(m.making, template)
-		}
-		m.mu.Unlock()
-	}()
-	return true, make()
-}
-
 // dropSpares removes the template's spares and keeps new ones from being
 // made until done is called, and waits until what they held is released.
 func (m *Manager) dropSpares(template string) (done func()) {
 	done = m.Preparing(template)
 	// A spare being made finishes (and is listed) first; the next ones
 	// see the mark and are not made.
-	m.warmPrep.Lock()
-	m.warmPrep.Unlock()
-	m.hotBoot.Lock()
-	m.hotBoot.Unlock()
+	m.warm.settle()
+	m.hot.settle()
 	m.dropWarmOf(template)
-	m.mu.Lock()
-	pooled := slices.Clone(m.hot[template])
-	m.mu.Unlock()
-	for _, id := range pooled {
+	for _, id := range m.hot.of(template) {
 		// Only if still pooled: a create may have just taken it.
 		if e, err := m.entry(id); err == nil {
 			m.killWhen(context.Background(), e, "", func(sb Sandbox) bool { return sb.State == StatePooled })
@@ -76,16 +46,125 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	return done
 }
 
-// drainPool empties a pool of spares (per template, under m.mu) and drops
-// each outside the lock.
-func drainPool[T any](m *Manager, pool *map[string][]T, drop func(T)) {
-	m.mu.Lock()
-	all := *pool
-	*pool = map[string][]T{}
-	m.mu.Unlock()
-	for _, list := range all {
-		for _, x := range list {
-			drop(x)
-		}
+// spares is one pool's spares per template, with its own lock. Lock
+// order: Manager.mu, then a pool's mu — a pool's lock is a leaf, held
+// only around its own maps and never while calling into the manager, so
+// the manager may read or change a pool while it holds m.mu (kill.go
+// drops a pooled sandbox from the hot pool as it leaves the registry;
+// Unlisted counts the pools and teardowns at one instant).
+type spares[T any] struct {
+	mu sync.Mutex
+	// lists holds the spares ready to be taken, per template; making
+	// counts those being made (listed at the end of their making).
+	lists  map[string][]T
+	making map[string]int
+	// build is held while a spare is made: one at a time per pool, and
+	// dropSpares waits for the one being made.
+	build sync.Mutex
+	// kick wakes the pool's refill loop.
+	kick chan struct{}
+	// preparing says whether a template is being built, made ready or
+	// deleted: no spare of it is made meanwhile (Manager.isPreparing).
+	preparing func(template string) bool
+}
+
+func (s *spares[T]) init(preparing func(string) bool) {
+	s.lists, s.making = map[string][]T{}, map[string]int{}
+	s.kick = make(chan struct{}, 1)
+	s.preparing = preparing
+}
+
+// wake wakes the refill loop without blocking.
+func (s *spares[T]) wake() { kick(s.kick) }
+
+func (s *spares[T]) add(template string, x T) {
+	s.mu.Lock()
+	s.lists[template] = append(s.lists[template], x)
+	s.mu.Unlock()
+}
+
+// listed is how many spares of the template wait to be taken.
+func (s *spares[T]) listed(template string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lists[template])
+}
+
+// held is how many spares of the template there are, listed or being
+// made: each holds the template.
+func (s *spares[T]) held(template string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lists[template]) + s.making[template]
+}
+
+// counts is how many spares wait per template.
+func (s *spares[T]) counts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.lists))
+	for t, l := range s.lists {
+		out[t] = len(l)
 	}
+	return out
+}
+
+// templates lists the templates that have spares.
+func (s *spares[T]) templates() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.lists))
+	for t := range s.lists {
+		out = append(out, t)
+	}
+	return out
+}
+
+// of returns a copy of the template's spares, leaving them listed.
+func (s *spares[T]) of(template string) []T {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.lists[template])
+}
+
+// drain empties the pool and returns what it held, to be dropped
+// outside the lock.
+func (s *spares[T]) drain() []T {
+	s.mu.Lock()
+	all := s.lists
+	s.lists = map[string][]T{}
+	s.mu.Unlock()
+	var out []T
+	for _, l := range all {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// makeOne runs make, which makes one spare of template and lists it,
+// under build, unless the template is being built, made ready or deleted
+// (preparing); ran says whether make ran.
+func (s *spares[T]) makeOne(template string, make func() error) (ran bool, err error) {
+	s.build.Lock()
+	defer s.build.Unlock()
+	if s.preparing(template) {
+		return false, nil
+	}
+	s.mu.Lock()
+	s.making[template]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.making[template]--; s.making[template] <= 0 {
+			delete(s.making, template)
+		}
+		s.mu.Unlock()
+	}()
+	return true, make()
+}
+
+// settle returns once the spare being made, if any, is listed.
+func (s *spares[T]) settle() {
+	s.build.Lock()
+	s.build.Unlock()
 }

@@ -51,12 +51,91 @@ type warmEntry struct {
 	undo undo
 }
 
-// warmState is the demand for warm containers; guarded by Manager.mu.
-type warmState struct {
+// warmPool holds the warm containers and the demand for them, under its
+// own lock (spares: a leaf, after Manager.mu).
+type warmPool struct {
+	spares[warmEntry]
 	// demand holds, per template restored from lately, how many warm
 	// containers it wants and until when.
 	demand   map[string]warmDemand
 	lastTake time.Time
+}
+
+// pop takes a warm container of the template with those limits, if
+// there is one.
+func (p *warmPool) pop(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.lists[template]
+	for i, w := range list {
+		// The disk size is in the spec's annotations, which a restore
+		// must match.
+		if w.cpus == cpus && w.memMB == memMB && w.pids == pids && w.diskMB == diskMB {
+			p.lastTake = time.Now()
+			p.lists[template] = append(list[:i:i], list[i+1:]...)
+			return &w
+		}
+	}
+	return nil
+}
+
+// want keeps the template's warm containers at n or more (floor at
+// least) for warmLinger.
+func (p *warmPool) want(template string, n, floor int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.demand == nil {
+		p.demand = map[string]warmDemand{}
+	}
+	d := p.demand[template]
+	if time.Now().After(d.until) {
+		d.n = 0
+	}
+	d.n = max(d.n, n, floor)
+	d.until = time.Now().Add(warmLinger)
+	p.demand[template] = d
+}
+
+// target is how many warm containers the template should have now
+// (floor if it is ready). Callers hold p.mu.
+func (p *warmPool) target(template string, ready bool, floor int) int {
+	n := 0
+	if ready {
+		n = floor
+	}
+	if d, ok := p.demand[template]; ok {
+		if time.Now().Before(d.until) {
+			n = max(n, d.n)
+		} else {
+			delete(p.demand, template)
+		}
+	}
+	return n
+}
+
+// trim cuts the template's warm containers to its target and returns
+// those cut (to be dropped), whether it is short of the target, and how
+// long refills should still wait after the last take.
+func (p *warmPool) trim(template string, ready bool, floor int) (extra []warmEntry, short bool, quiet time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	have, want := len(p.lists[template]), p.target(template, ready, floor)
+	if have > want {
+		extra = p.lists[template][want:]
+		p.lists[template] = p.lists[template][:want:want]
+	}
+	return extra, have < want, warmQuiet - time.Since(p.lastTake)
+}
+
+// forget removes the template's warm containers and demand and returns
+// the containers, to be dropped.
+func (p *warmPool) forget(template string) []warmEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.lists[template]
+	delete(p.lists, template)
+	delete(p.demand, template)
+	return list
 }
 
 type warmDemand struct {
@@ -70,7 +149,7 @@ type warmDemand struct {
 func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
 	defer m.kickWarm()
 	for {
-		w := m.popWarm(template, cpus, memMB, pids, diskMB)
+		w := m.warm.pop(template, cpus, memMB, pids, diskMB)
 		if w == nil {
 			return nil
 		}
@@ -83,22 +162,6 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB 
 	}
 }
 
-func (m *Manager) popWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	list := m.warm[template]
-	for i, w := range list {
-		// The disk size is in the spec's annotations, which a restore
-		// must match.
-		if w.cpus == cpus && w.memMB == memMB && w.pids == pids && w.diskMB == diskMB {
-			m.warmS.lastTake = time.Now()
-			m.warm[template] = append(list[:i:i], list[i+1:]...)
-			return &w
-		}
-	}
-	return nil
-}
-
 // wantWarm records that n restores of a snapshot of template with those
 // limits happen at once (a fork of n, or 1 for a create from a snapshot):
 // if warm containers fit them (the default limits), the template's are kept
@@ -108,38 +171,10 @@ func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB
 	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) || diskMB != m.diskMB(template) {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.warmS.demand == nil {
-		m.warmS.demand = map[string]warmDemand{}
-	}
-	d := m.warmS.demand[template]
-	if time.Now().After(d.until) {
-		d.n = 0
-	}
-	d.n = max(d.n, n, m.d.WarmPool)
-	d.until = time.Now().Add(warmLinger)
-	m.warmS.demand[template] = d
+	m.warm.want(template, n, m.d.WarmPool)
 }
 
-// warmTarget is how many warm containers the template should have now.
-// Callers hold m.mu.
-func (m *Manager) warmTarget(template string, ready bool) int {
-	n := 0
-	if ready {
-		n = m.d.WarmPool
-	}
-	if d, ok := m.warmS.demand[template]; ok {
-		if time.Now().Before(d.until) {
-			n = max(n, d.n)
-		} else {
-			delete(m.warmS.demand, template)
-		}
-	}
-	return n
-}
-
-func (m *Manager) kickWarm() { kick(m.warmKick) }
+func (m *Manager) kickWarm() { m.warm.wake() }
 
 // kick wakes a refill loop without blocking (one pending wake-up is enough).
 func kick(ch chan struct{}) {
@@ -165,7 +200,7 @@ func (m *Manager) RunWarm(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-m.warmKick:
+		case <-m.warm.kick:
 		case <-tick.C:
 		}
 	}
@@ -175,33 +210,19 @@ func (m *Manager) RunWarm(ctx context.Context) {
 // a time, and drops those of templates no longer wanted or gone.
 func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
 	templates := m.d.Templates.List()
-	m.mu.Lock()
-	var gone []string
-	for name := range m.warm {
+	for _, name := range m.warm.templates() {
 		if !slices.ContainsFunc(templates, func(t template.Template) bool { return t.Name == name }) {
-			gone = append(gone, name)
+			m.dropWarmOf(name)
 		}
-	}
-	m.mu.Unlock()
-	for _, name := range gone {
-		m.dropWarmOf(name)
 	}
 	for _, t := range templates {
 		ready := m.IsReady(t.Name)
 		for ctx.Err() == nil {
-			m.mu.Lock()
-			have, want := len(m.warm[t.Name]), m.warmTarget(t.Name, ready)
-			quiet := warmQuiet - time.Since(m.warmS.lastTake)
-			var extra []warmEntry
-			if have > want {
-				extra = m.warm[t.Name][want:]
-				m.warm[t.Name] = m.warm[t.Name][:want:want]
-			}
-			m.mu.Unlock()
+			extra, short, quiet := m.warm.trim(t.Name, ready, m.d.WarmPool)
 			for _, w := range extra {
 				m.dropWarm(context.WithoutCancel(ctx), w)
 			}
-			if have >= want {
+			if !short {
 				break
 			}
 			if quiet > 0 {
@@ -213,7 +234,7 @@ func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
 				}
 				continue
 			}
-			ran, err := m.makeSpare(&m.warmPrep, t.Name, func() error { return m.prepareWarm(ctx, prep, t.Name) })
+			ran, err := m.warm.makeOne(t.Name, func() error { return m.prepareWarm(ctx, prep, t.Name) })
 			if err != nil {
 				m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
 			}
@@ -269,10 +290,7 @@ func (b *boot) readdress(ctx context.Context) error { return b.m.d.Net.Readdress
 func (b *boot) listWarm(ctx context.Context) error {
 	w := b.making
 	w.slot = b.sb.Slot
-	m := b.m
-	m.mu.Lock()
-	m.warm[b.sb.Template] = append(m.warm[b.sb.Template], *w)
-	m.mu.Unlock()
+	b.m.warm.add(b.sb.Template, *w)
 	return nil
 }
 
@@ -282,18 +300,15 @@ func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
 }
 
 func (m *Manager) drainWarm() {
-	drainPool(m, &m.warm, func(w warmEntry) { m.dropWarm(context.Background(), w) })
+	for _, w := range m.warm.drain() {
+		m.dropWarm(context.Background(), w)
+	}
 }
 
 // dropWarmOf removes the warm containers of a template (it was deleted or
 // rebuilt) and forgets its demand.
 func (m *Manager) dropWarmOf(template string) {
-	m.mu.Lock()
-	list := m.warm[template]
-	delete(m.warm, template)
-	delete(m.warmS.demand, template)
-	m.mu.Unlock()
-	for _, w := range list {
+	for _, w := range m.warm.forget(template) {
 		m.dropWarm(context.Background(), w)
 	}
 }
