@@ -54,7 +54,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 	}
 	for {
 		id, ok := m.hot.pop(req.Template)
-		m.kickHot()
+		m.hot.wake()
 		if !ok {
 			return Sandbox{}, false
 		}
@@ -123,53 +123,29 @@ func (e hotError) Error() string { return string(e) }
 
 const errNotPooled = hotError("sandbox is no longer pooled")
 
-func (m *Manager) kickHot() { m.hot.wake() }
-
 // RunHot keeps HotPool booted sandboxes per template until ctx ends, then
 // kills them.
-func (m *Manager) RunHot(ctx context.Context) {
-	defer m.drainHot()
-	if m.d.Limits.HotPool <= 0 {
-		<-ctx.Done()
-		return
-	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		for _, t := range m.d.Templates.List() {
-			if m.isPreparing(t.Name) {
-				continue
-			}
-			for ctx.Err() == nil {
-				if m.hot.listed(t.Name) >= m.d.Limits.HotPool {
-					break
-				}
-				ran, err := m.hot.makeOne(t.Name, func() error {
-					sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
-					if err == nil {
-						m.hot.add(t.Name, sb.ID)
-					}
-					return err
-				})
-				if err != nil {
-					m.d.Log.Warn("boot a sandbox for the hot pool", "template", t.Name, "err", err)
-				}
-				if !ran || err != nil {
-					break
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.hot.kick:
-		case <-tick.C:
-		}
-	}
-}
+func (m *Manager) RunHot(ctx context.Context) { m.hot.loop(ctx, m.hot.refill) }
 
-func (m *Manager) drainHot() {
-	for _, id := range m.hot.drain() {
-		m.Kill(context.Background(), id)
+// refill boots sandboxes until each template has its number, one at a
+// time; templates being prepared are left alone.
+func (p *hotPool) refill(ctx context.Context) {
+	h := p.host
+	for _, t := range h.templates() {
+		if h.preparing(t) {
+			continue
+		}
+		for ctx.Err() == nil {
+			if p.listed(t) >= h.size {
+				break
+			}
+			ran, err := p.makeOne(t, func() error { return h.make(ctx, t) })
+			if err != nil {
+				h.log.Warn("boot a sandbox for the hot pool", "template", t, "err", err)
+			}
+			if !ran || err != nil {
+				break
+			}
+		}
 	}
 }

@@ -176,9 +176,37 @@ func New(d Deps) (*Manager, error) {
 		retryBase: 100 * time.Millisecond,
 		grace:     shutdownGrace,
 	}
-	m.warm.init(m.isPreparing)
-	m.hot.init(m.isPreparing)
+	m.initPools()
 	return m, nil
+}
+
+// initPools gives the warm and hot pools what they need of the manager.
+func (m *Manager) initPools() {
+	names := func() []string {
+		var out []string
+		for _, t := range m.d.Templates.List() {
+			out = append(out, t.Name)
+		}
+		return out
+	}
+	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
+	m.warm.init(spareHost[warmEntry]{
+		size: m.d.WarmPool, off: !canPrepare, log: m.d.Log, templates: names, preparing: m.isPreparing,
+		make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
+		drop: m.dropWarm,
+	})
+	m.warm.ready = m.IsReady
+	m.hot.init(spareHost[string]{
+		size: m.d.Limits.HotPool, log: m.d.Log, templates: names, preparing: m.isPreparing,
+		make: func(ctx context.Context, template string) error {
+			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
+			if err == nil {
+				m.hot.add(template, sb.ID)
+			}
+			return err
+		},
+		drop: func(ctx context.Context, id string) { m.Kill(ctx, id) },
+	})
 }
 
 // DialSandbox connects to a sandbox's address (from Addr) with the

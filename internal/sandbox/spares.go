@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Spares are what the server makes ahead of demand: warm containers
@@ -35,7 +37,7 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	// see the mark and are not made.
 	m.warm.settle()
 	m.hot.settle()
-	m.dropWarmOf(template)
+	m.warm.dropOf(template)
 	for _, id := range m.hot.of(template) {
 		// Only if still pooled: a create may have just taken it.
 		if e, err := m.entry(id); err == nil {
@@ -63,15 +65,61 @@ type spares[T any] struct {
 	build sync.Mutex
 	// kick wakes the pool's refill loop.
 	kick chan struct{}
+	host spareHost[T]
+}
+
+// spareHost is what a pool needs of the manager, as functions New sets:
+// the pools know neither the boot pipeline nor the registry.
+type spareHost[T any] struct {
+	// size is how many spares a pool keeps per template (WarmPool,
+	// HotPool; a warm pool's demand may ask for more); off stops the
+	// pool from making any.
+	size int
+	off  bool
+	log  *slog.Logger
+	// templates lists the stored templates' names.
+	templates func() []string
 	// preparing says whether a template is being built, made ready or
 	// deleted: no spare of it is made meanwhile (Manager.isPreparing).
 	preparing func(template string) bool
+	// make makes one spare of the template through the boot pipeline
+	// and lists it (add); drop gives one back through its undo stack.
+	make func(ctx context.Context, template string) error
+	drop func(ctx context.Context, x T)
 }
 
-func (s *spares[T]) init(preparing func(string) bool) {
+func (s *spares[T]) init(h spareHost[T]) {
 	s.lists, s.making = map[string][]T{}, map[string]int{}
 	s.kick = make(chan struct{}, 1)
-	s.preparing = preparing
+	s.host = h
+}
+
+// loop runs refill at once, on a kick and every second until ctx ends,
+// then drops every spare left. A pool that is off only waits.
+func (s *spares[T]) loop(ctx context.Context, refill func(context.Context)) {
+	defer s.dropAll()
+	if s.host.off || s.host.size <= 0 {
+		<-ctx.Done()
+		return
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		refill(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// dropAll empties the pool and drops what it held.
+func (s *spares[T]) dropAll() {
+	for _, x := range s.drain() {
+		s.host.drop(context.Background(), x)
+	}
 }
 
 // wake wakes the refill loop without blocking.
@@ -147,7 +195,7 @@ func (s *spares[T]) drain() []T {
 func (s *spares[T]) makeOne(template string, make func() error) (ran bool, err error) {
 	s.build.Lock()
 	defer s.build.Unlock()
-	if s.preparing(template) {
+	if s.host.preparing(template) {
 		return false, nil
 	}
 	s.mu.Lock()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
-	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Warm containers: sandboxes created in advance (runtime.Preparer) with the
@@ -59,6 +58,9 @@ type warmPool struct {
 	// containers it wants and until when.
 	demand   map[string]warmDemand
 	lastTake time.Time
+	// ready says whether the template has a ready snapshot
+	// (Manager.IsReady): those keep WarmPool warm containers.
+	ready func(template string) bool
 }
 
 // pop takes a warm container of the template with those limits, if
@@ -147,7 +149,7 @@ type warmDemand struct {
 // there is one. It is a sandbox's from then on: its directory loses the
 // marker (Recover would remove it as a warm container of the last run).
 func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
-	defer m.kickWarm()
+	defer m.warm.wake()
 	for {
 		w := m.warm.pop(template, cpus, memMB, pids, diskMB)
 		if w == nil {
@@ -174,8 +176,6 @@ func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB
 	m.warm.want(template, n, m.d.WarmPool)
 }
 
-func (m *Manager) kickWarm() { m.warm.wake() }
-
 // kick wakes a refill loop without blocking (one pending wake-up is enough).
 func kick(ch chan struct{}) {
 	select {
@@ -186,41 +186,24 @@ func kick(ch chan struct{}) {
 
 // RunWarm keeps the warm containers of each template at their target until
 // ctx ends, then removes them.
-func (m *Manager) RunWarm(ctx context.Context) {
-	defer m.drainWarm()
-	prep, ok := m.d.Runtime.(runtime.Preparer)
-	if !ok || m.d.WarmPool <= 0 {
-		<-ctx.Done()
-		return
-	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		m.refillWarm(ctx, prep)
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.warm.kick:
-		case <-tick.C:
-		}
-	}
-}
+func (m *Manager) RunWarm(ctx context.Context) { m.warm.loop(ctx, m.warm.refill) }
 
-// refillWarm brings each template's warm containers to its target, one at
-// a time, and drops those of templates no longer wanted or gone.
-func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
-	templates := m.d.Templates.List()
-	for _, name := range m.warm.templates() {
-		if !slices.ContainsFunc(templates, func(t template.Template) bool { return t.Name == name }) {
-			m.dropWarmOf(name)
+// refill brings each template's warm containers to its target, one at a
+// time, and drops those of templates no longer wanted or gone.
+func (p *warmPool) refill(ctx context.Context) {
+	h := p.host
+	templates := h.templates()
+	for _, name := range p.templates() {
+		if !slices.Contains(templates, name) {
+			p.dropOf(name)
 		}
 	}
 	for _, t := range templates {
-		ready := m.IsReady(t.Name)
+		ready := p.ready(t)
 		for ctx.Err() == nil {
-			extra, short, quiet := m.warm.trim(t.Name, ready, m.d.WarmPool)
+			extra, short, quiet := p.trim(t, ready, h.size)
 			for _, w := range extra {
-				m.dropWarm(context.WithoutCancel(ctx), w)
+				h.drop(context.WithoutCancel(ctx), w)
 			}
 			if !short {
 				break
@@ -234,9 +217,9 @@ func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
 				}
 				continue
 			}
-			ran, err := m.warm.makeOne(t.Name, func() error { return m.prepareWarm(ctx, prep, t.Name) })
+			ran, err := p.makeOne(t, func() error { return h.make(ctx, t) })
 			if err != nil {
-				m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
+				h.log.Warn("prepare a warm container", "template", t, "err", err)
 			}
 			if !ran || err != nil {
 				break
@@ -299,16 +282,10 @@ func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
 	m.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
 }
 
-func (m *Manager) drainWarm() {
-	for _, w := range m.warm.drain() {
-		m.dropWarm(context.Background(), w)
-	}
-}
-
-// dropWarmOf removes the warm containers of a template (it was deleted or
+// dropOf removes the warm containers of a template (it was deleted or
 // rebuilt) and forgets its demand.
-func (m *Manager) dropWarmOf(template string) {
-	for _, w := range m.warm.forget(template) {
-		m.dropWarm(context.Background(), w)
+func (p *warmPool) dropOf(template string) {
+	for _, w := range p.forget(template) {
+		p.host.drop(context.Background(), w)
 	}
 }
