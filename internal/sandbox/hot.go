@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"slices"
 	"time"
 )
 
@@ -11,32 +10,6 @@ import (
 // asks for the default limits takes one: envd gets the new sandbox's token
 // and environment through /init, the record gets its metadata, policy and
 // timeout, and it is running — no boot on the request's path.
-
-// hotPool holds the IDs of the pooled sandboxes per template, under its
-// own lock (spares: a leaf, after Manager.mu). The sandboxes themselves
-// are in the registry, in state pooled.
-type hotPool struct {
-	spares[string]
-}
-
-// pop takes the last pooled sandbox of the template, if any.
-func (p *hotPool) pop(template string) (string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ids := p.lists[template]
-	if len(ids) == 0 {
-		return "", false
-	}
-	p.lists[template] = ids[:len(ids)-1]
-	return ids[len(ids)-1], true
-}
-
-// remove forgets a pooled sandbox (it is being killed).
-func (p *hotPool) remove(template, id string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.lists[template] = slices.DeleteFunc(p.lists[template], func(h string) bool { return h == id })
-}
 
 // takeHot hands out a pooled sandbox for req, if one fits.
 func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool) {
@@ -53,8 +26,8 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		return Sandbox{}, false
 	}
 	for {
-		id, ok := m.hot.pop(req.Template)
-		m.hot.wake()
+		id, ok := m.hot.Pop(req.Template)
+		m.hot.Wake()
 		if !ok {
 			return Sandbox{}, false
 		}
@@ -125,27 +98,4 @@ const errNotPooled = hotError("sandbox is no longer pooled")
 
 // RunHot keeps HotPool booted sandboxes per template until ctx ends, then
 // kills them.
-func (m *Manager) RunHot(ctx context.Context) { m.hot.loop(ctx, m.hot.refill) }
-
-// refill boots sandboxes until each template has its number, one at a
-// time; templates being prepared are left alone.
-func (p *hotPool) refill(ctx context.Context) {
-	h := p.host
-	for _, t := range h.templates() {
-		if h.preparing(t) {
-			continue
-		}
-		for ctx.Err() == nil {
-			if p.listed(t) >= h.size {
-				break
-			}
-			ran, err := p.makeOne(t, func() error { return h.make(ctx, t) })
-			if err != nil {
-				h.log.Warn("boot a sandbox for the hot pool", "template", t, "err", err)
-			}
-			if !ran || err != nil {
-				break
-			}
-		}
-	}
-}
+func (m *Manager) RunHot(ctx context.Context) { m.hot.Run(ctx) }

@@ -102,7 +102,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 	}
 	if was == StatePooled {
 		// No longer waiting in the hot pool: let it refill.
-		m.hot.remove(sb.Template, id)
+		m.hot.Remove(sb.Template, id)
 	}
 	t := newTeardown(sb, u)
 	tracked := m.track(id, t)

@@ -19,6 +19,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/sandbox/pool"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -74,10 +75,11 @@ type Manager struct {
 	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
 	slots map[int]bool
 
-	// warm and hot are the pools of spares (warm.go, hot.go, spares.go),
-	// each with its own lock, kick channel and spares being made.
-	warm warmPool
-	hot  hotPool
+	// warm and hot are the pools of spares (package pool; warm.go,
+	// hot.go, spares.go), each with its own lock, kick channel and spares
+	// being made.
+	warm pool.Warm[warmEntry]
+	hot  pool.Hot
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped   atomic.Int64
 	closed   bool
@@ -190,22 +192,22 @@ func (m *Manager) initPools() {
 		return out
 	}
 	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
-	m.warm.init(spareHost[warmEntry]{
-		size: m.d.WarmPool, off: !canPrepare, log: m.d.Log, templates: names, preparing: m.isPreparing,
-		make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
-		drop: m.dropWarm,
+	m.warm.Init(pool.Host[warmEntry]{
+		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
+		Drop: m.dropWarm,
 	})
-	m.warm.ready = m.IsReady
-	m.hot.init(spareHost[string]{
-		size: m.d.Limits.HotPool, log: m.d.Log, templates: names, preparing: m.isPreparing,
-		make: func(ctx context.Context, template string) error {
+	m.warm.Ready = m.IsReady
+	m.hot.Init(pool.Host[string]{
+		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Make: func(ctx context.Context, template string) error {
 			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
 			if err == nil {
-				m.hot.add(template, sb.ID)
+				m.hot.Add(template, sb.ID)
 			}
 			return err
 		},
-		drop: func(ctx context.Context, id string) { m.Kill(ctx, id) },
+		Drop: func(ctx context.Context, id string) { m.Kill(ctx, id) },
 	})
 }
 

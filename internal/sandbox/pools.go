@@ -14,5 +14,5 @@ type PoolCounts struct {
 // never the manager's or a sandbox's, so a scrape does not wait for a
 // lifecycle operation.
 func (m *Manager) Pools() PoolCounts {
-	return PoolCounts{Warm: m.warm.counts(), Hot: m.hot.counts(), ReapedByTimeout: m.reaped.Load()}
+	return PoolCounts{Warm: m.warm.Counts(), Hot: m.hot.Counts(), ReapedByTimeout: m.reaped.Load()}
 }

@@ -52,7 +52,7 @@ func holding(t *testing.T, m *Manager, store *template.Store, st State) string {
 	m.boxes[id] = e
 	m.mu.Unlock()
 	if st == StatePooled {
-		m.hot.add("img", id)
+		m.hot.Add("img", id)
 	}
 	return id
 }
@@ -91,7 +91,7 @@ func TestDeleteTemplateDropsSpares(t *testing.T) {
 func TestDropSparesWaitsForOneBeingMade(t *testing.T) {
 	m, _ := sparesManager(t)
 	making, finish := make(chan struct{}), make(chan struct{})
-	go m.warm.makeOne("img", func() error {
+	go m.warm.MakeOne("img", func() error {
 		close(making)
 		<-finish
 		return nil
@@ -109,11 +109,11 @@ func TestDropSparesWaitsForOneBeingMade(t *testing.T) {
 	}
 	close(finish)
 	done := <-dropped
-	if ran, _ := m.hot.makeOne("img", func() error { return nil }); ran {
+	if ran, _ := m.hot.MakeOne("img", func() error { return nil }); ran {
 		t.Error("a spare was made while the template was being deleted")
 	}
 	done()
-	if ran, _ := m.hot.makeOne("img", func() error { return nil }); !ran {
+	if ran, _ := m.hot.MakeOne("img", func() error { return nil }); !ran {
 		t.Error("no spare made after the delete ended")
 	}
 }
