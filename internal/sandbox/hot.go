@@ -26,18 +26,14 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		return Sandbox{}, false
 	}
 	for {
-		m.mu.Lock()
-		ids := m.hot[req.Template]
-		if len(ids) == 0 {
-			m.mu.Unlock()
-			m.kickHot()
+		id, ok := m.hot.Pop(req.Template)
+		m.hot.Wake()
+		if !ok {
 			return Sandbox{}, false
 		}
-		id := ids[len(ids)-1]
-		m.hot[req.Template] = ids[:len(ids)-1]
+		m.mu.Lock()
 		e := m.boxes[id]
 		m.mu.Unlock()
-		m.kickHot()
 		if e == nil {
 			continue
 		}
@@ -100,56 +96,6 @@ func (e hotError) Error() string { return string(e) }
 
 const errNotPooled = hotError("sandbox is no longer pooled")
 
-func (m *Manager) kickHot() { kick(m.hotKick) }
-
 // RunHot keeps HotPool booted sandboxes per template until ctx ends, then
 // kills them.
-func (m *Manager) RunHot(ctx context.Context) {
-	defer m.drainHot()
-	if m.d.Limits.HotPool <= 0 {
-		<-ctx.Done()
-		return
-	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		for _, t := range m.d.Templates.List() {
-			if m.isPreparing(t.Name) {
-				continue
-			}
-			for ctx.Err() == nil {
-				m.mu.Lock()
-				n := len(m.hot[t.Name])
-				m.mu.Unlock()
-				if n >= m.d.Limits.HotPool {
-					break
-				}
-				ran, err := m.makeSpare(&m.hotBoot, t.Name, func() error {
-					sb, err := m.Create(ctx, CreateRequest{Template: t.Name, Timeout: m.d.Limits.MaxTimeout, pooled: true})
-					if err == nil {
-						m.mu.Lock()
-						m.hot[t.Name] = append(m.hot[t.Name], sb.ID)
-						m.mu.Unlock()
-					}
-					return err
-				})
-				if err != nil {
-					m.d.Log.Warn("boot a sandbox for the hot pool", "template", t.Name, "err", err)
-				}
-				if !ran || err != nil {
-					break
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.hotKick:
-		case <-tick.C:
-		}
-	}
-}
-
-func (m *Manager) drainHot() {
-	drainPool(m, &m.hot, func(id string) { m.Kill(context.Background(), id) })
-}
+func (m *Manager) RunHot(ctx context.Context) { m.hot.Run(ctx) }

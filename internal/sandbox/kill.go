@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -103,7 +102,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 	}
 	if was == StatePooled {
 		// No longer waiting in the hot pool: let it refill.
-		m.hot[sb.Template] = slices.DeleteFunc(m.hot[sb.Template], func(h string) bool { return h == id })
+		m.hot.Remove(sb.Template, id)
 	}
 	t := newTeardown(sb, u)
 	tracked := m.track(id, t)

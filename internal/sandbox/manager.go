@@ -19,6 +19,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/sandbox/pool"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -66,26 +67,23 @@ type Manager struct {
 	dialer *dialer.Dialer
 	envd   Envd
 
-	// mu guards the registry's maps and the pools' (below): admission
-	// counts live sandboxes and teardowns together.
+	// mu guards the registry's maps: admission counts live sandboxes and
+	// teardowns together. Lock order: mu, then a pool's own lock (the
+	// pools never call into the manager while holding theirs).
 	mu sync.Mutex
 	registry
-	warm     map[string][]warmEntry
-	warmS    warmState
-	warmKick chan struct{}
-	hot      map[string][]string
-	cpu      cpuSamples // metrics: the last CPU sample of each sandbox
-	hotKick  chan struct{}
-	slots    map[int]bool
+	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
+	slots map[int]bool
+
+	// warm and hot are the pools of spares (package pool; warm.go,
+	// hot.go, spares.go), each with its own lock, kick channel and spares
+	// being made.
+	warm pool.Warm[warmEntry]
+	hot  pool.Hot
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped   atomic.Int64
 	closed   bool
 	inflight sync.WaitGroup
-
-	// warmPrep and hotBoot are held while a spare is made (spares.go);
-	// making counts those being made, per template (under mu).
-	warmPrep, hotBoot sync.Mutex
-	making            map[string]int
 
 	// preparing counts, per template, the builds and MakeReady calls at
 	// work on it (under mu), and deletes: the hot and warm pools leave it
@@ -168,22 +166,49 @@ func New(d Deps) (*Manager, error) {
 	if d.Envd == nil {
 		d.Envd = envdclient.New(dial.DialContext, d.Log)
 	}
-	return &Manager{
+	m := &Manager{
 		d:        d,
 		dialer:   dial,
 		envd:     d.Envd,
 		registry: registry{boxes: map[string]*entry{}, lost: map[string]Sandbox{}},
-		warm:     map[string][]warmEntry{},
-		warmKick: make(chan struct{}, 1),
-		hot:      map[string][]string{},
-		hotKick:  make(chan struct{}, 1),
 
 		dying:     map[string]*teardown{},
 		tearSem:   make(chan struct{}, teardownParallel),
 		stopping:  make(chan struct{}),
 		retryBase: 100 * time.Millisecond,
 		grace:     shutdownGrace,
-	}, nil
+	}
+	m.initPools()
+	return m, nil
+}
+
+// initPools gives the warm and hot pools what they need of the manager.
+func (m *Manager) initPools() {
+	names := func() []string {
+		var out []string
+		for _, t := range m.d.Templates.List() {
+			out = append(out, t.Name)
+		}
+		return out
+	}
+	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
+	m.warm.Init(pool.Host[warmEntry]{
+		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
+		Drop: m.dropWarm,
+	})
+	m.warm.Ready = m.IsReady
+	m.hot.Init(pool.Host[string]{
+		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Make: func(ctx context.Context, template string) error {
+			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
+			if err == nil {
+				m.hot.Add(template, sb.ID)
+			}
+			return err
+		},
+		Drop: func(ctx context.Context, id string) { m.Kill(ctx, id) },
+	})
 }
 
 // DialSandbox connects to a sandbox's address (from Addr) with the

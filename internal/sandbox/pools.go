@@ -10,17 +10,9 @@ type PoolCounts struct {
 	ReapedByTimeout int64
 }
 
-// Pools counts the warm and hot pools. It takes the manager's lock only,
-// never a sandbox's, so a scrape does not wait for a lifecycle operation.
+// Pools counts the warm and hot pools. It takes the pools' locks only,
+// never the manager's or a sandbox's, so a scrape does not wait for a
+// lifecycle operation.
 func (m *Manager) Pools() PoolCounts {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := PoolCounts{Warm: make(map[string]int, len(m.warm)), Hot: make(map[string]int, len(m.hot)), ReapedByTimeout: m.reaped.Load()}
-	for t, ws := range m.warm {
-		out.Warm[t] = len(ws)
-	}
-	for t, ids := range m.hot {
-		out.Hot[t] = len(ids)
-	}
-	return out
+	return PoolCounts{Warm: m.warm.Counts(), Hot: m.hot.Counts(), ReapedByTimeout: m.reaped.Load()}
 }

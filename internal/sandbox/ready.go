@@ -42,7 +42,7 @@ func (m *Manager) dropReady(template string) {
 	if m.d.Snapshots == nil {
 		return
 	}
-	m.dropWarmOf(template)
+	m.warm.DropOf(template)
 	for _, sn := range m.d.Snapshots.ListAll() {
 		if sn.Internal && sn.Name == readyPrefix+template {
 			if err := m.d.Snapshots.Delete(sn.ID); err != nil {

@@ -50,10 +50,10 @@ func holding(t *testing.T, m *Manager, store *template.Store, st State) string {
 	e := newEntry(Sandbox{ID: id, Template: "img", State: st, EndAt: time.Now().Add(time.Hour)}, release)
 	m.mu.Lock()
 	m.boxes[id] = e
-	if st == StatePooled {
-		m.hot["img"] = append(m.hot["img"], id)
-	}
 	m.mu.Unlock()
+	if st == StatePooled {
+		m.hot.Add("img", id)
+	}
 	return id
 }
 
@@ -91,7 +91,7 @@ func TestDeleteTemplateDropsSpares(t *testing.T) {
 func TestDropSparesWaitsForOneBeingMade(t *testing.T) {
 	m, _ := sparesManager(t)
 	making, finish := make(chan struct{}), make(chan struct{})
-	go m.makeSpare(&m.warmPrep, "img", func() error {
+	go m.warm.MakeOne("img", func() error {
 		close(making)
 		<-finish
 		return nil
@@ -109,11 +109,11 @@ func TestDropSparesWaitsForOneBeingMade(t *testing.T) {
 	}
 	close(finish)
 	done := <-dropped
-	if ran, _ := m.makeSpare(&m.hotBoot, "img", func() error { return nil }); ran {
+	if ran, _ := m.hot.MakeOne("img", func() error { return nil }); ran {
 		t.Error("a spare was made while the template was being deleted")
 	}
 	done()
-	if ran, _ := m.makeSpare(&m.hotBoot, "img", func() error { return nil }); !ran {
+	if ran, _ := m.hot.MakeOne("img", func() error { return nil }); !ran {
 		t.Error("no spare made after the delete ended")
 	}
 }

@@ -4,12 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"slices"
-	"time"
 
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
-	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Warm containers: sandboxes created in advance (runtime.Preparer) with the
@@ -20,23 +17,15 @@ import (
 // restore's CPU).
 //
 // They are kept for ready templates (WarmPool each) and for templates
-// restored from in the last warmLinger (as many as the largest fork of the
+// restored from in the last pool.Linger (as many as the largest fork of the
 // template asked for, at least WarmPool). Refills wait until no warm
-// container has been taken for warmQuiet, so that they do not compete with
+// container has been taken for pool.Quiet, so that they do not compete with
 // the burst of restores (a fork) they are meant to speed up.
 //
 // They are not sandboxes: they have no record, only a marker file in their
 // directory, and a restart removes them.
 
-const (
-	warmMarker = "warm"
-	// warmLinger is how long a template stays warm after its last restore.
-	warmLinger = 10 * time.Minute
-	// warmQuiet is how long refills wait after a warm container was taken:
-	// long enough for the restores of a fork to reach the runtime, whose
-	// workers then serve them before any refill (see gvisorgo's dispatch).
-	warmQuiet = 100 * time.Millisecond
-)
+const warmMarker = "warm"
 
 type warmEntry struct {
 	id       string
@@ -51,178 +40,44 @@ type warmEntry struct {
 	undo undo
 }
 
-// warmState is the demand for warm containers; guarded by Manager.mu.
-type warmState struct {
-	// demand holds, per template restored from lately, how many warm
-	// containers it wants and until when.
-	demand   map[string]warmDemand
-	lastTake time.Time
-}
-
-type warmDemand struct {
-	n     int
-	until time.Time
-}
-
 // takeWarm returns a warm container of the template with those limits, if
 // there is one. It is a sandbox's from then on: its directory loses the
 // marker (Recover would remove it as a warm container of the last run).
 func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
-	defer m.kickWarm()
+	defer m.warm.Wake()
 	for {
-		w := m.popWarm(template, cpus, memMB, pids, diskMB)
-		if w == nil {
+		// The disk size is in the spec's annotations, which a restore
+		// must match.
+		w, ok := m.warm.Pop(template, func(w warmEntry) bool {
+			return w.cpus == cpus && w.memMB == memMB && w.pids == pids && w.diskMB == diskMB
+		})
+		if !ok {
 			return nil
 		}
 		err := os.Remove(filepath.Join(m.dir(w.id), warmMarker))
 		if err == nil {
-			return w
-		}
-		m.d.Log.Warn("warm container unusable; removing it", "container", w.id, "err", err)
-		m.dropWarm(context.Background(), *w)
-	}
-}
-
-func (m *Manager) popWarm(template string, cpus, memMB int, pids int64, diskMB int) *warmEntry {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	list := m.warm[template]
-	for i, w := range list {
-		// The disk size is in the spec's annotations, which a restore
-		// must match.
-		if w.cpus == cpus && w.memMB == memMB && w.pids == pids && w.diskMB == diskMB {
-			m.warmS.lastTake = time.Now()
-			m.warm[template] = append(list[:i:i], list[i+1:]...)
 			return &w
 		}
+		m.d.Log.Warn("warm container unusable; removing it", "container", w.id, "err", err)
+		m.dropWarm(context.Background(), w)
 	}
-	return nil
 }
 
 // wantWarm records that n restores of a snapshot of template with those
 // limits happen at once (a fork of n, or 1 for a create from a snapshot):
 // if warm containers fit them (the default limits), the template's are kept
-// at that number for warmLinger.
+// at that number for pool.Linger.
 func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB, n int) {
 	l := m.d.Limits
 	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) || diskMB != m.diskMB(template) {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.warmS.demand == nil {
-		m.warmS.demand = map[string]warmDemand{}
-	}
-	d := m.warmS.demand[template]
-	if time.Now().After(d.until) {
-		d.n = 0
-	}
-	d.n = max(d.n, n, m.d.WarmPool)
-	d.until = time.Now().Add(warmLinger)
-	m.warmS.demand[template] = d
-}
-
-// warmTarget is how many warm containers the template should have now.
-// Callers hold m.mu.
-func (m *Manager) warmTarget(template string, ready bool) int {
-	n := 0
-	if ready {
-		n = m.d.WarmPool
-	}
-	if d, ok := m.warmS.demand[template]; ok {
-		if time.Now().Before(d.until) {
-			n = max(n, d.n)
-		} else {
-			delete(m.warmS.demand, template)
-		}
-	}
-	return n
-}
-
-func (m *Manager) kickWarm() { kick(m.warmKick) }
-
-// kick wakes a refill loop without blocking (one pending wake-up is enough).
-func kick(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
+	m.warm.Want(template, n)
 }
 
 // RunWarm keeps the warm containers of each template at their target until
 // ctx ends, then removes them.
-func (m *Manager) RunWarm(ctx context.Context) {
-	defer m.drainWarm()
-	prep, ok := m.d.Runtime.(runtime.Preparer)
-	if !ok || m.d.WarmPool <= 0 {
-		<-ctx.Done()
-		return
-	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		m.refillWarm(ctx, prep)
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.warmKick:
-		case <-tick.C:
-		}
-	}
-}
-
-// refillWarm brings each template's warm containers to its target, one at
-// a time, and drops those of templates no longer wanted or gone.
-func (m *Manager) refillWarm(ctx context.Context, prep runtime.Preparer) {
-	templates := m.d.Templates.List()
-	m.mu.Lock()
-	var gone []string
-	for name := range m.warm {
-		if !slices.ContainsFunc(templates, func(t template.Template) bool { return t.Name == name }) {
-			gone = append(gone, name)
-		}
-	}
-	m.mu.Unlock()
-	for _, name := range gone {
-		m.dropWarmOf(name)
-	}
-	for _, t := range templates {
-		ready := m.IsReady(t.Name)
-		for ctx.Err() == nil {
-			m.mu.Lock()
-			have, want := len(m.warm[t.Name]), m.warmTarget(t.Name, ready)
-			quiet := warmQuiet - time.Since(m.warmS.lastTake)
-			var extra []warmEntry
-			if have > want {
-				extra = m.warm[t.Name][want:]
-				m.warm[t.Name] = m.warm[t.Name][:want:want]
-			}
-			m.mu.Unlock()
-			for _, w := range extra {
-				m.dropWarm(context.WithoutCancel(ctx), w)
-			}
-			if have >= want {
-				break
-			}
-			if quiet > 0 {
-				// A burst of restores is taking warm containers: let it
-				// finish first.
-				select {
-				case <-ctx.Done():
-				case <-time.After(quiet):
-				}
-				continue
-			}
-			ran, err := m.makeSpare(&m.warmPrep, t.Name, func() error { return m.prepareWarm(ctx, prep, t.Name) })
-			if err != nil {
-				m.d.Log.Warn("prepare a warm container", "template", t.Name, "err", err)
-			}
-			if !ran || err != nil {
-				break
-			}
-		}
-	}
-}
+func (m *Manager) RunWarm(ctx context.Context) { m.warm.Run(ctx) }
 
 // warmSteps prepare a warm container: a box with the default limits, its
 // own slot and the default egress policy, created but not started.
@@ -269,31 +124,11 @@ func (b *boot) readdress(ctx context.Context) error { return b.m.d.Net.Readdress
 func (b *boot) listWarm(ctx context.Context) error {
 	w := b.making
 	w.slot = b.sb.Slot
-	m := b.m
-	m.mu.Lock()
-	m.warm[b.sb.Template] = append(m.warm[b.sb.Template], *w)
-	m.mu.Unlock()
+	b.m.warm.Add(b.sb.Template, *w)
 	return nil
 }
 
 // dropWarm removes one warm container and what it holds.
 func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
 	m.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
-}
-
-func (m *Manager) drainWarm() {
-	drainPool(m, &m.warm, func(w warmEntry) { m.dropWarm(context.Background(), w) })
-}
-
-// dropWarmOf removes the warm containers of a template (it was deleted or
-// rebuilt) and forgets its demand.
-func (m *Manager) dropWarmOf(template string) {
-	m.mu.Lock()
-	list := m.warm[template]
-	delete(m.warm, template)
-	delete(m.warmS.demand, template)
-	m.mu.Unlock()
-	for _, w := range list {
-		m.dropWarm(context.Background(), w)
-	}
 }
