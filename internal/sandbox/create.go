@@ -15,36 +15,15 @@ import (
 // does with a snapshot ID in place of a template).
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
 	if m.d.Snapshots != nil && m.d.Snapshots.Has(req.Template) {
-		sn, err := m.d.Snapshots.Get(req.Template)
-		if err != nil {
-			return Sandbox{}, err
-		}
-		if req.Owner != "" && sn.Owner != req.Owner {
-			// Another key's snapshot: to this one it does not exist.
-			return Sandbox{}, errdefs.NotFound("template or snapshot %q does not exist", req.Template)
-		}
-		if sn.Runtime != m.d.Runtime.Version() {
-			// gVisor restores only what its own build checkpointed.
-			return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
-		}
-		if err := volumesExist(sn); err != nil {
-			return Sandbox{}, err
-		}
-		if len(sn.Volumes) == 0 {
-			m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
-		}
-		return m.bootSandbox(ctx, m.restoreBoot(BootRestore, req, sn), restoreSteps)
+		return m.restore(ctx, req)
 	}
-	if len(req.Volumes) > 0 {
-		// Hot sandboxes and ready snapshots were made without them.
-		return m.bootSandbox(ctx, m.newBoot(BootCreate, req, nil), createSteps)
-	}
-	if !req.pooled {
+	// Hot sandboxes and ready snapshots were made without volumes.
+	if !req.pooled && len(req.Volumes) == 0 {
 		if sb, ok := m.takeHot(ctx, req); ok {
 			return sb, nil
 		}
 	}
-	if sn, ok := m.readySnapshot(req.Template); ok {
+	if sn, ok := m.readySnapshot(req.Template); ok && len(req.Volumes) == 0 {
 		sb, err := m.bootSandbox(ctx, m.restoreBoot(BootReady, req, sn), readySteps)
 		if err == nil || !errors.Is(err, errRestore) {
 			return sb, err
@@ -55,6 +34,29 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.dropReady(req.Template)
 	}
 	return m.bootSandbox(ctx, m.newBoot(BootCreate, req, nil), createSteps)
+}
+
+// restore is a create from the snapshot req.Template names.
+func (m *Manager) restore(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	sn, err := m.d.Snapshots.Get(req.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if req.Owner != "" && sn.Owner != req.Owner {
+		// Another key's snapshot: to this one it does not exist.
+		return Sandbox{}, errdefs.NotFound("template or snapshot %q does not exist", req.Template)
+	}
+	if sn.Runtime != m.d.Runtime.Version() {
+		// gVisor restores only what its own build checkpointed.
+		return Sandbox{}, errdefs.Conflict("snapshot %s was made by runtime build %q, and this server runs %q: restore it on a server with that build", sn.ID, sn.Runtime, m.d.Runtime.Version())
+	}
+	if err := volumesExist(sn); err != nil {
+		return Sandbox{}, err
+	}
+	if len(sn.Volumes) == 0 { // a restore with volumes takes no warm container
+		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
+	}
+	return m.bootSandbox(ctx, m.restoreBoot(BootRestore, req, sn), restoreSteps)
 }
 
 // volumesExist tells whether the volumes snapshot sn mounted are still
