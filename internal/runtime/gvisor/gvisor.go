@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/cgroups"
 	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
@@ -176,6 +177,10 @@ func (g *Gvisor) Destroy(ctx context.Context, id string) error {
 	_, err := g.run(ctx, "delete", "--force", id)
 	if err != nil && !notExist(err) {
 		return err
+	}
+	if g.cgroups {
+		// runsc removes them only for a sandbox whose process started.
+		return cgroups.Remove(g.parent, id)
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 	if err := store.EnsureBusybox(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	env := runtimetest.Env{Image: store.ImagePath("busybox"), Dir: filepath.Join(dir, "sandboxes")}
+	env := runtimetest.Env{Image: store.ImagePath("busybox"), Dir: filepath.Join(dir, "sandboxes"), CgroupParent: "agentenv"}
 	runtimetest.Run(t, env, func(t *testing.T) runtime.Runtime {
 		g, err := gvisorgo.New(gvisorgo.Config{Runsc: runsc, Root: filepath.Join(dir, "runsc"), Cgroups: true})
 		if err != nil {

@@ -3,6 +3,7 @@ package gvisorgo
 import (
 	"context"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/runtime/cgroups"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -206,9 +207,7 @@ func TestFailedCreateRemovesCgroups(t *testing.T) {
 	if err := g.Create(context.Background(), s); err == nil {
 		t.Fatal("create with a missing image succeeded")
 	}
-	ctrls, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", g.cgroupPath(s.ID)))
-	ctrls2, _ := filepath.Glob(filepath.Join(cgroupRoot, g.cgroupPath(s.ID)))
-	if left := append(ctrls, ctrls2...); len(left) > 0 {
+	if left := cgroups.Left(g.Parent, s.ID); len(left) > 0 {
 		t.Errorf("failed create left cgroups: %v", left)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/runtime/cgroups"
 	"os"
 	"path/filepath"
 	"slices"
@@ -269,9 +270,7 @@ func checkNothingLeft(t *testing.T, g *Gvisor, ids []string) {
 			}
 		}
 		for _, id := range ids {
-			cgs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", g.cgroupPath(id)))
-			cgs2, _ := filepath.Glob(filepath.Join(cgroupRoot, g.cgroupPath(id)))
-			for _, c := range append(cgs, cgs2...) {
+			for _, c := range cgroups.Left(g.Parent, id) {
 				out = append(out, id+": cgroup "+c)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/runtime"
+	"github.com/agentenv/agentenv/internal/runtime/cgroups"
 )
 
 // Env is what the suite needs from the host.
@@ -23,6 +24,9 @@ type Env struct {
 	Image string
 	// Dir is a scratch directory for sandbox directories and checkpoints.
 	Dir string
+	// CgroupParent, if set, is where the runtime makes sandbox cgroups:
+	// a failed create must leave none there.
+	CgroupParent string
 }
 
 // NewFunc returns a fresh runtime for one test.
@@ -127,6 +131,11 @@ func Run(t *testing.T, env Env, newRuntime NewFunc) {
 		mustState(t, r, s.ID, runtime.StatusUnknown)
 		if ids, _ := r.List(ctx); slices.Contains(ids, s.ID) {
 			t.Errorf("failed create left a listed sandbox")
+		}
+		if env.CgroupParent != "" {
+			if left := cgroups.Left(env.CgroupParent, s.ID); len(left) > 0 {
+				t.Errorf("failed create left cgroups: %v", left)
+			}
 		}
 	})
 	t.Run("WritesStayInSandbox", func(t *testing.T) {
