@@ -134,6 +134,7 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.IntVar(&cfg.WarmPool, "warm-pool", 4, "containers created in advance, waiting for a restore, per ready template and per template restored or forked in the last 10 minutes (as many as its largest fork); with --runtime go; 0: none")
 	f.IntVar(&cfg.SlotPool, "slot-pool", 8, "network slots kept ready ahead of creates")
 	f.IntVar(&cfg.MaxVolumes, "max-volumes", 100, "most volumes this host keeps (POST /volumes refuses more)")
+	f.Int64Var(&cfg.VolumeSizeMB, "volume-size-mb", 10<<10, "size limit of each new volume, in MiB: its files live in a sparse ext4 image of that size, loop-mounted (writes past it get ENOSPC); 0: plain directories without a limit")
 	f.IntVar(&cfg.Limits.MaxFork, "max-fork", cfg.Limits.MaxFork, "most children of one fork (up to 100)")
 	f.StringVar(&cfg.TemplateOptions.ImportDir, "import-dir", "", "host directory whose rootfs directories and tarballs template builds may import (`template build --import`); none by default: clients upload")
 	f.StringVar(&cfg.TemplateOptions.DebianMirror, "debian-mirror", "", "Debian mirror for template builds (default: this host's apt mirror); its signatures are checked")

@@ -65,7 +65,7 @@ func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*serve
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
 		Domain: testDomain, ProxyTLS: server.ProxyTLS{Listen: "127.0.0.1:0"},
-		APIKey: testKey, APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, OperatorKey: operatorKey, Limits: testLimits(), SlotPool: testSlotPool, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
+		APIKey: testKey, APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, OperatorKey: operatorKey, Limits: testLimits(), SlotPool: testSlotPool, VolumeSizeMB: testVolumeMB, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if change != nil {
@@ -92,6 +92,10 @@ func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*serve
 	e.client = client.New(e.api, e.proxy, testKey)
 	return e
 }
+
+// testVolumeMB is the size of the tests' volumes: small, so a test can
+// fill one (serve's default is 10 GiB).
+const testVolumeMB = 64
 
 // testLimits are the defaults plus a hot pool of 2, so that the tests also
 // exercise sandboxes handed out from it.

@@ -67,6 +67,9 @@ type Config struct {
 	SlotPool int
 	// MaxVolumes caps the volumes this host holds (0: 100).
 	MaxVolumes int
+	// VolumeSizeMB is the size limit of each new volume (an ext4 image);
+	// 0 makes plain directories without one.
+	VolumeSizeMB int64
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
 	SnapshotPolicy snapshot.Policy
 	// DiskBudget bounds what the data directory holds: every sandbox's
@@ -206,7 +209,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	h.Manager, h.Templates, h.Snapshots = mgr, templates, snaps
-	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes, InUse: mgr.VolumeUsers})
+	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes, SizeMB: cfg.VolumeSizeMB, InUse: mgr.VolumeUsers})
 	if err != nil {
 		return nil, fmt.Errorf("volume store: %w", err)
 	}

@@ -54,6 +54,11 @@ func TestVolumeForkSnapshotAndOwnership(t *testing.T) {
 			if got := e.sh(t, parent, "echo parent > /mnt/v/p.txt && stat -c %U /mnt/v/p.txt"); strings.TrimSpace(string(got.Stdout)) != "user" {
 				t.Errorf("owner of a file the sandbox's user wrote in the volume: %q (exit %d, %s), want user", got.Stdout, got.ExitCode, got.Stderr)
 			}
+			// A sized volume (testVolumeMB): writing past it fails inside the
+			// sandbox with ENOSPC, and what was written before stays.
+			if got := e.sh(t, parent, "dd if=/dev/zero of=/mnt/v/big bs=1M count=100 2>&1; echo exit=$?; rm -f /mnt/v/big; cat /mnt/v/p.txt"); !strings.Contains(string(got.Stdout), "No space left on device") || strings.Contains(string(got.Stdout), "exit=0") || !strings.HasSuffix(string(got.Stdout), "parent\n") {
+				t.Errorf("writing 100 MiB into a %d MiB volume: %q, want ENOSPC and the earlier file intact", testVolumeMB, got.Stdout)
+			}
 			kids := e.fork(t, e.client, parent.SandboxID, 2)
 			for i, k := range kids {
 				if len(k.VolumeMounts) != 1 || k.VolumeMounts[0].Path != "/mnt/v" {

@@ -81,6 +81,8 @@ func pathErr(abs string, err error) error {
 		return errdefs.Invalid("path %s is a directory", abs)
 	case errors.Is(err, syscall.ENOTEMPTY):
 		return errdefs.Conflict("directory %s is not empty", abs)
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return errdefs.InsufficientStorage("the volume is full writing %s: remove files from it (its size is the server's --volume-size-mb when it was created)", abs)
 	}
 	var errno syscall.Errno
 	var pe *fs.PathError
@@ -269,7 +271,10 @@ func (s *Store) WriteFile(id, p string, body io.Reader, a Attrs, force bool) (En
 		err = cerr
 	}
 	if err != nil {
-		return Entry{}, err
+		// A file cut short (the volume full, the client gone) is removed
+		// rather than left looking whole and holding the space.
+		r.Remove(rel)
+		return Entry{}, pathErr(abs, err)
 	}
 	if err := setAttrs(r, rel, a, DefaultFileMode); err != nil {
 		return Entry{}, pathErr(abs, err)

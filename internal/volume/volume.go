@@ -10,6 +10,7 @@
 package volume
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -35,6 +36,9 @@ type Volume struct {
 	Name    string    `json:"name"`
 	Owner   string    `json:"owner,omitempty"`
 	Created time.Time `json:"created"`
+	// SizeMB is the volume's size limit (its ext4 image, disk.go); 0: a
+	// plain directory without one.
+	SizeMB int64 `json:"sizeMB,omitempty"`
 }
 
 // Config configures a Store.
@@ -43,6 +47,10 @@ type Config struct {
 	Dir string
 	// MaxVolumes caps how many volumes may exist (0: 100).
 	MaxVolumes int
+	// SizeMB is the size limit of each new volume: its contents live in
+	// an ext4 image of that size (disk.go). 0 makes plain directories
+	// without a limit.
+	SizeMB int64
 	// InUse, if set, names the sandboxes that mount volume id now: Delete
 	// refuses while it names any.
 	InUse func(id string) []string
@@ -91,13 +99,24 @@ func Open(cfg Config) (*Store, error) {
 		b, err := os.ReadFile(filepath.Join(cfg.Dir, e.Name(), "volume.json"))
 		if err != nil {
 			// A create that died before its record was written: nothing
-			// was handed out, so its directory goes.
-			os.RemoveAll(filepath.Join(cfg.Dir, e.Name()))
+			// was handed out, so its directory goes (its image unmounted
+			// first, or the removal would empty a live mount).
+			if unmountDisk(filepath.Join(cfg.Dir, e.Name())) == nil {
+				os.RemoveAll(filepath.Join(cfg.Dir, e.Name()))
+			}
 			continue
 		}
 		var v Volume
 		if err := json.Unmarshal(b, &v); err != nil || v.ID != e.Name() {
 			return nil, fmt.Errorf("volume record %s: unreadable (%v); move the directory away to drop it", e.Name(), err)
+		}
+		if hasDisk(filepath.Join(cfg.Dir, v.ID)) {
+			ctx, cancel := context.WithTimeout(context.Background(), diskTimeout)
+			err := mountDisk(ctx, filepath.Join(cfg.Dir, v.ID))
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("volume %s (%s): %w", v.Name, v.ID, err)
+			}
 		}
 		s.vols[v.ID] = v
 	}
@@ -117,13 +136,21 @@ func loadKey(path string) ([]byte, error) {
 	return b, os.Rename(tmp, path)
 }
 
-// Close releases the open volume roots.
+// Close releases the open volume roots and unmounts the images of the
+// volumes no sandbox mounts (those that one does stay mounted for it; the
+// next Open finds them mounted).
 func (s *Store) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, r := range s.roots {
 		r.Close()
 		delete(s.roots, id)
+	}
+	for id := range s.vols {
+		if s.held[id] > 0 || (s.cfg.InUse != nil && len(s.cfg.InUse(id)) > 0) {
+			continue
+		}
+		unmountDisk(filepath.Join(s.cfg.Dir, id))
 	}
 }
 
@@ -143,21 +170,31 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 	if len(s.vols) >= s.cfg.MaxVolumes {
 		return Volume{}, errdefs.Conflict("this host holds %d volumes, its limit (--max-volumes): delete one first", len(s.vols))
 	}
-	v := Volume{ID: newID(), Name: name, Owner: owner, Created: time.Now().UTC()}
+	v := Volume{ID: newID(), Name: name, Owner: owner, Created: time.Now().UTC(), SizeMB: s.cfg.SizeMB}
 	dir := filepath.Join(s.cfg.Dir, v.ID)
-	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
-		os.RemoveAll(dir)
+	fail := func(err error) (Volume, error) {
+		if unmountDisk(dir) == nil {
+			os.RemoveAll(dir)
+		}
 		return Volume{}, err
 	}
-	// Every user inside a sandbox may write at the top, as on E2B.
-	if err := os.Chmod(filepath.Join(dir, "data"), 0o777); err != nil {
-		os.RemoveAll(dir)
-		return Volume{}, err
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		return fail(err)
+	}
+	if v.SizeMB > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), diskTimeout)
+		err := makeDisk(ctx, dir, v.SizeMB)
+		cancel()
+		if err != nil {
+			return fail(err)
+		}
+	} else if err := os.Chmod(filepath.Join(dir, "data"), 0o777); err != nil {
+		// Every user inside a sandbox may write at the top, as on E2B.
+		return fail(err)
 	}
 	b, _ := json.Marshal(v)
 	if err := writeFileSync(filepath.Join(dir, "volume.json"), b); err != nil {
-		os.RemoveAll(dir)
-		return Volume{}, err
+		return fail(err)
 	}
 	s.vols[v.ID] = v
 	return v, nil
@@ -266,6 +303,9 @@ func (s *Store) Delete(owner, id string) error {
 	// The record goes first: a crash mid-removal leaves a directory
 	// without a record, which Open removes.
 	if err := os.Remove(filepath.Join(dir, "volume.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := unmountDisk(dir); err != nil {
 		return err
 	}
 	return os.RemoveAll(dir)
