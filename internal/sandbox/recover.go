@@ -21,110 +21,143 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 	if err != nil {
 		return nil, nil, err
 	}
-	known := map[string]bool{}
 	for _, de := range entries {
-		if !de.IsDir() {
+		if !de.IsDir() || de.Name() == "lost" {
 			continue
 		}
-		id := de.Name()
-		if id == "lost" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(m.dir(id), warmMarker)); err == nil {
-			// A warm container of the last run: its container and slot go
-			// as strays below.
-			os.RemoveAll(m.dir(id))
-			continue
-		}
-		known[id] = true
-		sb, rerr := m.readRecord(id)
-		if rerr != nil {
-			// No usable record: nothing is known of it but its files and a
-			// container of the same ID, which teardown removes.
-			sb = Sandbox{ID: id}
-			m.markLost(ctx, sb, fmt.Sprintf("its record was unreadable after a restart (%v)", rerr))
-			lost = append(lost, sb)
-			continue
-		}
-		if sb.State == StatePooled || sb.State == StateKilling {
-			// Booted for the hot pool of the last run (nobody has it), or
-			// killed and not yet torn down when the server stopped: finish
-			// the job; a failure is retried behind the start.
-			if sb.Slot.Namespace != "" {
-				m.d.Slots.MarkUsed(sb.Slot.Index)
-			}
-			release := func() {}
-			if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
-				release = rel
-			}
-			m.tearDown(ctx, sb, recordUndo(sb, release), true)
-			continue
-		}
-		if m.adoptFilesOnly(sb) {
+		switch sb, r := m.recoverOne(ctx, de.Name()); r {
+		case recoveredAdopted:
 			adopted = append(adopted, sb)
-			continue
-		}
-		if reason := m.alive(ctx, sb); reason != "" {
-			sb.Reason = reason
-			m.markLost(ctx, sb, reason)
+		case recoveredLost:
 			lost = append(lost, sb)
-			continue
 		}
-		// The firewall was reinstalled at start: put the policy back.
-		if eg, err := sb.Network.egress(); err == nil {
-			if err := m.d.Net.SetEgress(ctx, sb.Slot, eg); err != nil {
-				m.d.Log.Error("restore egress policy", "sandbox", sb.ID, "err", err)
-			}
-		}
-		releaseTemplate := func() {}
-		if _, rel, aerr := m.d.Templates.Acquire(sb.Template); aerr == nil {
-			releaseTemplate = rel
-		}
-		e := m.adopt(sb, releaseTemplate)
-		m.d.Slots.MarkUsed(sb.Slot.Index)
-		if sb.State == StateRunning {
-			e.mu.Lock()
-			m.armTimer(e)
-			e.mu.Unlock()
-		}
-		m.watch(e)
-		adopted = append(adopted, sb)
-		m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
 	}
-
 	// Containers and slots that no record owns: a crash between their
 	// creation and the first record write, or a record deleted by hand.
+	if err := m.removeStrayContainers(ctx); err != nil {
+		return adopted, lost, err
+	}
+	if err := m.removeStraySlots(ctx); err != nil {
+		return adopted, lost, err
+	}
+	m.loadTombstones()
+	return adopted, lost, nil
+}
+
+// recovery is what Recover made of one sandbox directory.
+type recovery int
+
+const (
+	recoveredNone    recovery = iota // removed or torn down: not a sandbox any more
+	recoveredAdopted                 // running (or paused) on, as before the restart
+	recoveredLost                    // cleaned up, kept as a tombstone with its reason
+)
+
+// recoverOne reconciles the sandbox directory id with the host.
+func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery) {
+	if _, err := os.Stat(filepath.Join(m.dir(id), warmMarker)); err == nil {
+		// A warm container of the last run: its container and slot go as
+		// strays.
+		os.RemoveAll(m.dir(id))
+		return Sandbox{}, recoveredNone
+	}
+	sb, rerr := m.readRecord(id)
+	if rerr != nil {
+		// No usable record: nothing is known of it but its files and a
+		// container of the same ID, which teardown removes.
+		sb = Sandbox{ID: id}
+		m.markLost(ctx, sb, fmt.Sprintf("its record was unreadable after a restart (%v)", rerr))
+		return sb, recoveredLost
+	}
+	if sb.State == StatePooled || sb.State == StateKilling {
+		// Booted for the hot pool of the last run (nobody has it), or
+		// killed and not yet torn down when the server stopped: finish the
+		// job; a failure is retried behind the start.
+		if sb.Slot.Namespace != "" {
+			m.d.Slots.MarkUsed(sb.Slot.Index)
+		}
+		m.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb.Template)), true)
+		return Sandbox{}, recoveredNone
+	}
+	if m.adoptFilesOnly(sb) {
+		return sb, recoveredAdopted
+	}
+	if reason := m.alive(ctx, sb); reason != "" {
+		sb.Reason = reason
+		m.markLost(ctx, sb, reason)
+		return sb, recoveredLost
+	}
+	m.adoptLive(ctx, sb)
+	return sb, recoveredAdopted
+}
+
+// acquireTemplate holds template name for a recovered sandbox; the release
+// does nothing if the template is gone.
+func (m *Manager) acquireTemplate(name string) func() {
+	if _, rel, err := m.d.Templates.Acquire(name); err == nil {
+		return rel
+	}
+	return func() {}
+}
+
+// adoptLive takes over a sandbox whose container and envd survived the
+// restart: its egress policy back in the reinstalled firewall, its slot
+// marked used, its timer armed and its exit watched.
+func (m *Manager) adoptLive(ctx context.Context, sb Sandbox) {
+	if eg, err := sb.Network.egress(); err == nil {
+		if err := m.d.Net.SetEgress(ctx, sb.Slot, eg); err != nil {
+			m.d.Log.Error("restore egress policy", "sandbox", sb.ID, "err", err)
+		}
+	}
+	e := m.adopt(sb, m.acquireTemplate(sb.Template))
+	m.d.Slots.MarkUsed(sb.Slot.Index)
+	if sb.State == StateRunning {
+		e.mu.Lock()
+		m.armTimer(e)
+		e.mu.Unlock()
+	}
+	m.watch(e)
+	m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
+}
+
+// removeStrayContainers destroys the runtime's containers no sandbox owns.
+func (m *Manager) removeStrayContainers(ctx context.Context) error {
 	ids, err := m.d.Runtime.List(ctx)
 	if err != nil {
-		return adopted, lost, fmt.Errorf("list runtime containers: %w", err)
+		return fmt.Errorf("list runtime containers: %w", err)
 	}
 	for _, id := range ids {
 		m.mu.Lock()
 		_, owned := m.boxes[id]
 		_, dying := m.dying[id]
-		owned = owned || dying
 		m.mu.Unlock()
-		if !owned {
-			m.d.Log.Warn("removing container without a sandbox", "container", id)
-			if err := m.d.Runtime.Destroy(ctx, id); err != nil {
-				m.d.Log.Error("remove stray container", "container", id, "err", err)
-			}
+		if owned || dying {
+			continue
+		}
+		m.d.Log.Warn("removing container without a sandbox", "container", id)
+		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
+			m.d.Log.Error("remove stray container", "container", id, "err", err)
 		}
 	}
+	return nil
+}
+
+// removeStraySlots deletes the network slots no sandbox uses.
+func (m *Manager) removeStraySlots(ctx context.Context) error {
 	left, err := m.d.Net.Leftovers()
 	if err != nil {
-		return adopted, lost, fmt.Errorf("list network slots: %w", err)
+		return fmt.Errorf("list network slots: %w", err)
 	}
 	for _, i := range left {
-		if !m.d.Slots.Used(i) {
-			m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
-			if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
-				m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
-			}
+		if m.d.Slots.Used(i) {
+			continue
+		}
+		m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
+		if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
+			m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
 		}
 	}
-	m.loadTombstones()
-	return adopted, lost, nil
+	return nil
 }
 
 func (m *Manager) readRecord(id string) (Sandbox, error) {
