@@ -125,7 +125,11 @@ func (r *Remote) notFound(ctx context.Context, id string) error {
 // node that is full or failing is skipped for the next.
 func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	if len(req.Volumes) > 0 {
-		return r.createWithVolumes(ctx, req)
+		return r.createWithVolumes(ctx, req, req.Volumes)
+	}
+	if vols := r.cache.SnapshotVolumes(req.Template); len(vols) > 0 {
+		// A restore mounts the snapshot's volumes again: their node only.
+		return r.createWithVolumes(ctx, req, vols)
 	}
 	start := time.Now()
 	// The first pick is counted as pending in the same critical section

@@ -263,10 +263,10 @@ func (r *Remote) volumesNode(ctx context.Context, mounts []volume.Mount) (store.
 	return store.NodeRecord{}, errdefs.Unavailable("volume '%s' lives on node %s, which is not in the fleet now", first, node)
 }
 
-// createWithVolumes creates the sandbox on its volumes' node, the only
-// place it can run.
-func (r *Remote) createWithVolumes(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
-	n, err := r.volumesNode(ctx, req.Volumes)
+// createWithVolumes creates the sandbox on the node of the volumes it
+// mounts, the only place it can run.
+func (r *Remote) createWithVolumes(ctx context.Context, req sandbox.CreateRequest, mounts []volume.Mount) (sandbox.Sandbox, error) {
+	n, err := r.volumesNode(ctx, mounts)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}

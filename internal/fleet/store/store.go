@@ -180,20 +180,23 @@ type SnapshotEntry struct {
 	Nproc     int64             `json:"nproc,omitempty"`
 	DiskMB    int               `json:"diskMB,omitempty"`
 	Stored    int64             `json:"storedBytes"`
+	// Volumes are the volumes its restore mounts again (their host
+	// directories left out): it restores on their node only.
+	Volumes []volume.Mount `json:"volumes,omitempty"`
 }
 
 // SnapshotOf is the etcd record of snapshot sn.
 func SnapshotOf(sn snapshot.Snapshot) SnapshotEntry {
 	return SnapshotEntry{ID: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
 		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: sn.CreatedAt, Internal: sn.Internal, Owner: sn.Owner, CPUs: sn.CPUs,
-		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored}
+		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored, Volumes: mountRefs(sn.Volumes)}
 }
 
 // Snapshot is the entry as a snapshot (without what etcd does not hold).
 func (e SnapshotEntry) Snapshot() snapshot.Snapshot {
 	return snapshot.Snapshot{ID: e.ID, Name: e.Name, Metadata: e.Metadata, Template: e.Template, Parent: e.Parent, Sandbox: e.Sandbox,
 		Runtime: e.Runtime, Size: e.Size, CreatedAt: e.CreatedAt, Internal: e.Internal, Owner: e.Owner, CPUs: e.CPUs,
-		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored}
+		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored, Volumes: e.Volumes}
 }
 
 // CordonMark is a cordon/<node> record: the node it is for (so that a
@@ -730,6 +733,17 @@ func (c *Cache) Holders(name string) []string {
 		}
 	}
 	return out
+}
+
+// SnapshotVolumes returns the volumes snapshot id's restore mounts
+// (none for a template or an unknown name).
+func (c *Cache) SnapshotVolumes(id string) []volume.Mount {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, sn := range c.snaps[id] {
+		return sn.Volumes
+	}
+	return nil
 }
 
 // isSnapshot reports whether name is a snapshot ID some node published.
