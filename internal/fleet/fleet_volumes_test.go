@@ -117,6 +117,49 @@ func TestFleetVolumes(t *testing.T) {
 		t.FailNow()
 	}
 
+	t.Run("fork children and restores of its snapshot stay on the volume's node", func(t *testing.T) {
+		sn, err := c1.SnapshotSandbox(ctx, a.SandboxID, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c1.DeleteSnapshot(ctx, sn.SnapshotID)
+		kids, errs, err := c2.ForkSandbox(ctx, a.SandboxID, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		restored, err := c2.CreateSandbox(ctx, client.CreateRequest{TemplateID: sn.SnapshotID, Timeout: new(int64(600))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, sb := range append(kids, restored) {
+			if i < len(errs) && errs[i] != nil {
+				t.Fatalf("fork child %d: %v", i, errs[i])
+			}
+			if got := f.sandboxNode(sb.SandboxID); got != home {
+				t.Errorf("sandbox %s (fork child or restore) runs on %s, want %s", sb.SandboxID, got, home)
+			}
+			if out, err := execOut(ctx, c1, sb, "cat /mnt/data/b.txt"); err != nil || out != "from-b" {
+				t.Errorf("sandbox %s reads the live volume: %q, %v", sb.SandboxID, out, err)
+			}
+			if err := c1.KillSandbox(ctx, sb.SandboxID); err != nil {
+				t.Error(err)
+			}
+		}
+		// With the node cordoned, neither may go elsewhere.
+		if err := f.ops[0].NodeAction(ctx, home, "cordon"); err != nil {
+			t.Fatal(err)
+		}
+		defer f.ops[0].NodeAction(ctx, home, "uncordon")
+		_, err = c1.CreateSandbox(ctx, client.CreateRequest{TemplateID: sn.SnapshotID})
+		if e := (*client.Error)(nil); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, home) {
+			t.Errorf("a restore of the snapshot with %s cordoned: %v, want 503 naming the node", home, err)
+		}
+		_, _, err = c1.ForkSandbox(ctx, a.SandboxID, 1)
+		if e := (*client.Error)(nil); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, home) {
+			t.Errorf("a fork with %s cordoned: %v, want 503 naming the node", home, err)
+		}
+	})
+
 	t.Run("delete is refused while mounted, naming the sandboxes", func(t *testing.T) {
 		st, body := apiCall(t, http.MethodDelete, api2, apiKey, "/volumes/"+vol.ID, "")
 		if st != http.StatusConflict || !strings.Contains(body, a.SandboxID) || !strings.Contains(body, b.SandboxID) {

@@ -197,6 +197,7 @@ func FromSnapshot(sn snapshot.Snapshot) *Snapshot {
 		Id: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
 		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: ts(sn.CreatedAt), Internal: sn.Internal, Owner: sn.Owner,
 		Cpus: int32(sn.CPUs), MemoryMb: int32(sn.MemoryMB), Nproc: sn.Nproc, DiskMb: int32(sn.DiskMB), Stored: sn.Stored, InUse: int32(sn.InUse),
+		Volumes: fromMounts(sn.Volumes),
 	}
 }
 
@@ -206,6 +207,7 @@ func ToSnapshot(p *Snapshot) snapshot.Snapshot {
 		ID: p.GetId(), Name: p.GetName(), Metadata: p.GetMetadata(), Template: p.GetTemplate(), Parent: p.GetParent(), Sandbox: p.GetSandbox(),
 		Runtime: p.GetRuntime(), Size: p.GetSize(), CreatedAt: fromTS(p.GetCreatedAt()), Internal: p.GetInternal(), Owner: p.GetOwner(),
 		CPUs: int(p.GetCpus()), MemoryMB: int(p.GetMemoryMb()), Nproc: p.GetNproc(), DiskMB: int(p.GetDiskMb()), Stored: p.GetStored(), InUse: int(p.GetInUse()),
+		Volumes: toMounts(p.GetVolumes()),
 	}
 }
 

@@ -1223,24 +1223,26 @@ func (x *SnapshotRequest) GetMetadata() map[string]string {
 
 // Snapshot is a snapshot as API servers show it (no file layout).
 type Snapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Metadata      map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Template      string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
-	Parent        string                 `protobuf:"bytes,5,opt,name=parent,proto3" json:"parent,omitempty"`
-	Sandbox       string                 `protobuf:"bytes,6,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Runtime       string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	Size          int64                  `protobuf:"varint,8,opt,name=size,proto3" json:"size,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Internal      bool                   `protobuf:"varint,10,opt,name=internal,proto3" json:"internal,omitempty"`
-	Owner         string                 `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
-	Cpus          int32                  `protobuf:"varint,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	MemoryMb      int32                  `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	Nproc         int64                  `protobuf:"varint,14,opt,name=nproc,proto3" json:"nproc,omitempty"`
-	DiskMb        int32                  `protobuf:"varint,15,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
-	Stored        int64                  `protobuf:"varint,16,opt,name=stored,proto3" json:"stored,omitempty"`
-	InUse         int32                  `protobuf:"varint,17,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Metadata  map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Template  string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
+	Parent    string                 `protobuf:"bytes,5,opt,name=parent,proto3" json:"parent,omitempty"`
+	Sandbox   string                 `protobuf:"bytes,6,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Runtime   string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Size      int64                  `protobuf:"varint,8,opt,name=size,proto3" json:"size,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Internal  bool                   `protobuf:"varint,10,opt,name=internal,proto3" json:"internal,omitempty"`
+	Owner     string                 `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
+	Cpus      int32                  `protobuf:"varint,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb  int32                  `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Nproc     int64                  `protobuf:"varint,14,opt,name=nproc,proto3" json:"nproc,omitempty"`
+	DiskMb    int32                  `protobuf:"varint,15,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	Stored    int64                  `protobuf:"varint,16,opt,name=stored,proto3" json:"stored,omitempty"`
+	InUse     int32                  `protobuf:"varint,17,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// volumes its restore mounts again (placement sends it to their node).
+	Volumes       []*VolumeMount `protobuf:"bytes,18,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1392,6 +1394,13 @@ func (x *Snapshot) GetInUse() int32 {
 		return x.InUse
 	}
 	return 0
+}
+
+func (x *Snapshot) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
 }
 
 type SnapshotRef struct {
@@ -2439,7 +2448,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x03(\v2/.agentenv.node.v1.SnapshotRequest.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x04\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12D\n" +
@@ -2459,7 +2468,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05nproc\x18\x0e \x01(\x03R\x05nproc\x12\x17\n" +
 	"\adisk_mb\x18\x0f \x01(\x05R\x06diskMb\x12\x16\n" +
 	"\x06stored\x18\x10 \x01(\x03R\x06stored\x12\x15\n" +
-	"\x06in_use\x18\x11 \x01(\x05R\x05inUse\x1a;\n" +
+	"\x06in_use\x18\x11 \x01(\x05R\x05inUse\x127\n" +
+	"\avolumes\x18\x12 \x03(\v2\x1d.agentenv.node.v1.VolumeMountR\avolumes\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1d\n" +
@@ -2647,69 +2657,70 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	38, // 23: agentenv.node.v1.SnapshotRequest.metadata:type_name -> agentenv.node.v1.SnapshotRequest.MetadataEntry
 	39, // 24: agentenv.node.v1.Snapshot.metadata:type_name -> agentenv.node.v1.Snapshot.MetadataEntry
 	43, // 25: agentenv.node.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	17, // 26: agentenv.node.v1.SnapshotResponse.snapshot:type_name -> agentenv.node.v1.Snapshot
-	17, // 27: agentenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> agentenv.node.v1.Snapshot
-	44, // 28: agentenv.node.v1.ForkRequest.timeout:type_name -> google.protobuf.Duration
-	40, // 29: agentenv.node.v1.ForkRequest.metadata:type_name -> agentenv.node.v1.ForkRequest.MetadataEntry
-	41, // 30: agentenv.node.v1.ForkResponse.children:type_name -> agentenv.node.v1.ForkResponse.Child
-	1,  // 31: agentenv.node.v1.ChildError.detail:type_name -> agentenv.node.v1.ErrorDetail
-	43, // 32: agentenv.node.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	42, // 33: agentenv.node.v1.Template.env:type_name -> agentenv.node.v1.Template.EnvEntry
-	25, // 34: agentenv.node.v1.TemplateResponse.template:type_name -> agentenv.node.v1.Template
-	25, // 35: agentenv.node.v1.ListTemplatesResponse.templates:type_name -> agentenv.node.v1.Template
-	43, // 36: agentenv.node.v1.Volume.created_at:type_name -> google.protobuf.Timestamp
-	29, // 37: agentenv.node.v1.VolumeResponse.volume:type_name -> agentenv.node.v1.Volume
-	4,  // 38: agentenv.node.v1.ForkResponse.Child.sandbox:type_name -> agentenv.node.v1.Sandbox
-	24, // 39: agentenv.node.v1.ForkResponse.Child.error:type_name -> agentenv.node.v1.ChildError
-	8,  // 40: agentenv.node.v1.NodeService.Create:input_type -> agentenv.node.v1.CreateRequest
-	9,  // 41: agentenv.node.v1.NodeService.List:input_type -> agentenv.node.v1.ListRequest
-	6,  // 42: agentenv.node.v1.NodeService.Get:input_type -> agentenv.node.v1.SandboxRef
-	6,  // 43: agentenv.node.v1.NodeService.Kill:input_type -> agentenv.node.v1.SandboxRef
-	6,  // 44: agentenv.node.v1.NodeService.Metrics:input_type -> agentenv.node.v1.SandboxRef
-	12, // 45: agentenv.node.v1.NodeService.SetTimeout:input_type -> agentenv.node.v1.TimeoutRequest
-	12, // 46: agentenv.node.v1.NodeService.Extend:input_type -> agentenv.node.v1.TimeoutRequest
-	14, // 47: agentenv.node.v1.NodeService.SetNetwork:input_type -> agentenv.node.v1.SetNetworkRequest
-	15, // 48: agentenv.node.v1.NodeService.Pause:input_type -> agentenv.node.v1.PauseRequest
-	12, // 49: agentenv.node.v1.NodeService.Resume:input_type -> agentenv.node.v1.TimeoutRequest
-	12, // 50: agentenv.node.v1.NodeService.Connect:input_type -> agentenv.node.v1.TimeoutRequest
-	16, // 51: agentenv.node.v1.NodeService.Snapshot:input_type -> agentenv.node.v1.SnapshotRequest
-	22, // 52: agentenv.node.v1.NodeService.Fork:input_type -> agentenv.node.v1.ForkRequest
-	20, // 53: agentenv.node.v1.NodeService.ListSnapshots:input_type -> agentenv.node.v1.ListSnapshotsRequest
-	18, // 54: agentenv.node.v1.NodeService.GetSnapshot:input_type -> agentenv.node.v1.SnapshotRef
-	18, // 55: agentenv.node.v1.NodeService.DeleteSnapshot:input_type -> agentenv.node.v1.SnapshotRef
-	0,  // 56: agentenv.node.v1.NodeService.ListTemplates:input_type -> agentenv.node.v1.Empty
-	26, // 57: agentenv.node.v1.NodeService.GetTemplate:input_type -> agentenv.node.v1.TemplateRef
-	26, // 58: agentenv.node.v1.NodeService.DeleteTemplate:input_type -> agentenv.node.v1.TemplateRef
-	30, // 59: agentenv.node.v1.NodeService.CreateVolume:input_type -> agentenv.node.v1.CreateVolumeRequest
-	31, // 60: agentenv.node.v1.NodeService.GetVolume:input_type -> agentenv.node.v1.VolumeRef
-	31, // 61: agentenv.node.v1.NodeService.DeleteVolume:input_type -> agentenv.node.v1.VolumeRef
-	7,  // 62: agentenv.node.v1.NodeService.Create:output_type -> agentenv.node.v1.SandboxResponse
-	10, // 63: agentenv.node.v1.NodeService.List:output_type -> agentenv.node.v1.ListResponse
-	7,  // 64: agentenv.node.v1.NodeService.Get:output_type -> agentenv.node.v1.SandboxResponse
-	0,  // 65: agentenv.node.v1.NodeService.Kill:output_type -> agentenv.node.v1.Empty
-	11, // 66: agentenv.node.v1.NodeService.Metrics:output_type -> agentenv.node.v1.MetricResponse
-	7,  // 67: agentenv.node.v1.NodeService.SetTimeout:output_type -> agentenv.node.v1.SandboxResponse
-	7,  // 68: agentenv.node.v1.NodeService.Extend:output_type -> agentenv.node.v1.SandboxResponse
-	7,  // 69: agentenv.node.v1.NodeService.SetNetwork:output_type -> agentenv.node.v1.SandboxResponse
-	7,  // 70: agentenv.node.v1.NodeService.Pause:output_type -> agentenv.node.v1.SandboxResponse
-	7,  // 71: agentenv.node.v1.NodeService.Resume:output_type -> agentenv.node.v1.SandboxResponse
-	13, // 72: agentenv.node.v1.NodeService.Connect:output_type -> agentenv.node.v1.ConnectResponse
-	19, // 73: agentenv.node.v1.NodeService.Snapshot:output_type -> agentenv.node.v1.SnapshotResponse
-	23, // 74: agentenv.node.v1.NodeService.Fork:output_type -> agentenv.node.v1.ForkResponse
-	21, // 75: agentenv.node.v1.NodeService.ListSnapshots:output_type -> agentenv.node.v1.ListSnapshotsResponse
-	19, // 76: agentenv.node.v1.NodeService.GetSnapshot:output_type -> agentenv.node.v1.SnapshotResponse
-	0,  // 77: agentenv.node.v1.NodeService.DeleteSnapshot:output_type -> agentenv.node.v1.Empty
-	28, // 78: agentenv.node.v1.NodeService.ListTemplates:output_type -> agentenv.node.v1.ListTemplatesResponse
-	27, // 79: agentenv.node.v1.NodeService.GetTemplate:output_type -> agentenv.node.v1.TemplateResponse
-	0,  // 80: agentenv.node.v1.NodeService.DeleteTemplate:output_type -> agentenv.node.v1.Empty
-	32, // 81: agentenv.node.v1.NodeService.CreateVolume:output_type -> agentenv.node.v1.VolumeResponse
-	32, // 82: agentenv.node.v1.NodeService.GetVolume:output_type -> agentenv.node.v1.VolumeResponse
-	0,  // 83: agentenv.node.v1.NodeService.DeleteVolume:output_type -> agentenv.node.v1.Empty
-	62, // [62:84] is the sub-list for method output_type
-	40, // [40:62] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	5,  // 26: agentenv.node.v1.Snapshot.volumes:type_name -> agentenv.node.v1.VolumeMount
+	17, // 27: agentenv.node.v1.SnapshotResponse.snapshot:type_name -> agentenv.node.v1.Snapshot
+	17, // 28: agentenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> agentenv.node.v1.Snapshot
+	44, // 29: agentenv.node.v1.ForkRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 30: agentenv.node.v1.ForkRequest.metadata:type_name -> agentenv.node.v1.ForkRequest.MetadataEntry
+	41, // 31: agentenv.node.v1.ForkResponse.children:type_name -> agentenv.node.v1.ForkResponse.Child
+	1,  // 32: agentenv.node.v1.ChildError.detail:type_name -> agentenv.node.v1.ErrorDetail
+	43, // 33: agentenv.node.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	42, // 34: agentenv.node.v1.Template.env:type_name -> agentenv.node.v1.Template.EnvEntry
+	25, // 35: agentenv.node.v1.TemplateResponse.template:type_name -> agentenv.node.v1.Template
+	25, // 36: agentenv.node.v1.ListTemplatesResponse.templates:type_name -> agentenv.node.v1.Template
+	43, // 37: agentenv.node.v1.Volume.created_at:type_name -> google.protobuf.Timestamp
+	29, // 38: agentenv.node.v1.VolumeResponse.volume:type_name -> agentenv.node.v1.Volume
+	4,  // 39: agentenv.node.v1.ForkResponse.Child.sandbox:type_name -> agentenv.node.v1.Sandbox
+	24, // 40: agentenv.node.v1.ForkResponse.Child.error:type_name -> agentenv.node.v1.ChildError
+	8,  // 41: agentenv.node.v1.NodeService.Create:input_type -> agentenv.node.v1.CreateRequest
+	9,  // 42: agentenv.node.v1.NodeService.List:input_type -> agentenv.node.v1.ListRequest
+	6,  // 43: agentenv.node.v1.NodeService.Get:input_type -> agentenv.node.v1.SandboxRef
+	6,  // 44: agentenv.node.v1.NodeService.Kill:input_type -> agentenv.node.v1.SandboxRef
+	6,  // 45: agentenv.node.v1.NodeService.Metrics:input_type -> agentenv.node.v1.SandboxRef
+	12, // 46: agentenv.node.v1.NodeService.SetTimeout:input_type -> agentenv.node.v1.TimeoutRequest
+	12, // 47: agentenv.node.v1.NodeService.Extend:input_type -> agentenv.node.v1.TimeoutRequest
+	14, // 48: agentenv.node.v1.NodeService.SetNetwork:input_type -> agentenv.node.v1.SetNetworkRequest
+	15, // 49: agentenv.node.v1.NodeService.Pause:input_type -> agentenv.node.v1.PauseRequest
+	12, // 50: agentenv.node.v1.NodeService.Resume:input_type -> agentenv.node.v1.TimeoutRequest
+	12, // 51: agentenv.node.v1.NodeService.Connect:input_type -> agentenv.node.v1.TimeoutRequest
+	16, // 52: agentenv.node.v1.NodeService.Snapshot:input_type -> agentenv.node.v1.SnapshotRequest
+	22, // 53: agentenv.node.v1.NodeService.Fork:input_type -> agentenv.node.v1.ForkRequest
+	20, // 54: agentenv.node.v1.NodeService.ListSnapshots:input_type -> agentenv.node.v1.ListSnapshotsRequest
+	18, // 55: agentenv.node.v1.NodeService.GetSnapshot:input_type -> agentenv.node.v1.SnapshotRef
+	18, // 56: agentenv.node.v1.NodeService.DeleteSnapshot:input_type -> agentenv.node.v1.SnapshotRef
+	0,  // 57: agentenv.node.v1.NodeService.ListTemplates:input_type -> agentenv.node.v1.Empty
+	26, // 58: agentenv.node.v1.NodeService.GetTemplate:input_type -> agentenv.node.v1.TemplateRef
+	26, // 59: agentenv.node.v1.NodeService.DeleteTemplate:input_type -> agentenv.node.v1.TemplateRef
+	30, // 60: agentenv.node.v1.NodeService.CreateVolume:input_type -> agentenv.node.v1.CreateVolumeRequest
+	31, // 61: agentenv.node.v1.NodeService.GetVolume:input_type -> agentenv.node.v1.VolumeRef
+	31, // 62: agentenv.node.v1.NodeService.DeleteVolume:input_type -> agentenv.node.v1.VolumeRef
+	7,  // 63: agentenv.node.v1.NodeService.Create:output_type -> agentenv.node.v1.SandboxResponse
+	10, // 64: agentenv.node.v1.NodeService.List:output_type -> agentenv.node.v1.ListResponse
+	7,  // 65: agentenv.node.v1.NodeService.Get:output_type -> agentenv.node.v1.SandboxResponse
+	0,  // 66: agentenv.node.v1.NodeService.Kill:output_type -> agentenv.node.v1.Empty
+	11, // 67: agentenv.node.v1.NodeService.Metrics:output_type -> agentenv.node.v1.MetricResponse
+	7,  // 68: agentenv.node.v1.NodeService.SetTimeout:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 69: agentenv.node.v1.NodeService.Extend:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 70: agentenv.node.v1.NodeService.SetNetwork:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 71: agentenv.node.v1.NodeService.Pause:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 72: agentenv.node.v1.NodeService.Resume:output_type -> agentenv.node.v1.SandboxResponse
+	13, // 73: agentenv.node.v1.NodeService.Connect:output_type -> agentenv.node.v1.ConnectResponse
+	19, // 74: agentenv.node.v1.NodeService.Snapshot:output_type -> agentenv.node.v1.SnapshotResponse
+	23, // 75: agentenv.node.v1.NodeService.Fork:output_type -> agentenv.node.v1.ForkResponse
+	21, // 76: agentenv.node.v1.NodeService.ListSnapshots:output_type -> agentenv.node.v1.ListSnapshotsResponse
+	19, // 77: agentenv.node.v1.NodeService.GetSnapshot:output_type -> agentenv.node.v1.SnapshotResponse
+	0,  // 78: agentenv.node.v1.NodeService.DeleteSnapshot:output_type -> agentenv.node.v1.Empty
+	28, // 79: agentenv.node.v1.NodeService.ListTemplates:output_type -> agentenv.node.v1.ListTemplatesResponse
+	27, // 80: agentenv.node.v1.NodeService.GetTemplate:output_type -> agentenv.node.v1.TemplateResponse
+	0,  // 81: agentenv.node.v1.NodeService.DeleteTemplate:output_type -> agentenv.node.v1.Empty
+	32, // 82: agentenv.node.v1.NodeService.CreateVolume:output_type -> agentenv.node.v1.VolumeResponse
+	32, // 83: agentenv.node.v1.NodeService.GetVolume:output_type -> agentenv.node.v1.VolumeResponse
+	0,  // 84: agentenv.node.v1.NodeService.DeleteVolume:output_type -> agentenv.node.v1.Empty
+	63, // [63:85] is the sub-list for method output_type
+	41, // [41:63] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
