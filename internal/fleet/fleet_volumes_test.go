@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -231,6 +232,35 @@ func TestFleetVolumes(t *testing.T) {
 		// Its name is free again, fleet-wide.
 		again := createVolume(t, api1, apiKey, "shared")
 		apiCall(t, http.MethodDelete, api1, apiKey, "/volumes/"+again.ID, "")
+	})
+
+	t.Run("one name, many creates at once through both API servers: one volume", func(t *testing.T) {
+		var mu sync.Mutex
+		var made []volumeJSON
+		statuses := map[int]int{}
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Go(func() {
+				st, body := apiCall(t, http.MethodPost, f.apiURLs[i%2][0], apiKey, "/volumes", `{"name":"raced"}`)
+				mu.Lock()
+				defer mu.Unlock()
+				statuses[st]++
+				var v volumeJSON
+				if st == http.StatusCreated && json.Unmarshal([]byte(body), &v) == nil {
+					made = append(made, v)
+				}
+			})
+		}
+		wg.Wait()
+		if len(made) != 1 || statuses[http.StatusBadRequest] != 7 {
+			t.Errorf("8 concurrent creates of one name: statuses %v, %d made; want one 201 and seven 400", statuses, len(made))
+		}
+		for _, v := range made {
+			apiCall(t, http.MethodDelete, api1, apiKey, "/volumes/"+v.ID, "")
+		}
+		if st, body := apiCall(t, http.MethodGet, api2, apiKey, "/volumes/not-a-uuid", ""); st != http.StatusBadRequest {
+			t.Errorf("GET of a malformed volume ID: HTTP %d %s, want 400 as serve answers", st, body)
+		}
 	})
 
 	t.Run("a node that is away makes its volumes answer 503 naming it, until it returns", func(t *testing.T) {

@@ -32,6 +32,9 @@ import (
 // from the cache, else (made through another API server a moment ago)
 // from etcd.
 func (r *Remote) volumeRecord(ctx context.Context, owner, id string) (store.VolumeRecord, error) {
+	if err := volume.CheckID(id); err != nil {
+		return store.VolumeRecord{}, err // as a single host answers
+	}
 	rec, ok := r.cache.Volume(id)
 	if !ok {
 		ectx, cancel := context.WithTimeout(ctx, etcdTimeout)
