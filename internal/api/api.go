@@ -20,7 +20,6 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
-	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // MaxBody caps JSON request bodies.
@@ -44,9 +43,6 @@ type Config struct {
 	// Fleet, if set, serves the node routes (agentenv api); without it
 	// they answer that this server is not a fleet.
 	Fleet Fleet
-	// Volumes, if set, holds this host's volumes (/volumes and
-	// /volumecontent); without it those routes answer 503.
-	Volumes *volume.Store
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string

@@ -2,12 +2,14 @@ package api
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // Backend is everything the REST API asks of sandboxes, snapshots and
@@ -64,6 +66,32 @@ type Backend interface {
 	// BuildTemplate builds (and makes ready) a template. An invalid
 	// request fails before progress is first called.
 	BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error)
+
+	// Volumes. Each call names the owner the caller acts for ("" sees
+	// every volume); another owner's volume does not exist to it
+	// (ErrNotFound). CreateVolume makes an empty volume (names unique
+	// per owner); GetVolume and CreateVolume answer a fresh content token.
+	// DeleteVolume is refused (ErrConflict, naming them) while sandboxes
+	// mount it. Where a volume's host is away, the calls about it are
+	// ErrUnavailable naming the host.
+	CreateVolume(ctx context.Context, owner, name string) (VolumeInfo, error)
+	ListVolumes(ctx context.Context, owner string) ([]volume.Volume, error)
+	GetVolume(ctx context.Context, owner, id string) (VolumeInfo, error)
+	// VolumeByName finds the owner's volume called name (a create's
+	// volumeMounts name them).
+	VolumeByName(ctx context.Context, owner, name string) (volume.Volume, error)
+	DeleteVolume(ctx context.Context, owner, id string) error
+	// VolumeContent serves one request of E2B's volume content API
+	// (/volumecontent/{id}/dir|path|file, authorised by the volume's
+	// token, not an API key) where the volume lives, answering in that
+	// API's error shape.
+	VolumeContent(w http.ResponseWriter, r *http.Request, id string)
+}
+
+// VolumeInfo is a volume and a token for its content API.
+type VolumeInfo struct {
+	volume.Volume
+	Token string
 }
 
 // FilesPauser is implemented by backends that can pause a sandbox keeping
@@ -85,6 +113,8 @@ type Local struct {
 	TemplateStore *template.Store
 	// SnapshotStore may be nil (snapshots disabled).
 	SnapshotStore *snapshot.Store
+	// Volumes may be nil (no volumes: the volume routes answer 503).
+	Volumes *volume.Store
 }
 
 var _ Backend = (*Local)(nil)
@@ -97,7 +127,32 @@ func (l *Local) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.
 			return sandbox.Sandbox{}, err
 		}
 	}
+	if len(req.Volumes) == 0 {
+		return l.Manager.Create(ctx, req)
+	}
+	release, err := l.mounts(req.Volumes)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	// Held until the sandbox is registered (or failed): a delete racing
+	// the create is refused.
+	defer release()
 	return l.Manager.Create(ctx, req)
+}
+
+// mounts fills in the host directory of each volume to mount (found
+// here by ID: a caller never says where on this host a volume is) and
+// holds the volumes until release.
+func (l *Local) mounts(ms []volume.Mount) (release func(), err error) {
+	if l.Volumes == nil {
+		return nil, errdefs.Invalid("volume mounts are not enabled on this server (it has no volume store)")
+	}
+	ids := make([]string, len(ms))
+	for i := range ms {
+		ids[i] = ms[i].ID
+		ms[i].Source = l.Volumes.DataDir(ms[i].ID)
+	}
+	return l.Volumes.Hold(ids...)
 }
 
 func (l *Local) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {

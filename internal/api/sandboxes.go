@@ -48,12 +48,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		Network:   toNetwork(req.AllowInternetAccess, req.Network),
 		Lifecycle: lifecycle(req),
 	}
-	mounts, release, err := s.holdMounts(r, req.VolumeMounts)
+	mounts, err := s.resolveMounts(r, req.VolumeMounts)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	defer release()
 	cr.Volumes = mounts
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {

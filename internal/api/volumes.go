@@ -1,14 +1,15 @@
 package api
 
 import (
+	"errors"
 	"fmt"
-	wire "github.com/agentenv/agentenv/api"
 	"io"
 	"net/http"
 	"path"
 	"strconv"
 	"strings"
 
+	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/volume"
 )
@@ -22,28 +23,58 @@ func (s *Server) volumeRoutes(mux *http.ServeMux, auth func(string, http.Handler
 	auth("GET /volumes", s.listVolumes)
 	auth("GET /volumes/{volumeID}", s.getVolume)
 	auth("DELETE /volumes/{volumeID}", s.deleteVolume)
-	content := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
-		mux.Handle(pattern, s.volumeToken(h))
+	// The content API is served where the volume lives (the backend's
+	// VolumeContent: this host's store, or the volume's fleet node).
+	content := func(w http.ResponseWriter, r *http.Request) {
+		s.cfg.Backend.VolumeContent(w, r, r.PathValue("volumeID"))
 	}
-	content("GET /volumecontent/{volumeID}/dir", s.volumeListDir)
-	content("POST /volumecontent/{volumeID}/dir", s.volumeMakeDir)
-	content("GET /volumecontent/{volumeID}/path", s.volumeStat)
-	content("PATCH /volumecontent/{volumeID}/path", s.volumeUpdate)
-	content("DELETE /volumecontent/{volumeID}/path", s.volumeRemove)
-	content("GET /volumecontent/{volumeID}/file", s.volumeRead)
-	content("PUT /volumecontent/{volumeID}/file", s.volumeWrite)
+	for _, pattern := range []string{
+		"GET /volumecontent/{volumeID}/dir", "POST /volumecontent/{volumeID}/dir",
+		"GET /volumecontent/{volumeID}/path", "PATCH /volumecontent/{volumeID}/path", "DELETE /volumecontent/{volumeID}/path",
+		"GET /volumecontent/{volumeID}/file", "PUT /volumecontent/{volumeID}/file",
+	} {
+		mux.HandleFunc(pattern, content)
+	}
 }
 
-// volumes returns the store, or answers that this server has none.
-func (s *Server) volumes(w http.ResponseWriter) *volume.Store {
-	if s.cfg.Volumes == nil {
-		writeError(w, errdefs.Unavailable("this server has no volumes: volumes live on one host and are served by `agentenv serve`, not yet through `agentenv api`"))
+// serveContent serves a content request (method and the path's last
+// element: dir, path or file) on st, if it carries volume id's token.
+func serveContent(st *volume.Store, w http.ResponseWriter, r *http.Request, id string) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		contentError(w, fmt.Errorf("no volume token: send 'Authorization: Bearer <token>' with the token GET /volumes/%s returns: %w", id, errdefs.ErrUnauthenticated))
+		return
 	}
-	return s.cfg.Volumes
+	if err := st.CheckToken(id, tok); err != nil {
+		contentError(w, err)
+		return
+	}
+	c := content{st}
+	switch r.Method + " " + path.Base(r.URL.Path) {
+	case "GET dir":
+		c.volumeListDir(w, r, id)
+	case "POST dir":
+		c.volumeMakeDir(w, r, id)
+	case "GET path":
+		c.volumeStat(w, r, id)
+	case "PATCH path":
+		c.volumeUpdate(w, r, id)
+	case "DELETE path":
+		c.volumeRemove(w, r, id)
+	case "GET file":
+		c.volumeRead(w, r, id)
+	case "PUT file":
+		c.volumeWrite(w, r, id)
+	default:
+		contentError(w, errdefs.NotFound("no volume content route %s %s", r.Method, r.URL.Path))
+	}
 }
 
-func (s *Server) volumeJSON(v volume.Volume) wire.VolumeAndToken {
-	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: s.cfg.Volumes.Token(v.ID), Domain: s.cfg.Domain}
+// content runs the content operations on one host's store.
+type content struct{ st *volume.Store }
+
+func (s *Server) volumeJSON(v VolumeInfo) wire.VolumeAndToken {
+	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token, Domain: s.cfg.Domain}
 }
 
 // entryJSON is a volume entry as the content API answers it.
@@ -53,16 +84,12 @@ func entryJSON(e volume.Entry) wire.VolumeEntryStat {
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	st := s.volumes(w)
-	if st == nil {
-		return
-	}
 	var req wire.NewVolume
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	v, err := st.Create(identityOf(r.Context()).Name, req.Name)
+	v, err := s.backend(r).CreateVolume(r.Context(), identityOf(r.Context()).Name, req.Name)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -71,23 +98,20 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	st := s.volumes(w)
-	if st == nil {
+	list, err := s.backend(r).ListVolumes(r.Context(), identityOf(r.Context()).Name)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	out := []wire.Volume{}
-	for _, v := range st.Volumes(identityOf(r.Context()).Name) {
+	for _, v := range list {
 		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	st := s.volumes(w)
-	if st == nil {
-		return
-	}
-	v, err := st.Get(identityOf(r.Context()).Name, r.PathValue("volumeID"))
+	v, err := s.backend(r).GetVolume(r.Context(), identityOf(r.Context()).Name, r.PathValue("volumeID"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -96,11 +120,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	st := s.volumes(w)
-	if st == nil {
-		return
-	}
-	if err := st.Delete(identityOf(r.Context()).Name, r.PathValue("volumeID")); err != nil {
+	if err := s.backend(r).DeleteVolume(r.Context(), identityOf(r.Context()).Name, r.PathValue("volumeID")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -116,27 +136,6 @@ func contentError(w http.ResponseWriter, err error) {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	}{code, err.Error()})
-}
-
-// volumeToken admits a content request that carries the volume's token.
-func (s *Server) volumeToken(h func(http.ResponseWriter, *http.Request, string)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Volumes == nil {
-			contentError(w, errdefs.Unavailable("this server has no volumes"))
-			return
-		}
-		id := r.PathValue("volumeID")
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok {
-			contentError(w, fmt.Errorf("no volume token: send 'Authorization: Bearer <token>' with the token GET /volumes/%s returns: %w", id, errdefs.ErrUnauthenticated))
-			return
-		}
-		if err := s.cfg.Volumes.CheckToken(id, tok); err != nil {
-			contentError(w, err)
-			return
-		}
-		h(w, r, id)
-	})
 }
 
 // attrs reads the optional uid, gid and mode query parameters.
@@ -166,7 +165,7 @@ func force(r *http.Request) bool {
 	return b
 }
 
-func (s *Server) volumeListDir(w http.ResponseWriter, r *http.Request, id string) {
+func (c content) volumeListDir(w http.ResponseWriter, r *http.Request, id string) {
 	depth := 1
 	if d := r.URL.Query().Get("depth"); d != "" {
 		n, err := strconv.Atoi(d)
@@ -176,7 +175,7 @@ func (s *Server) volumeListDir(w http.ResponseWriter, r *http.Request, id string
 		}
 		depth = n
 	}
-	list, err := s.cfg.Volumes.ListDir(id, r.URL.Query().Get("path"), depth)
+	list, err := c.st.ListDir(id, r.URL.Query().Get("path"), depth)
 	if err != nil {
 		contentError(w, err)
 		return
@@ -188,11 +187,11 @@ func (s *Server) volumeListDir(w http.ResponseWriter, r *http.Request, id string
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) volumeMakeDir(w http.ResponseWriter, r *http.Request, id string) {
+func (c content) volumeMakeDir(w http.ResponseWriter, r *http.Request, id string) {
 	a, err := attrs(r)
 	if err == nil {
 		var e volume.Entry
-		if e, err = s.cfg.Volumes.MakeDir(id, r.URL.Query().Get("path"), a, force(r)); err == nil {
+		if e, err = c.st.MakeDir(id, r.URL.Query().Get("path"), a, force(r)); err == nil {
 			writeJSON(w, http.StatusCreated, entryJSON(e))
 			return
 		}
@@ -200,8 +199,8 @@ func (s *Server) volumeMakeDir(w http.ResponseWriter, r *http.Request, id string
 	contentError(w, err)
 }
 
-func (s *Server) volumeStat(w http.ResponseWriter, r *http.Request, id string) {
-	e, err := s.cfg.Volumes.Stat(id, r.URL.Query().Get("path"))
+func (c content) volumeStat(w http.ResponseWriter, r *http.Request, id string) {
+	e, err := c.st.Stat(id, r.URL.Query().Get("path"))
 	if err != nil {
 		contentError(w, err)
 		return
@@ -209,13 +208,13 @@ func (s *Server) volumeStat(w http.ResponseWriter, r *http.Request, id string) {
 	writeJSON(w, http.StatusOK, entryJSON(e))
 }
 
-func (s *Server) volumeUpdate(w http.ResponseWriter, r *http.Request, id string) {
+func (c content) volumeUpdate(w http.ResponseWriter, r *http.Request, id string) {
 	var body wire.VolumeMetadata
 	if err := decode(w, r, &body); err != nil {
 		contentError(w, err)
 		return
 	}
-	e, err := s.cfg.Volumes.UpdateMetadata(id, r.URL.Query().Get("path"), volume.Attrs{UID: body.UID, GID: body.GID, Mode: body.Mode})
+	e, err := c.st.UpdateMetadata(id, r.URL.Query().Get("path"), volume.Attrs{UID: body.UID, GID: body.GID, Mode: body.Mode})
 	if err != nil {
 		contentError(w, err)
 		return
@@ -223,16 +222,16 @@ func (s *Server) volumeUpdate(w http.ResponseWriter, r *http.Request, id string)
 	writeJSON(w, http.StatusOK, entryJSON(e))
 }
 
-func (s *Server) volumeRemove(w http.ResponseWriter, r *http.Request, id string) {
-	if err := s.cfg.Volumes.Remove(id, r.URL.Query().Get("path")); err != nil {
+func (c content) volumeRemove(w http.ResponseWriter, r *http.Request, id string) {
+	if err := c.st.Remove(id, r.URL.Query().Get("path")); err != nil {
 		contentError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) volumeRead(w http.ResponseWriter, r *http.Request, id string) {
-	f, err := s.cfg.Volumes.ReadFile(id, r.URL.Query().Get("path"))
+func (c content) volumeRead(w http.ResponseWriter, r *http.Request, id string) {
+	f, err := c.st.ReadFile(id, r.URL.Query().Get("path"))
 	if err != nil {
 		contentError(w, err)
 		return
@@ -246,11 +245,11 @@ func (s *Server) volumeRead(w http.ResponseWriter, r *http.Request, id string) {
 	io.Copy(w, f)
 }
 
-func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, id string) {
+func (c content) volumeWrite(w http.ResponseWriter, r *http.Request, id string) {
 	a, err := attrs(r)
 	if err == nil {
 		var e volume.Entry
-		if e, err = s.cfg.Volumes.WriteFile(id, r.URL.Query().Get("path"), r.Body, a, force(r)); err == nil {
+		if e, err = c.st.WriteFile(id, r.URL.Query().Get("path"), r.Body, a, force(r)); err == nil {
 			writeJSON(w, http.StatusCreated, entryJSON(e))
 			return
 		}
@@ -260,14 +259,13 @@ func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, id string) 
 
 // resolveMounts checks a create's volumeMounts as E2B does (every problem
 // listed, one line per mount, 400) and finds each volume by name among the
-// caller's.
-func (s *Server) resolveMounts(owner string, in []wire.VolumeMount) ([]volume.Mount, error) {
+// caller's. The backend's Create finds where each volume is (and holds
+// it until the sandbox is registered).
+func (s *Server) resolveMounts(r *http.Request, in []wire.VolumeMount) ([]volume.Mount, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
-	if s.cfg.Volumes == nil {
-		return nil, errdefs.Invalid("volume mounts are not enabled on this server: volumes are served by `agentenv serve`, not yet through `agentenv api`")
-	}
+	owner := identityOf(r.Context()).Name
 	var out []volume.Mount
 	var problems []string
 	used := map[string]bool{}
@@ -293,12 +291,15 @@ func (s *Server) resolveMounts(owner string, in []wire.VolumeMount) ([]volume.Mo
 			continue
 		}
 		used[m.Path] = true
-		v, err := s.cfg.Volumes.ByName(owner, m.Name)
-		if err != nil {
+		v, err := s.backend(r).VolumeByName(r.Context(), owner, m.Name)
+		if errors.Is(err, errdefs.ErrNotFound) {
 			bad("volume '%s' not found", m.Name)
 			continue
 		}
-		out = append(out, volume.Mount{ID: v.ID, Name: v.Name, Path: m.Path, Source: s.cfg.Volumes.DataDir(v.ID)})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, volume.Mount{ID: v.ID, Name: v.Name, Path: m.Path})
 	}
 	if len(problems) > 0 {
 		return nil, errdefs.Invalid("invalid mounts:\n%s", strings.Join(problems, "\n"))
@@ -313,23 +314,4 @@ func systemPath(p string) bool {
 		}
 	}
 	return false
-}
-
-// holdMounts resolves a create's volume mounts and holds the volumes until
-// release (after the create returned): a delete racing the create is
-// refused.
-func (s *Server) holdMounts(r *http.Request, in []wire.VolumeMount) ([]volume.Mount, func(), error) {
-	mounts, err := s.resolveMounts(identityOf(r.Context()).Name, in)
-	if err != nil || len(mounts) == 0 {
-		return nil, func() {}, err
-	}
-	ids := make([]string, len(mounts))
-	for i, m := range mounts {
-		ids[i] = m.ID
-	}
-	release, err := s.cfg.Volumes.Hold(ids...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return mounts, release, nil
 }

@@ -215,7 +215,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	h.Volumes = vols
 	h.closers = append(h.closers, vols.Close)
-	h.Backend = &api.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps}
+	h.Backend = &api.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps, Volumes: vols}
 	adopted, lost, err := mgr.Recover(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
@@ -301,7 +301,6 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	backend := api.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
 	acfg.Backend, acfg.Domain, acfg.Metrics = backend, front.Domain, reg
-	acfg.Volumes = h.Volumes
 	apiH := WithMetrics(reg, api.New(acfg).Handler())
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)

@@ -232,10 +232,18 @@ func newID() string {
 
 var idRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
+// CheckID tells whether id has the shape of a volume ID.
+func CheckID(id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.Invalid("invalid volume ID %q: volume IDs are UUIDs as POST /volumes returns them", id)
+	}
+	return nil
+}
+
 // Get returns the volume id, if owner may see it (owner "" sees all).
 func (s *Store) Get(owner, id string) (Volume, error) {
-	if !idRE.MatchString(id) {
-		return Volume{}, errdefs.Invalid("invalid volume ID %q: volume IDs are UUIDs as POST /volumes returns them", id)
+	if err := CheckID(id); err != nil {
+		return Volume{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -511,6 +511,9 @@ func (n *Node) reconcile(ctx context.Context) error {
 		}
 		adopted++
 	}
+	if err := n.reconcileVolumes(ctx); err != nil {
+		return err
+	}
 	if adopted+removed+killed > 0 {
 		n.log.Info("fleet: reconciled with etcd", "adopted", adopted, "records_removed", removed, "killed_unrecorded", killed)
 	}
@@ -632,6 +635,9 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}/image", n.exportTemplateImage)
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}", n.exportSnapshotMeta)
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
+	// A volume's content API, forwarded by API servers as the client sent
+	// it (the volume's token is checked here, where it was signed).
+	mux.HandleFunc(nodepb.HTTPPath+"volumecontent/{id}/{op}", func(w http.ResponseWriter, r *http.Request) { b.VolumeContent(w, r, r.PathValue("id")) })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/health" {
 			w.Header().Set("Content-Type", "application/json")

@@ -156,3 +156,17 @@ func (s *nodeService) GetTemplate(ctx context.Context, r *req[nodepb.TemplateRef
 func (s *nodeService) DeleteTemplate(ctx context.Context, r *req[nodepb.TemplateRef]) (*resp[nodepb.Empty], error) {
 	return answer(&nodepb.Empty{}, s.b.DeleteTemplate(ctx, r.Msg.GetName()))
 }
+
+func (s *nodeService) CreateVolume(ctx context.Context, r *req[nodepb.CreateVolumeRequest]) (*resp[nodepb.VolumeResponse], error) {
+	v, err := s.b.CreateVolume(ctx, r.Msg.GetOwner(), r.Msg.GetName())
+	return answer(nodepb.FromVolume(v), err)
+}
+
+func (s *nodeService) GetVolume(ctx context.Context, r *req[nodepb.VolumeRef]) (*resp[nodepb.VolumeResponse], error) {
+	v, err := s.b.GetVolume(ctx, r.Msg.GetOwner(), r.Msg.GetId())
+	return answer(nodepb.FromVolume(v), err)
+}
+
+func (s *nodeService) DeleteVolume(ctx context.Context, r *req[nodepb.VolumeRef]) (*resp[nodepb.Empty], error) {
+	return answer(&nodepb.Empty{}, s.b.DeleteVolume(ctx, r.Msg.GetOwner(), r.Msg.GetId()))
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // Conversions between the node service's messages and the node's own
@@ -78,6 +79,7 @@ func FromSandbox(sb sandbox.Sandbox) *Sandbox {
 		StartedAt: ts(sb.StartedAt), EndAt: ts(sb.EndAt), AccessToken: sb.AccessToken, TrafficToken: sb.TrafficToken,
 		Snapshot: sb.Snapshot, Parent: sb.Parent, Remaining: dur(sb.Remaining), Network: FromNetwork(sb.Network),
 		Reason: sb.Reason, Timeout: dur(sb.Timeout), Lifecycle: fromLifecycle(sb.Lifecycle), Owner: sb.Owner,
+		Volumes: fromMounts(sb.Volumes),
 	}
 }
 
@@ -89,7 +91,37 @@ func ToSandbox(p *Sandbox) sandbox.Sandbox {
 		StartedAt: fromTS(p.GetStartedAt()), EndAt: fromTS(p.GetEndAt()), AccessToken: p.GetAccessToken(), TrafficToken: p.GetTrafficToken(),
 		Snapshot: p.GetSnapshot(), Parent: p.GetParent(), Remaining: Dur(p.GetRemaining()), Network: ToNetwork(p.GetNetwork()),
 		Reason: p.GetReason(), Timeout: Dur(p.GetTimeout()), Lifecycle: toLifecycle(p.GetLifecycle()), Owner: p.GetOwner(),
+		Volumes: toMounts(p.GetVolumes()),
 	}
+}
+
+// fromMounts converts volume mounts without their host directories,
+// which never cross the wire (the volume's node finds its own).
+func fromMounts(ms []volume.Mount) []*VolumeMount {
+	var out []*VolumeMount
+	for _, m := range ms {
+		out = append(out, &VolumeMount{Id: m.ID, Name: m.Name, Path: m.Path})
+	}
+	return out
+}
+
+func toMounts(ps []*VolumeMount) []volume.Mount {
+	var out []volume.Mount
+	for _, p := range ps {
+		out = append(out, volume.Mount{ID: p.GetId(), Name: p.GetName(), Path: p.GetPath()})
+	}
+	return out
+}
+
+// FromVolume converts a volume and its content token.
+func FromVolume(v api.VolumeInfo) *VolumeResponse {
+	return &VolumeResponse{Token: v.Token, Volume: &Volume{Id: v.ID, Name: v.Name, Owner: v.Owner, CreatedAt: ts(v.Created)}}
+}
+
+// ToVolume converts a volume and its content token.
+func ToVolume(p *VolumeResponse) api.VolumeInfo {
+	v := p.GetVolume()
+	return api.VolumeInfo{Token: p.GetToken(), Volume: volume.Volume{ID: v.GetId(), Name: v.GetName(), Owner: v.GetOwner(), Created: fromTS(v.GetCreatedAt())}}
 }
 
 // ToSandboxes converts a list.
@@ -106,6 +138,7 @@ func FromCreate(r sandbox.CreateRequest) *CreateRequest {
 	out := &CreateRequest{
 		Template: r.Template, Timeout: dur(r.Timeout), Metadata: r.Metadata, EnvVars: r.EnvVars,
 		Cpus: int32(r.CPUs), MemoryMb: int32(r.MemoryMB), Lifecycle: fromLifecycle(r.Lifecycle), Owner: r.Owner,
+		Volumes: fromMounts(r.Volumes),
 	}
 	if r.Network != nil {
 		out.Network = FromNetwork(*r.Network)
@@ -118,6 +151,7 @@ func ToCreate(p *CreateRequest) sandbox.CreateRequest {
 	out := sandbox.CreateRequest{
 		Template: p.GetTemplate(), Timeout: Dur(p.GetTimeout()), Metadata: p.GetMetadata(), EnvVars: p.GetEnvVars(),
 		CPUs: int(p.GetCpus()), MemoryMB: int(p.GetMemoryMb()), Lifecycle: toLifecycle(p.GetLifecycle()), Owner: p.GetOwner(),
+		Volumes: toMounts(p.GetVolumes()),
 	}
 	if p.GetNetwork() != nil {
 		n := ToNetwork(p.GetNetwork())
@@ -163,6 +197,7 @@ func FromSnapshot(sn snapshot.Snapshot) *Snapshot {
 		Id: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
 		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: ts(sn.CreatedAt), Internal: sn.Internal, Owner: sn.Owner,
 		Cpus: int32(sn.CPUs), MemoryMb: int32(sn.MemoryMB), Nproc: sn.Nproc, DiskMb: int32(sn.DiskMB), Stored: sn.Stored, InUse: int32(sn.InUse),
+		Volumes: fromMounts(sn.Volumes),
 	}
 }
 
@@ -172,6 +207,7 @@ func ToSnapshot(p *Snapshot) snapshot.Snapshot {
 		ID: p.GetId(), Name: p.GetName(), Metadata: p.GetMetadata(), Template: p.GetTemplate(), Parent: p.GetParent(), Sandbox: p.GetSandbox(),
 		Runtime: p.GetRuntime(), Size: p.GetSize(), CreatedAt: fromTS(p.GetCreatedAt()), Internal: p.GetInternal(), Owner: p.GetOwner(),
 		CPUs: int(p.GetCpus()), MemoryMB: int(p.GetMemoryMb()), Nproc: p.GetNproc(), DiskMB: int(p.GetDiskMb()), Stored: p.GetStored(), InUse: int(p.GetInUse()),
+		Volumes: toMounts(p.GetVolumes()),
 	}
 }
 

@@ -274,6 +274,7 @@ type Sandbox struct {
 	Timeout       *durationpb.Duration   `protobuf:"bytes,19,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	Lifecycle     *Lifecycle             `protobuf:"bytes,20,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
 	Owner         string                 `protobuf:"bytes,22,opt,name=owner,proto3" json:"owner,omitempty"`
+	Volumes       []*VolumeMount         `protobuf:"bytes,23,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +456,75 @@ func (x *Sandbox) GetOwner() string {
 	return ""
 }
 
+func (x *Sandbox) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+// VolumeMount is a volume mounted into a sandbox. The host directory
+// bound there never crosses: the volume's node finds it by id.
+type VolumeMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_node_v1_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *VolumeMount) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 type SandboxRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -464,7 +534,7 @@ type SandboxRef struct {
 
 func (x *SandboxRef) Reset() {
 	*x = SandboxRef{}
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +546,7 @@ func (x *SandboxRef) String() string {
 func (*SandboxRef) ProtoMessage() {}
 
 func (x *SandboxRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +559,7 @@ func (x *SandboxRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRef.ProtoReflect.Descriptor instead.
 func (*SandboxRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SandboxRef) GetId() string {
@@ -508,7 +578,7 @@ type SandboxResponse struct {
 
 func (x *SandboxResponse) Reset() {
 	*x = SandboxResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +590,7 @@ func (x *SandboxResponse) String() string {
 func (*SandboxResponse) ProtoMessage() {}
 
 func (x *SandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +603,7 @@ func (x *SandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxResponse.ProtoReflect.Descriptor instead.
 func (*SandboxResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SandboxResponse) GetSandbox() *Sandbox {
@@ -546,22 +616,24 @@ func (x *SandboxResponse) GetSandbox() *Sandbox {
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// network unset: internet on.
-	Network       *Network             `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
-	Template      string               `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
-	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	Metadata      map[string]string    `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	EnvVars       map[string]string    `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cpus          int32                `protobuf:"varint,6,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	MemoryMb      int32                `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	Lifecycle     *Lifecycle           `protobuf:"bytes,8,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
-	Owner         string               `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
+	Network   *Network             `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Template  string               `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
+	Timeout   *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Metadata  map[string]string    `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	EnvVars   map[string]string    `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cpus      int32                `protobuf:"varint,6,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb  int32                `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Lifecycle *Lifecycle           `protobuf:"bytes,8,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
+	Owner     string               `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
+	// volumes must all live on the node asked.
+	Volumes       []*VolumeMount `protobuf:"bytes,10,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +645,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +658,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateRequest) GetNetwork() *Network {
@@ -652,6 +724,13 @@ func (x *CreateRequest) GetOwner() string {
 	return ""
 }
 
+func (x *CreateRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Metadata      map[string]string      `protobuf:"bytes,1,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -665,7 +744,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +756,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +769,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListRequest) GetMetadata() map[string]string {
@@ -737,7 +816,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +828,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +841,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -788,7 +867,7 @@ type MetricResponse struct {
 
 func (x *MetricResponse) Reset() {
 	*x = MetricResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +879,7 @@ func (x *MetricResponse) String() string {
 func (*MetricResponse) ProtoMessage() {}
 
 func (x *MetricResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +892,7 @@ func (x *MetricResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricResponse.ProtoReflect.Descriptor instead.
 func (*MetricResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MetricResponse) GetTimestamp() *timestamppb.Timestamp {
@@ -882,7 +961,7 @@ type TimeoutRequest struct {
 
 func (x *TimeoutRequest) Reset() {
 	*x = TimeoutRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +973,7 @@ func (x *TimeoutRequest) String() string {
 func (*TimeoutRequest) ProtoMessage() {}
 
 func (x *TimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +986,7 @@ func (x *TimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimeoutRequest.ProtoReflect.Descriptor instead.
 func (*TimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TimeoutRequest) GetId() string {
@@ -935,7 +1014,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1026,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1039,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ConnectResponse) GetSandbox() *Sandbox {
@@ -987,7 +1066,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1078,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1091,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetNetworkRequest) GetId() string {
@@ -1040,7 +1119,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1131,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1144,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1093,7 +1172,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1184,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1197,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1144,31 +1223,33 @@ func (x *SnapshotRequest) GetMetadata() map[string]string {
 
 // Snapshot is a snapshot as API servers show it (no file layout).
 type Snapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Metadata      map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Template      string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
-	Parent        string                 `protobuf:"bytes,5,opt,name=parent,proto3" json:"parent,omitempty"`
-	Sandbox       string                 `protobuf:"bytes,6,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Runtime       string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	Size          int64                  `protobuf:"varint,8,opt,name=size,proto3" json:"size,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Internal      bool                   `protobuf:"varint,10,opt,name=internal,proto3" json:"internal,omitempty"`
-	Owner         string                 `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
-	Cpus          int32                  `protobuf:"varint,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	MemoryMb      int32                  `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	Nproc         int64                  `protobuf:"varint,14,opt,name=nproc,proto3" json:"nproc,omitempty"`
-	DiskMb        int32                  `protobuf:"varint,15,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
-	Stored        int64                  `protobuf:"varint,16,opt,name=stored,proto3" json:"stored,omitempty"`
-	InUse         int32                  `protobuf:"varint,17,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Metadata  map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Template  string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
+	Parent    string                 `protobuf:"bytes,5,opt,name=parent,proto3" json:"parent,omitempty"`
+	Sandbox   string                 `protobuf:"bytes,6,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Runtime   string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Size      int64                  `protobuf:"varint,8,opt,name=size,proto3" json:"size,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Internal  bool                   `protobuf:"varint,10,opt,name=internal,proto3" json:"internal,omitempty"`
+	Owner     string                 `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
+	Cpus      int32                  `protobuf:"varint,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb  int32                  `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Nproc     int64                  `protobuf:"varint,14,opt,name=nproc,proto3" json:"nproc,omitempty"`
+	DiskMb    int32                  `protobuf:"varint,15,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	Stored    int64                  `protobuf:"varint,16,opt,name=stored,proto3" json:"stored,omitempty"`
+	InUse     int32                  `protobuf:"varint,17,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// volumes its restore mounts again (placement sends it to their node).
+	Volumes       []*VolumeMount `protobuf:"bytes,18,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1261,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1274,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1315,6 +1396,13 @@ func (x *Snapshot) GetInUse() int32 {
 	return 0
 }
 
+func (x *Snapshot) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type SnapshotRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1324,7 +1412,7 @@ type SnapshotRef struct {
 
 func (x *SnapshotRef) Reset() {
 	*x = SnapshotRef{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1424,7 @@ func (x *SnapshotRef) String() string {
 func (*SnapshotRef) ProtoMessage() {}
 
 func (x *SnapshotRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1437,7 @@ func (x *SnapshotRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRef.ProtoReflect.Descriptor instead.
 func (*SnapshotRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotRef) GetId() string {
@@ -1368,7 +1456,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1468,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1481,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *Snapshot {
@@ -1412,7 +1500,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1512,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1525,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -1456,7 +1544,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1556,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1569,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1505,7 +1593,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1605,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1618,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1577,7 +1665,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1677,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1690,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkResponse_Child {
@@ -1624,7 +1712,7 @@ type ChildError struct {
 
 func (x *ChildError) Reset() {
 	*x = ChildError{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1636,7 +1724,7 @@ func (x *ChildError) String() string {
 func (*ChildError) ProtoMessage() {}
 
 func (x *ChildError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1649,7 +1737,7 @@ func (x *ChildError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChildError.ProtoReflect.Descriptor instead.
 func (*ChildError) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ChildError) GetCode() string {
@@ -1696,7 +1784,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1796,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1809,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Template) GetName() string {
@@ -1838,7 +1926,7 @@ type TemplateRef struct {
 
 func (x *TemplateRef) Reset() {
 	*x = TemplateRef{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1938,7 @@ func (x *TemplateRef) String() string {
 func (*TemplateRef) ProtoMessage() {}
 
 func (x *TemplateRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1951,7 @@ func (x *TemplateRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateRef.ProtoReflect.Descriptor instead.
 func (*TemplateRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TemplateRef) GetName() string {
@@ -1882,7 +1970,7 @@ type TemplateResponse struct {
 
 func (x *TemplateResponse) Reset() {
 	*x = TemplateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +1982,7 @@ func (x *TemplateResponse) String() string {
 func (*TemplateResponse) ProtoMessage() {}
 
 func (x *TemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +1995,7 @@ func (x *TemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateResponse.ProtoReflect.Descriptor instead.
 func (*TemplateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TemplateResponse) GetTemplate() *Template {
@@ -1926,7 +2014,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2026,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2039,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -1959,6 +2047,232 @@ func (x *ListTemplatesResponse) GetTemplates() []*Template {
 		return x.Templates
 	}
 	return nil
+}
+
+type Volume struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Volume) Reset() {
+	*x = Volume{}
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Volume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Volume) ProtoMessage() {}
+
+func (x *Volume) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Volume.ProtoReflect.Descriptor instead.
+func (*Volume) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Volume) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Volume) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Volume) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Volume) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type CreateVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Owner         string                 `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeRequest) Reset() {
+	*x = CreateVolumeRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeRequest) ProtoMessage() {}
+
+func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CreateVolumeRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// VolumeRef names a volume as owner may see it (owner "": any).
+type VolumeRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeRef) Reset() {
+	*x = VolumeRef{}
+	mi := &file_node_v1_node_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeRef) ProtoMessage() {}
+
+func (x *VolumeRef) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
+func (*VolumeRef) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *VolumeRef) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeRef) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type VolumeResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	// token opens the volume's content API (signed by its node).
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeResponse) Reset() {
+	*x = VolumeResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeResponse) ProtoMessage() {}
+
+func (x *VolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeResponse.ProtoReflect.Descriptor instead.
+func (*VolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *VolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+func (x *VolumeResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
 }
 
 type ForkResponse_Child struct {
@@ -1972,7 +2286,7 @@ type ForkResponse_Child struct {
 
 func (x *ForkResponse_Child) Reset() {
 	*x = ForkResponse_Child{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2298,7 @@ func (x *ForkResponse_Child) String() string {
 func (*ForkResponse_Child) ProtoMessage() {}
 
 func (x *ForkResponse_Child) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2311,7 @@ func (x *ForkResponse_Child) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse_Child.ProtoReflect.Descriptor instead.
 func (*ForkResponse_Child) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22, 0}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23, 0}
 }
 
 func (x *ForkResponse_Child) GetSandbox() *Sandbox {
@@ -2034,7 +2348,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\vdrop_memory\x18\x02 \x01(\bR\n" +
 	"dropMemory\x12\x1f\n" +
 	"\vauto_resume\x18\x03 \x01(\bR\n" +
-	"autoResume\"\xa8\a\n" +
+	"autoResume\"\xe1\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x14\n" +
@@ -2058,18 +2372,23 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x06reason\x18\x12 \x01(\tR\x06reason\x123\n" +
 	"\atimeout\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x129\n" +
 	"\tlifecycle\x18\x14 \x01(\v2\x1b.agentenv.node.v1.LifecycleR\tlifecycle\x12\x14\n" +
-	"\x05owner\x18\x16 \x01(\tR\x05owner\x1a;\n" +
+	"\x05owner\x18\x16 \x01(\tR\x05owner\x127\n" +
+	"\avolumes\x18\x17 \x03(\v2\x1d.agentenv.node.v1.VolumeMountR\avolumes\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x15\x10\x16\"\x1c\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x15\x10\x16\"E\n" +
+	"\vVolumeMount\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"\x1c\n" +
 	"\n" +
 	"SandboxRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"F\n" +
 	"\x0fSandboxResponse\x123\n" +
-	"\asandbox\x18\x01 \x01(\v2\x19.agentenv.node.v1.SandboxR\asandbox\"\xa4\x04\n" +
+	"\asandbox\x18\x01 \x01(\v2\x19.agentenv.node.v1.SandboxR\asandbox\"\xdd\x04\n" +
 	"\rCreateRequest\x123\n" +
 	"\anetwork\x18\x01 \x01(\v2\x19.agentenv.node.v1.NetworkR\anetwork\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x123\n" +
@@ -2079,7 +2398,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x04cpus\x18\x06 \x01(\x05R\x04cpus\x12\x1b\n" +
 	"\tmemory_mb\x18\a \x01(\x05R\bmemoryMb\x129\n" +
 	"\tlifecycle\x18\b \x01(\v2\x1b.agentenv.node.v1.LifecycleR\tlifecycle\x12\x14\n" +
-	"\x05owner\x18\t \x01(\tR\x05owner\x1a;\n" +
+	"\x05owner\x18\t \x01(\tR\x05owner\x127\n" +
+	"\avolumes\x18\n" +
+	" \x03(\v2\x1d.agentenv.node.v1.VolumeMountR\avolumes\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -2127,7 +2448,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x03(\v2/.agentenv.node.v1.SnapshotRequest.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x04\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12D\n" +
@@ -2147,7 +2468,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05nproc\x18\x0e \x01(\x03R\x05nproc\x12\x17\n" +
 	"\adisk_mb\x18\x0f \x01(\x05R\x06diskMb\x12\x16\n" +
 	"\x06stored\x18\x10 \x01(\x03R\x06stored\x12\x15\n" +
-	"\x06in_use\x18\x11 \x01(\x05R\x05inUse\x1a;\n" +
+	"\x06in_use\x18\x11 \x01(\x05R\x05inUse\x127\n" +
+	"\avolumes\x18\x12 \x03(\v2\x1d.agentenv.node.v1.VolumeMountR\avolumes\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1d\n" +
@@ -2206,7 +2528,22 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x10TemplateResponse\x126\n" +
 	"\btemplate\x18\x01 \x01(\v2\x1a.agentenv.node.v1.TemplateR\btemplate\"Q\n" +
 	"\x15ListTemplatesResponse\x128\n" +
-	"\ttemplates\x18\x01 \x03(\v2\x1a.agentenv.node.v1.TemplateR\ttemplates2\xde\v\n" +
+	"\ttemplates\x18\x01 \x03(\v2\x1a.agentenv.node.v1.TemplateR\ttemplates\"}\n" +
+	"\x06Volume\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"?\n" +
+	"\x13CreateVolumeRequest\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"1\n" +
+	"\tVolumeRef\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"X\n" +
+	"\x0eVolumeResponse\x120\n" +
+	"\x06volume\x18\x01 \x01(\v2\x18.agentenv.node.v1.VolumeR\x06volume\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token2\xc9\r\n" +
 	"\vNodeService\x12L\n" +
 	"\x06Create\x12\x1f.agentenv.node.v1.CreateRequest\x1a!.agentenv.node.v1.SandboxResponse\x12E\n" +
 	"\x04List\x12\x1d.agentenv.node.v1.ListRequest\x1a\x1e.agentenv.node.v1.ListResponse\x12F\n" +
@@ -2228,7 +2565,10 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x0eDeleteSnapshot\x12\x1d.agentenv.node.v1.SnapshotRef\x1a\x17.agentenv.node.v1.Empty\x12Q\n" +
 	"\rListTemplates\x12\x17.agentenv.node.v1.Empty\x1a'.agentenv.node.v1.ListTemplatesResponse\x12P\n" +
 	"\vGetTemplate\x12\x1d.agentenv.node.v1.TemplateRef\x1a\".agentenv.node.v1.TemplateResponse\x12H\n" +
-	"\x0eDeleteTemplate\x12\x1d.agentenv.node.v1.TemplateRef\x1a\x17.agentenv.node.v1.EmptyB;Z9github.com/agentenv/agentenv/internal/fleet/nodepb;nodepbb\x06proto3"
+	"\x0eDeleteTemplate\x12\x1d.agentenv.node.v1.TemplateRef\x1a\x17.agentenv.node.v1.Empty\x12W\n" +
+	"\fCreateVolume\x12%.agentenv.node.v1.CreateVolumeRequest\x1a .agentenv.node.v1.VolumeResponse\x12J\n" +
+	"\tGetVolume\x12\x1b.agentenv.node.v1.VolumeRef\x1a .agentenv.node.v1.VolumeResponse\x12D\n" +
+	"\fDeleteVolume\x12\x1b.agentenv.node.v1.VolumeRef\x1a\x17.agentenv.node.v1.EmptyB;Z9github.com/agentenv/agentenv/internal/fleet/nodepb;nodepbb\x06proto3"
 
 var (
 	file_node_v1_node_proto_rawDescOnce sync.Once
@@ -2242,129 +2582,145 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Empty)(nil),                 // 0: agentenv.node.v1.Empty
 	(*ErrorDetail)(nil),           // 1: agentenv.node.v1.ErrorDetail
 	(*Network)(nil),               // 2: agentenv.node.v1.Network
 	(*Lifecycle)(nil),             // 3: agentenv.node.v1.Lifecycle
 	(*Sandbox)(nil),               // 4: agentenv.node.v1.Sandbox
-	(*SandboxRef)(nil),            // 5: agentenv.node.v1.SandboxRef
-	(*SandboxResponse)(nil),       // 6: agentenv.node.v1.SandboxResponse
-	(*CreateRequest)(nil),         // 7: agentenv.node.v1.CreateRequest
-	(*ListRequest)(nil),           // 8: agentenv.node.v1.ListRequest
-	(*ListResponse)(nil),          // 9: agentenv.node.v1.ListResponse
-	(*MetricResponse)(nil),        // 10: agentenv.node.v1.MetricResponse
-	(*TimeoutRequest)(nil),        // 11: agentenv.node.v1.TimeoutRequest
-	(*ConnectResponse)(nil),       // 12: agentenv.node.v1.ConnectResponse
-	(*SetNetworkRequest)(nil),     // 13: agentenv.node.v1.SetNetworkRequest
-	(*PauseRequest)(nil),          // 14: agentenv.node.v1.PauseRequest
-	(*SnapshotRequest)(nil),       // 15: agentenv.node.v1.SnapshotRequest
-	(*Snapshot)(nil),              // 16: agentenv.node.v1.Snapshot
-	(*SnapshotRef)(nil),           // 17: agentenv.node.v1.SnapshotRef
-	(*SnapshotResponse)(nil),      // 18: agentenv.node.v1.SnapshotResponse
-	(*ListSnapshotsRequest)(nil),  // 19: agentenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil), // 20: agentenv.node.v1.ListSnapshotsResponse
-	(*ForkRequest)(nil),           // 21: agentenv.node.v1.ForkRequest
-	(*ForkResponse)(nil),          // 22: agentenv.node.v1.ForkResponse
-	(*ChildError)(nil),            // 23: agentenv.node.v1.ChildError
-	(*Template)(nil),              // 24: agentenv.node.v1.Template
-	(*TemplateRef)(nil),           // 25: agentenv.node.v1.TemplateRef
-	(*TemplateResponse)(nil),      // 26: agentenv.node.v1.TemplateResponse
-	(*ListTemplatesResponse)(nil), // 27: agentenv.node.v1.ListTemplatesResponse
-	nil,                           // 28: agentenv.node.v1.Sandbox.MetadataEntry
-	nil,                           // 29: agentenv.node.v1.Sandbox.EnvVarsEntry
-	nil,                           // 30: agentenv.node.v1.CreateRequest.MetadataEntry
-	nil,                           // 31: agentenv.node.v1.CreateRequest.EnvVarsEntry
-	nil,                           // 32: agentenv.node.v1.ListRequest.MetadataEntry
-	nil,                           // 33: agentenv.node.v1.SnapshotRequest.MetadataEntry
-	nil,                           // 34: agentenv.node.v1.Snapshot.MetadataEntry
-	nil,                           // 35: agentenv.node.v1.ForkRequest.MetadataEntry
-	(*ForkResponse_Child)(nil),    // 36: agentenv.node.v1.ForkResponse.Child
-	nil,                           // 37: agentenv.node.v1.Template.EnvEntry
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 39: google.protobuf.Duration
+	(*VolumeMount)(nil),           // 5: agentenv.node.v1.VolumeMount
+	(*SandboxRef)(nil),            // 6: agentenv.node.v1.SandboxRef
+	(*SandboxResponse)(nil),       // 7: agentenv.node.v1.SandboxResponse
+	(*CreateRequest)(nil),         // 8: agentenv.node.v1.CreateRequest
+	(*ListRequest)(nil),           // 9: agentenv.node.v1.ListRequest
+	(*ListResponse)(nil),          // 10: agentenv.node.v1.ListResponse
+	(*MetricResponse)(nil),        // 11: agentenv.node.v1.MetricResponse
+	(*TimeoutRequest)(nil),        // 12: agentenv.node.v1.TimeoutRequest
+	(*ConnectResponse)(nil),       // 13: agentenv.node.v1.ConnectResponse
+	(*SetNetworkRequest)(nil),     // 14: agentenv.node.v1.SetNetworkRequest
+	(*PauseRequest)(nil),          // 15: agentenv.node.v1.PauseRequest
+	(*SnapshotRequest)(nil),       // 16: agentenv.node.v1.SnapshotRequest
+	(*Snapshot)(nil),              // 17: agentenv.node.v1.Snapshot
+	(*SnapshotRef)(nil),           // 18: agentenv.node.v1.SnapshotRef
+	(*SnapshotResponse)(nil),      // 19: agentenv.node.v1.SnapshotResponse
+	(*ListSnapshotsRequest)(nil),  // 20: agentenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil), // 21: agentenv.node.v1.ListSnapshotsResponse
+	(*ForkRequest)(nil),           // 22: agentenv.node.v1.ForkRequest
+	(*ForkResponse)(nil),          // 23: agentenv.node.v1.ForkResponse
+	(*ChildError)(nil),            // 24: agentenv.node.v1.ChildError
+	(*Template)(nil),              // 25: agentenv.node.v1.Template
+	(*TemplateRef)(nil),           // 26: agentenv.node.v1.TemplateRef
+	(*TemplateResponse)(nil),      // 27: agentenv.node.v1.TemplateResponse
+	(*ListTemplatesResponse)(nil), // 28: agentenv.node.v1.ListTemplatesResponse
+	(*Volume)(nil),                // 29: agentenv.node.v1.Volume
+	(*CreateVolumeRequest)(nil),   // 30: agentenv.node.v1.CreateVolumeRequest
+	(*VolumeRef)(nil),             // 31: agentenv.node.v1.VolumeRef
+	(*VolumeResponse)(nil),        // 32: agentenv.node.v1.VolumeResponse
+	nil,                           // 33: agentenv.node.v1.Sandbox.MetadataEntry
+	nil,                           // 34: agentenv.node.v1.Sandbox.EnvVarsEntry
+	nil,                           // 35: agentenv.node.v1.CreateRequest.MetadataEntry
+	nil,                           // 36: agentenv.node.v1.CreateRequest.EnvVarsEntry
+	nil,                           // 37: agentenv.node.v1.ListRequest.MetadataEntry
+	nil,                           // 38: agentenv.node.v1.SnapshotRequest.MetadataEntry
+	nil,                           // 39: agentenv.node.v1.Snapshot.MetadataEntry
+	nil,                           // 40: agentenv.node.v1.ForkRequest.MetadataEntry
+	(*ForkResponse_Child)(nil),    // 41: agentenv.node.v1.ForkResponse.Child
+	nil,                           // 42: agentenv.node.v1.Template.EnvEntry
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 44: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	28, // 0: agentenv.node.v1.Sandbox.metadata:type_name -> agentenv.node.v1.Sandbox.MetadataEntry
-	29, // 1: agentenv.node.v1.Sandbox.env_vars:type_name -> agentenv.node.v1.Sandbox.EnvVarsEntry
-	38, // 2: agentenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	38, // 3: agentenv.node.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	39, // 4: agentenv.node.v1.Sandbox.remaining:type_name -> google.protobuf.Duration
+	33, // 0: agentenv.node.v1.Sandbox.metadata:type_name -> agentenv.node.v1.Sandbox.MetadataEntry
+	34, // 1: agentenv.node.v1.Sandbox.env_vars:type_name -> agentenv.node.v1.Sandbox.EnvVarsEntry
+	43, // 2: agentenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	43, // 3: agentenv.node.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	44, // 4: agentenv.node.v1.Sandbox.remaining:type_name -> google.protobuf.Duration
 	2,  // 5: agentenv.node.v1.Sandbox.network:type_name -> agentenv.node.v1.Network
-	39, // 6: agentenv.node.v1.Sandbox.timeout:type_name -> google.protobuf.Duration
+	44, // 6: agentenv.node.v1.Sandbox.timeout:type_name -> google.protobuf.Duration
 	3,  // 7: agentenv.node.v1.Sandbox.lifecycle:type_name -> agentenv.node.v1.Lifecycle
-	4,  // 8: agentenv.node.v1.SandboxResponse.sandbox:type_name -> agentenv.node.v1.Sandbox
-	2,  // 9: agentenv.node.v1.CreateRequest.network:type_name -> agentenv.node.v1.Network
-	39, // 10: agentenv.node.v1.CreateRequest.timeout:type_name -> google.protobuf.Duration
-	30, // 11: agentenv.node.v1.CreateRequest.metadata:type_name -> agentenv.node.v1.CreateRequest.MetadataEntry
-	31, // 12: agentenv.node.v1.CreateRequest.env_vars:type_name -> agentenv.node.v1.CreateRequest.EnvVarsEntry
-	3,  // 13: agentenv.node.v1.CreateRequest.lifecycle:type_name -> agentenv.node.v1.Lifecycle
-	32, // 14: agentenv.node.v1.ListRequest.metadata:type_name -> agentenv.node.v1.ListRequest.MetadataEntry
-	38, // 15: agentenv.node.v1.ListRequest.started_after:type_name -> google.protobuf.Timestamp
-	4,  // 16: agentenv.node.v1.ListResponse.sandboxes:type_name -> agentenv.node.v1.Sandbox
-	38, // 17: agentenv.node.v1.MetricResponse.timestamp:type_name -> google.protobuf.Timestamp
-	39, // 18: agentenv.node.v1.TimeoutRequest.timeout:type_name -> google.protobuf.Duration
-	4,  // 19: agentenv.node.v1.ConnectResponse.sandbox:type_name -> agentenv.node.v1.Sandbox
-	2,  // 20: agentenv.node.v1.SetNetworkRequest.network:type_name -> agentenv.node.v1.Network
-	33, // 21: agentenv.node.v1.SnapshotRequest.metadata:type_name -> agentenv.node.v1.SnapshotRequest.MetadataEntry
-	34, // 22: agentenv.node.v1.Snapshot.metadata:type_name -> agentenv.node.v1.Snapshot.MetadataEntry
-	38, // 23: agentenv.node.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	16, // 24: agentenv.node.v1.SnapshotResponse.snapshot:type_name -> agentenv.node.v1.Snapshot
-	16, // 25: agentenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> agentenv.node.v1.Snapshot
-	39, // 26: agentenv.node.v1.ForkRequest.timeout:type_name -> google.protobuf.Duration
-	35, // 27: agentenv.node.v1.ForkRequest.metadata:type_name -> agentenv.node.v1.ForkRequest.MetadataEntry
-	36, // 28: agentenv.node.v1.ForkResponse.children:type_name -> agentenv.node.v1.ForkResponse.Child
-	1,  // 29: agentenv.node.v1.ChildError.detail:type_name -> agentenv.node.v1.ErrorDetail
-	38, // 30: agentenv.node.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	37, // 31: agentenv.node.v1.Template.env:type_name -> agentenv.node.v1.Template.EnvEntry
-	24, // 32: agentenv.node.v1.TemplateResponse.template:type_name -> agentenv.node.v1.Template
-	24, // 33: agentenv.node.v1.ListTemplatesResponse.templates:type_name -> agentenv.node.v1.Template
-	4,  // 34: agentenv.node.v1.ForkResponse.Child.sandbox:type_name -> agentenv.node.v1.Sandbox
-	23, // 35: agentenv.node.v1.ForkResponse.Child.error:type_name -> agentenv.node.v1.ChildError
-	7,  // 36: agentenv.node.v1.NodeService.Create:input_type -> agentenv.node.v1.CreateRequest
-	8,  // 37: agentenv.node.v1.NodeService.List:input_type -> agentenv.node.v1.ListRequest
-	5,  // 38: agentenv.node.v1.NodeService.Get:input_type -> agentenv.node.v1.SandboxRef
-	5,  // 39: agentenv.node.v1.NodeService.Kill:input_type -> agentenv.node.v1.SandboxRef
-	5,  // 40: agentenv.node.v1.NodeService.Metrics:input_type -> agentenv.node.v1.SandboxRef
-	11, // 41: agentenv.node.v1.NodeService.SetTimeout:input_type -> agentenv.node.v1.TimeoutRequest
-	11, // 42: agentenv.node.v1.NodeService.Extend:input_type -> agentenv.node.v1.TimeoutRequest
-	13, // 43: agentenv.node.v1.NodeService.SetNetwork:input_type -> agentenv.node.v1.SetNetworkRequest
-	14, // 44: agentenv.node.v1.NodeService.Pause:input_type -> agentenv.node.v1.PauseRequest
-	11, // 45: agentenv.node.v1.NodeService.Resume:input_type -> agentenv.node.v1.TimeoutRequest
-	11, // 46: agentenv.node.v1.NodeService.Connect:input_type -> agentenv.node.v1.TimeoutRequest
-	15, // 47: agentenv.node.v1.NodeService.Snapshot:input_type -> agentenv.node.v1.SnapshotRequest
-	21, // 48: agentenv.node.v1.NodeService.Fork:input_type -> agentenv.node.v1.ForkRequest
-	19, // 49: agentenv.node.v1.NodeService.ListSnapshots:input_type -> agentenv.node.v1.ListSnapshotsRequest
-	17, // 50: agentenv.node.v1.NodeService.GetSnapshot:input_type -> agentenv.node.v1.SnapshotRef
-	17, // 51: agentenv.node.v1.NodeService.DeleteSnapshot:input_type -> agentenv.node.v1.SnapshotRef
-	0,  // 52: agentenv.node.v1.NodeService.ListTemplates:input_type -> agentenv.node.v1.Empty
-	25, // 53: agentenv.node.v1.NodeService.GetTemplate:input_type -> agentenv.node.v1.TemplateRef
-	25, // 54: agentenv.node.v1.NodeService.DeleteTemplate:input_type -> agentenv.node.v1.TemplateRef
-	6,  // 55: agentenv.node.v1.NodeService.Create:output_type -> agentenv.node.v1.SandboxResponse
-	9,  // 56: agentenv.node.v1.NodeService.List:output_type -> agentenv.node.v1.ListResponse
-	6,  // 57: agentenv.node.v1.NodeService.Get:output_type -> agentenv.node.v1.SandboxResponse
-	0,  // 58: agentenv.node.v1.NodeService.Kill:output_type -> agentenv.node.v1.Empty
-	10, // 59: agentenv.node.v1.NodeService.Metrics:output_type -> agentenv.node.v1.MetricResponse
-	6,  // 60: agentenv.node.v1.NodeService.SetTimeout:output_type -> agentenv.node.v1.SandboxResponse
-	6,  // 61: agentenv.node.v1.NodeService.Extend:output_type -> agentenv.node.v1.SandboxResponse
-	6,  // 62: agentenv.node.v1.NodeService.SetNetwork:output_type -> agentenv.node.v1.SandboxResponse
-	6,  // 63: agentenv.node.v1.NodeService.Pause:output_type -> agentenv.node.v1.SandboxResponse
-	6,  // 64: agentenv.node.v1.NodeService.Resume:output_type -> agentenv.node.v1.SandboxResponse
-	12, // 65: agentenv.node.v1.NodeService.Connect:output_type -> agentenv.node.v1.ConnectResponse
-	18, // 66: agentenv.node.v1.NodeService.Snapshot:output_type -> agentenv.node.v1.SnapshotResponse
-	22, // 67: agentenv.node.v1.NodeService.Fork:output_type -> agentenv.node.v1.ForkResponse
-	20, // 68: agentenv.node.v1.NodeService.ListSnapshots:output_type -> agentenv.node.v1.ListSnapshotsResponse
-	18, // 69: agentenv.node.v1.NodeService.GetSnapshot:output_type -> agentenv.node.v1.SnapshotResponse
-	0,  // 70: agentenv.node.v1.NodeService.DeleteSnapshot:output_type -> agentenv.node.v1.Empty
-	27, // 71: agentenv.node.v1.NodeService.ListTemplates:output_type -> agentenv.node.v1.ListTemplatesResponse
-	26, // 72: agentenv.node.v1.NodeService.GetTemplate:output_type -> agentenv.node.v1.TemplateResponse
-	0,  // 73: agentenv.node.v1.NodeService.DeleteTemplate:output_type -> agentenv.node.v1.Empty
-	55, // [55:74] is the sub-list for method output_type
-	36, // [36:55] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	5,  // 8: agentenv.node.v1.Sandbox.volumes:type_name -> agentenv.node.v1.VolumeMount
+	4,  // 9: agentenv.node.v1.SandboxResponse.sandbox:type_name -> agentenv.node.v1.Sandbox
+	2,  // 10: agentenv.node.v1.CreateRequest.network:type_name -> agentenv.node.v1.Network
+	44, // 11: agentenv.node.v1.CreateRequest.timeout:type_name -> google.protobuf.Duration
+	35, // 12: agentenv.node.v1.CreateRequest.metadata:type_name -> agentenv.node.v1.CreateRequest.MetadataEntry
+	36, // 13: agentenv.node.v1.CreateRequest.env_vars:type_name -> agentenv.node.v1.CreateRequest.EnvVarsEntry
+	3,  // 14: agentenv.node.v1.CreateRequest.lifecycle:type_name -> agentenv.node.v1.Lifecycle
+	5,  // 15: agentenv.node.v1.CreateRequest.volumes:type_name -> agentenv.node.v1.VolumeMount
+	37, // 16: agentenv.node.v1.ListRequest.metadata:type_name -> agentenv.node.v1.ListRequest.MetadataEntry
+	43, // 17: agentenv.node.v1.ListRequest.started_after:type_name -> google.protobuf.Timestamp
+	4,  // 18: agentenv.node.v1.ListResponse.sandboxes:type_name -> agentenv.node.v1.Sandbox
+	43, // 19: agentenv.node.v1.MetricResponse.timestamp:type_name -> google.protobuf.Timestamp
+	44, // 20: agentenv.node.v1.TimeoutRequest.timeout:type_name -> google.protobuf.Duration
+	4,  // 21: agentenv.node.v1.ConnectResponse.sandbox:type_name -> agentenv.node.v1.Sandbox
+	2,  // 22: agentenv.node.v1.SetNetworkRequest.network:type_name -> agentenv.node.v1.Network
+	38, // 23: agentenv.node.v1.SnapshotRequest.metadata:type_name -> agentenv.node.v1.SnapshotRequest.MetadataEntry
+	39, // 24: agentenv.node.v1.Snapshot.metadata:type_name -> agentenv.node.v1.Snapshot.MetadataEntry
+	43, // 25: agentenv.node.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	5,  // 26: agentenv.node.v1.Snapshot.volumes:type_name -> agentenv.node.v1.VolumeMount
+	17, // 27: agentenv.node.v1.SnapshotResponse.snapshot:type_name -> agentenv.node.v1.Snapshot
+	17, // 28: agentenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> agentenv.node.v1.Snapshot
+	44, // 29: agentenv.node.v1.ForkRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 30: agentenv.node.v1.ForkRequest.metadata:type_name -> agentenv.node.v1.ForkRequest.MetadataEntry
+	41, // 31: agentenv.node.v1.ForkResponse.children:type_name -> agentenv.node.v1.ForkResponse.Child
+	1,  // 32: agentenv.node.v1.ChildError.detail:type_name -> agentenv.node.v1.ErrorDetail
+	43, // 33: agentenv.node.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	42, // 34: agentenv.node.v1.Template.env:type_name -> agentenv.node.v1.Template.EnvEntry
+	25, // 35: agentenv.node.v1.TemplateResponse.template:type_name -> agentenv.node.v1.Template
+	25, // 36: agentenv.node.v1.ListTemplatesResponse.templates:type_name -> agentenv.node.v1.Template
+	43, // 37: agentenv.node.v1.Volume.created_at:type_name -> google.protobuf.Timestamp
+	29, // 38: agentenv.node.v1.VolumeResponse.volume:type_name -> agentenv.node.v1.Volume
+	4,  // 39: agentenv.node.v1.ForkResponse.Child.sandbox:type_name -> agentenv.node.v1.Sandbox
+	24, // 40: agentenv.node.v1.ForkResponse.Child.error:type_name -> agentenv.node.v1.ChildError
+	8,  // 41: agentenv.node.v1.NodeService.Create:input_type -> agentenv.node.v1.CreateRequest
+	9,  // 42: agentenv.node.v1.NodeService.List:input_type -> agentenv.node.v1.ListRequest
+	6,  // 43: agentenv.node.v1.NodeService.Get:input_type -> agentenv.node.v1.SandboxRef
+	6,  // 44: agentenv.node.v1.NodeService.Kill:input_type -> agentenv.node.v1.SandboxRef
+	6,  // 45: agentenv.node.v1.NodeService.Metrics:input_type -> agentenv.node.v1.SandboxRef
+	12, // 46: agentenv.node.v1.NodeService.SetTimeout:input_type -> agentenv.node.v1.TimeoutRequest
+	12, // 47: agentenv.node.v1.NodeService.Extend:input_type -> agentenv.node.v1.TimeoutRequest
+	14, // 48: agentenv.node.v1.NodeService.SetNetwork:input_type -> agentenv.node.v1.SetNetworkRequest
+	15, // 49: agentenv.node.v1.NodeService.Pause:input_type -> agentenv.node.v1.PauseRequest
+	12, // 50: agentenv.node.v1.NodeService.Resume:input_type -> agentenv.node.v1.TimeoutRequest
+	12, // 51: agentenv.node.v1.NodeService.Connect:input_type -> agentenv.node.v1.TimeoutRequest
+	16, // 52: agentenv.node.v1.NodeService.Snapshot:input_type -> agentenv.node.v1.SnapshotRequest
+	22, // 53: agentenv.node.v1.NodeService.Fork:input_type -> agentenv.node.v1.ForkRequest
+	20, // 54: agentenv.node.v1.NodeService.ListSnapshots:input_type -> agentenv.node.v1.ListSnapshotsRequest
+	18, // 55: agentenv.node.v1.NodeService.GetSnapshot:input_type -> agentenv.node.v1.SnapshotRef
+	18, // 56: agentenv.node.v1.NodeService.DeleteSnapshot:input_type -> agentenv.node.v1.SnapshotRef
+	0,  // 57: agentenv.node.v1.NodeService.ListTemplates:input_type -> agentenv.node.v1.Empty
+	26, // 58: agentenv.node.v1.NodeService.GetTemplate:input_type -> agentenv.node.v1.TemplateRef
+	26, // 59: agentenv.node.v1.NodeService.DeleteTemplate:input_type -> agentenv.node.v1.TemplateRef
+	30, // 60: agentenv.node.v1.NodeService.CreateVolume:input_type -> agentenv.node.v1.CreateVolumeRequest
+	31, // 61: agentenv.node.v1.NodeService.GetVolume:input_type -> agentenv.node.v1.VolumeRef
+	31, // 62: agentenv.node.v1.NodeService.DeleteVolume:input_type -> agentenv.node.v1.VolumeRef
+	7,  // 63: agentenv.node.v1.NodeService.Create:output_type -> agentenv.node.v1.SandboxResponse
+	10, // 64: agentenv.node.v1.NodeService.List:output_type -> agentenv.node.v1.ListResponse
+	7,  // 65: agentenv.node.v1.NodeService.Get:output_type -> agentenv.node.v1.SandboxResponse
+	0,  // 66: agentenv.node.v1.NodeService.Kill:output_type -> agentenv.node.v1.Empty
+	11, // 67: agentenv.node.v1.NodeService.Metrics:output_type -> agentenv.node.v1.MetricResponse
+	7,  // 68: agentenv.node.v1.NodeService.SetTimeout:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 69: agentenv.node.v1.NodeService.Extend:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 70: agentenv.node.v1.NodeService.SetNetwork:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 71: agentenv.node.v1.NodeService.Pause:output_type -> agentenv.node.v1.SandboxResponse
+	7,  // 72: agentenv.node.v1.NodeService.Resume:output_type -> agentenv.node.v1.SandboxResponse
+	13, // 73: agentenv.node.v1.NodeService.Connect:output_type -> agentenv.node.v1.ConnectResponse
+	19, // 74: agentenv.node.v1.NodeService.Snapshot:output_type -> agentenv.node.v1.SnapshotResponse
+	23, // 75: agentenv.node.v1.NodeService.Fork:output_type -> agentenv.node.v1.ForkResponse
+	21, // 76: agentenv.node.v1.NodeService.ListSnapshots:output_type -> agentenv.node.v1.ListSnapshotsResponse
+	19, // 77: agentenv.node.v1.NodeService.GetSnapshot:output_type -> agentenv.node.v1.SnapshotResponse
+	0,  // 78: agentenv.node.v1.NodeService.DeleteSnapshot:output_type -> agentenv.node.v1.Empty
+	28, // 79: agentenv.node.v1.NodeService.ListTemplates:output_type -> agentenv.node.v1.ListTemplatesResponse
+	27, // 80: agentenv.node.v1.NodeService.GetTemplate:output_type -> agentenv.node.v1.TemplateResponse
+	0,  // 81: agentenv.node.v1.NodeService.DeleteTemplate:output_type -> agentenv.node.v1.Empty
+	32, // 82: agentenv.node.v1.NodeService.CreateVolume:output_type -> agentenv.node.v1.VolumeResponse
+	32, // 83: agentenv.node.v1.NodeService.GetVolume:output_type -> agentenv.node.v1.VolumeResponse
+	0,  // 84: agentenv.node.v1.NodeService.DeleteVolume:output_type -> agentenv.node.v1.Empty
+	63, // [63:85] is the sub-list for method output_type
+	41, // [41:63] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -2378,7 +2734,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

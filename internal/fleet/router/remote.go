@@ -124,6 +124,13 @@ func (r *Remote) notFound(ctx context.Context, id string) error {
 // Create places the sandbox: nodes ranked by free room and locality; a
 // node that is full or failing is skipped for the next.
 func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	if len(req.Volumes) > 0 {
+		return r.createWithVolumes(ctx, req, req.Volumes)
+	}
+	if vols := r.cache.SnapshotVolumes(req.Template); len(vols) > 0 {
+		// A restore mounts the snapshot's volumes again: their node only.
+		return r.createWithVolumes(ctx, req, vols)
+	}
 	start := time.Now()
 	// The first pick is counted as pending in the same critical section
 	// that ranked it, so that a burst of creates spreads.
@@ -370,6 +377,11 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 	if count < 1 || count > 100 {
 		return nil, errdefs.Invalid("fork count %d out of range: give 1..100", count)
 	}
+	if len(rec.Sandbox.Volumes) > 0 {
+		// Its children mount its volumes, which live on its node only.
+		return nil, errdefs.Unavailable("sandbox %s mounts volumes of node %s, which cannot take %d more sandboxes now (full, cordoned or draining): its fork children can only run there",
+			id, c.name, count)
+	}
 	sn, err := snapshotOn(ctx, c, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
 	if err != nil {
 		return nil, err
@@ -574,6 +586,9 @@ func (r *Remote) Forget(ctx context.Context, node string) error {
 		ids = append(ids, rec.Sandbox.ID)
 	}
 	if err := r.tombs.BuryIfGone(ctx, node, ids, "its node "+node+" was lost and removed from the fleet"); err != nil {
+		return err
+	}
+	if err := r.forgetVolumes(ctx, node); err != nil {
 		return err
 	}
 	for _, id := range ids {

@@ -36,6 +36,7 @@ import (
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 const (
@@ -504,6 +505,31 @@ func (n *scaleNode) GetTemplate(ctx context.Context, name string) (api.TemplateI
 
 func (n *scaleNode) DeleteTemplate(ctx context.Context, name string) error {
 	return errdefs.NotFound("fake node %s has no template %q", n.name, name)
+}
+
+// The fake node holds no volumes (the scale test makes none).
+func (n *scaleNode) CreateVolume(ctx context.Context, owner, name string) (api.VolumeInfo, error) {
+	return api.VolumeInfo{}, errdefs.Invalid("fake node %s holds no volumes", n.name)
+}
+
+func (n *scaleNode) ListVolumes(ctx context.Context, owner string) ([]volume.Volume, error) {
+	return nil, nil
+}
+
+func (n *scaleNode) GetVolume(ctx context.Context, owner, id string) (api.VolumeInfo, error) {
+	return api.VolumeInfo{}, errdefs.NotFound("fake node %s has no volume %s", n.name, id)
+}
+
+func (n *scaleNode) VolumeByName(ctx context.Context, owner, name string) (volume.Volume, error) {
+	return volume.Volume{}, errdefs.NotFound("fake node %s has no volume '%s'", n.name, name)
+}
+
+func (n *scaleNode) DeleteVolume(ctx context.Context, owner, id string) error {
+	return errdefs.NotFound("fake node %s has no volume %s", n.name, id)
+}
+
+func (n *scaleNode) VolumeContent(w http.ResponseWriter, r *http.Request, id string) {
+	api.WriteContentError(w, errdefs.NotFound("fake node %s has no volume %s", n.name, id))
 }
 
 func (n *scaleNode) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"path"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // The etcd layout. Node, template and snapshot keys live under their
@@ -35,7 +37,27 @@ const (
 	LostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
 	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
 	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → SnapshotEntry
+	// Volume records are not under a lease either: a lost node's volumes
+	// answer 503 naming it, and come back with it.
+	VolumePrefix     = prefix + "volumes/"      // volumes/<id> → VolumeRecord
+	VolumeNamePrefix = prefix + "volume-names/" // volume-names/<owner>/<name> → the volume's ID
 )
+
+// VolumeRecord says which node holds a volume. Its node writes it, in
+// the same transaction as the volume's name key (VolumeNameKey), so
+// that names are unique per owner across the fleet.
+type VolumeRecord struct {
+	ID      string    `json:"id"`
+	Name    string    `json:"name"`
+	Owner   string    `json:"owner,omitempty"`
+	Node    string    `json:"node"`
+	Created time.Time `json:"created"`
+}
+
+// VolumeNameKey is the key that reserves owner's volume name.
+func VolumeNameKey(owner, name string) string {
+	return VolumeNamePrefix + url.PathEscape(owner) + "/" + name
+}
 
 // Capacity is what a node can hold and holds now.
 type Capacity struct {
@@ -102,6 +124,9 @@ type SandboxEntry struct {
 	// state (paused + filesOnly); new records carry the state alone.
 	FilesOnly bool   `json:"filesOnly,omitempty"`
 	Owner     string `json:"owner,omitempty"`
+	// Volumes are the volumes it mounts (their host directories left
+	// out): they pin it, and its fork children, to their node.
+	Volumes []volume.Mount `json:"volumes,omitempty"`
 }
 
 // recordOf is the etcd record of sandbox sb on node.
@@ -109,8 +134,16 @@ func RecordOf(node string, sb sandbox.Sandbox) SandboxRecord {
 	return SandboxRecord{Node: node, Sandbox: SandboxEntry{
 		ID: sb.ID, Template: sb.Template, State: sb.State, Metadata: sb.Metadata, CPUs: sb.CPUs, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, StartedAt: sb.StartedAt, EndAt: sb.EndAt, Snapshot: sb.Snapshot, Parent: sb.Parent,
-		Network: sb.Network, Reason: sb.Reason, Lifecycle: sb.Lifecycle, Owner: sb.Owner,
+		Network: sb.Network, Reason: sb.Reason, Lifecycle: sb.Lifecycle, Owner: sb.Owner, Volumes: mountRefs(sb.Volumes),
 	}}
+}
+
+func mountRefs(ms []volume.Mount) []volume.Mount {
+	var out []volume.Mount
+	for _, m := range ms {
+		out = append(out, volume.Mount{ID: m.ID, Name: m.Name, Path: m.Path})
+	}
+	return out
 }
 
 // sandbox is the entry as a sandbox (without what etcd does not hold).
@@ -122,7 +155,7 @@ func (e SandboxEntry) sandbox() sandbox.Sandbox {
 	return sandbox.Sandbox{
 		ID: e.ID, Template: e.Template, State: state, Metadata: e.Metadata, CPUs: e.CPUs, MemoryMB: e.MemoryMB,
 		DiskMB: e.DiskMB, StartedAt: e.StartedAt, EndAt: e.EndAt, Snapshot: e.Snapshot, Parent: e.Parent,
-		Network: e.Network, Reason: e.Reason, Lifecycle: e.Lifecycle, Owner: e.Owner,
+		Network: e.Network, Reason: e.Reason, Lifecycle: e.Lifecycle, Owner: e.Owner, Volumes: e.Volumes,
 	}
 }
 
@@ -147,20 +180,23 @@ type SnapshotEntry struct {
 	Nproc     int64             `json:"nproc,omitempty"`
 	DiskMB    int               `json:"diskMB,omitempty"`
 	Stored    int64             `json:"storedBytes"`
+	// Volumes are the volumes its restore mounts again (their host
+	// directories left out): it restores on their node only.
+	Volumes []volume.Mount `json:"volumes,omitempty"`
 }
 
 // SnapshotOf is the etcd record of snapshot sn.
 func SnapshotOf(sn snapshot.Snapshot) SnapshotEntry {
 	return SnapshotEntry{ID: sn.ID, Name: sn.Name, Metadata: sn.Metadata, Template: sn.Template, Parent: sn.Parent, Sandbox: sn.Sandbox,
 		Runtime: sn.Runtime, Size: sn.Size, CreatedAt: sn.CreatedAt, Internal: sn.Internal, Owner: sn.Owner, CPUs: sn.CPUs,
-		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored}
+		MemoryMB: sn.MemoryMB, Nproc: sn.Nproc, DiskMB: sn.DiskMB, Stored: sn.Stored, Volumes: mountRefs(sn.Volumes)}
 }
 
 // Snapshot is the entry as a snapshot (without what etcd does not hold).
 func (e SnapshotEntry) Snapshot() snapshot.Snapshot {
 	return snapshot.Snapshot{ID: e.ID, Name: e.Name, Metadata: e.Metadata, Template: e.Template, Parent: e.Parent, Sandbox: e.Sandbox,
 		Runtime: e.Runtime, Size: e.Size, CreatedAt: e.CreatedAt, Internal: e.Internal, Owner: e.Owner, CPUs: e.CPUs,
-		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored}
+		MemoryMB: e.MemoryMB, Nproc: e.Nproc, DiskMB: e.DiskMB, Stored: e.Stored, Volumes: e.Volumes}
 }
 
 // CordonMark is a cordon/<node> record: the node it is for (so that a
@@ -206,6 +242,7 @@ type Cache struct {
 	perNode   map[string]int
 	templates map[string]map[string]api.TemplateInfo  // name → node → info
 	snaps     map[string]map[string]snapshot.Snapshot // id → node → snapshot
+	volumes   map[string]VolumeRecord                 // id → record
 	// gone holds, per live node, a channel closed when it is lost: calls
 	// in flight to it end then instead of waiting on a dead link.
 	gone map[string]chan struct{}
@@ -238,6 +275,7 @@ func (c *Cache) reset() {
 	c.perNode = map[string]int{}
 	c.templates = map[string]map[string]api.TemplateInfo{}
 	c.snaps = map[string]map[string]snapshot.Snapshot{}
+	c.volumes = map[string]VolumeRecord{}
 }
 
 // Wait blocks until the cache holds a full read of the fleet.
@@ -300,7 +338,7 @@ func (c *Cache) load(kvs []*mvccpb.KeyValue) {
 		delete(c.lostAt, name)
 	}
 	c.nodes, c.cordon, c.cordonRev, c.sandboxes, c.perNode = next.nodes, next.cordon, next.cordonRev, next.sandboxes, next.perNode
-	c.templates, c.snaps = next.templates, next.snaps
+	c.templates, c.snaps, c.volumes = next.templates, next.snaps, next.volumes
 	c.refused.Add(next.refused.Load())
 	c.log.Info("fleet: state read from etcd", "nodes", len(c.nodes), "sandboxes", len(c.sandboxes))
 }
@@ -389,6 +427,13 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 			setNested(c.templates, name, node, api.TemplateInfo{}, true)
 		} else if t, ok := openRecord(c, key, val, func(t api.TemplateInfo) bool { return t.Name == name }); ok {
 			setNested(c.templates, name, node, t, false)
+		}
+	case strings.HasPrefix(key, VolumePrefix):
+		id := strings.TrimPrefix(key, VolumePrefix)
+		if deleted {
+			delete(c.volumes, id)
+		} else if v, ok := openRecord(c, key, val, func(v VolumeRecord) bool { return v.ID == id && v.Node != "" }); ok {
+			c.volumes[id] = v
 		}
 	case strings.HasPrefix(key, SnapPrefix):
 		id, node := path.Split(strings.TrimPrefix(key, SnapPrefix))
@@ -690,11 +735,59 @@ func (c *Cache) Holders(name string) []string {
 	return out
 }
 
+// SnapshotVolumes returns the volumes snapshot id's restore mounts
+// (none for a template or an unknown name).
+func (c *Cache) SnapshotVolumes(id string) []volume.Mount {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, sn := range c.snaps[id] {
+		return sn.Volumes
+	}
+	return nil
+}
+
 // isSnapshot reports whether name is a snapshot ID some node published.
 func (c *Cache) IsSnapshot(name string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.snaps[name]) > 0
+}
+
+// Volume returns a volume's record, if the cache has it.
+func (c *Cache) Volume(id string) (VolumeRecord, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	v, ok := c.volumes[id]
+	return v, ok
+}
+
+// Volumes returns owner's volumes (every volume for owner ""), of live
+// nodes and lost ones.
+func (c *Cache) Volumes(owner string) []VolumeRecord {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []VolumeRecord
+	for _, v := range c.volumes {
+		if owner == "" || v.Owner == owner {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// PutVolume records a volume a node just made, ahead of the watch.
+func (c *Cache) PutVolume(v VolumeRecord) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.volumes[v.ID] = v
+}
+
+// DropVolume forgets a volume this API server just deleted, ahead of
+// the watch.
+func (c *Cache) DropVolume(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.volumes, id)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -81,6 +81,14 @@ const (
 	// NodeServiceDeleteTemplateProcedure is the fully-qualified name of the NodeService's
 	// DeleteTemplate RPC.
 	NodeServiceDeleteTemplateProcedure = "/agentenv.node.v1.NodeService/DeleteTemplate"
+	// NodeServiceCreateVolumeProcedure is the fully-qualified name of the NodeService's CreateVolume
+	// RPC.
+	NodeServiceCreateVolumeProcedure = "/agentenv.node.v1.NodeService/CreateVolume"
+	// NodeServiceGetVolumeProcedure is the fully-qualified name of the NodeService's GetVolume RPC.
+	NodeServiceGetVolumeProcedure = "/agentenv.node.v1.NodeService/GetVolume"
+	// NodeServiceDeleteVolumeProcedure is the fully-qualified name of the NodeService's DeleteVolume
+	// RPC.
+	NodeServiceDeleteVolumeProcedure = "/agentenv.node.v1.NodeService/DeleteVolume"
 )
 
 // NodeServiceClient is a client for the agentenv.node.v1.NodeService service.
@@ -106,6 +114,14 @@ type NodeServiceClient interface {
 	ListTemplates(context.Context, *connect.Request[nodepb.Empty]) (*connect.Response[nodepb.ListTemplatesResponse], error)
 	GetTemplate(context.Context, *connect.Request[nodepb.TemplateRef]) (*connect.Response[nodepb.TemplateResponse], error)
 	DeleteTemplate(context.Context, *connect.Request[nodepb.TemplateRef]) (*connect.Response[nodepb.Empty], error)
+	// Volumes live on one node: it creates them (and records them in etcd,
+	// their name unique per owner fleet-wide), hands out their content
+	// tokens and deletes them. Their content is served over plain HTTP
+	// under the node's HTTP path (volumecontent/{id}/{op}), token-checked
+	// by the node.
+	CreateVolume(context.Context, *connect.Request[nodepb.CreateVolumeRequest]) (*connect.Response[nodepb.VolumeResponse], error)
+	GetVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.VolumeResponse], error)
+	DeleteVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.Empty], error)
 }
 
 // NewNodeServiceClient constructs a client for the agentenv.node.v1.NodeService service. By
@@ -233,6 +249,24 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("DeleteTemplate")),
 			connect.WithClientOptions(opts...),
 		),
+		createVolume: connect.NewClient[nodepb.CreateVolumeRequest, nodepb.VolumeResponse](
+			httpClient,
+			baseURL+NodeServiceCreateVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		getVolume: connect.NewClient[nodepb.VolumeRef, nodepb.VolumeResponse](
+			httpClient,
+			baseURL+NodeServiceGetVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("GetVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteVolume: connect.NewClient[nodepb.VolumeRef, nodepb.Empty](
+			httpClient,
+			baseURL+NodeServiceDeleteVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -257,6 +291,9 @@ type nodeServiceClient struct {
 	listTemplates  *connect.Client[nodepb.Empty, nodepb.ListTemplatesResponse]
 	getTemplate    *connect.Client[nodepb.TemplateRef, nodepb.TemplateResponse]
 	deleteTemplate *connect.Client[nodepb.TemplateRef, nodepb.Empty]
+	createVolume   *connect.Client[nodepb.CreateVolumeRequest, nodepb.VolumeResponse]
+	getVolume      *connect.Client[nodepb.VolumeRef, nodepb.VolumeResponse]
+	deleteVolume   *connect.Client[nodepb.VolumeRef, nodepb.Empty]
 }
 
 // Create calls agentenv.node.v1.NodeService.Create.
@@ -354,6 +391,21 @@ func (c *nodeServiceClient) DeleteTemplate(ctx context.Context, req *connect.Req
 	return c.deleteTemplate.CallUnary(ctx, req)
 }
 
+// CreateVolume calls agentenv.node.v1.NodeService.CreateVolume.
+func (c *nodeServiceClient) CreateVolume(ctx context.Context, req *connect.Request[nodepb.CreateVolumeRequest]) (*connect.Response[nodepb.VolumeResponse], error) {
+	return c.createVolume.CallUnary(ctx, req)
+}
+
+// GetVolume calls agentenv.node.v1.NodeService.GetVolume.
+func (c *nodeServiceClient) GetVolume(ctx context.Context, req *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.VolumeResponse], error) {
+	return c.getVolume.CallUnary(ctx, req)
+}
+
+// DeleteVolume calls agentenv.node.v1.NodeService.DeleteVolume.
+func (c *nodeServiceClient) DeleteVolume(ctx context.Context, req *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.Empty], error) {
+	return c.deleteVolume.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the agentenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	Create(context.Context, *connect.Request[nodepb.CreateRequest]) (*connect.Response[nodepb.SandboxResponse], error)
@@ -377,6 +429,14 @@ type NodeServiceHandler interface {
 	ListTemplates(context.Context, *connect.Request[nodepb.Empty]) (*connect.Response[nodepb.ListTemplatesResponse], error)
 	GetTemplate(context.Context, *connect.Request[nodepb.TemplateRef]) (*connect.Response[nodepb.TemplateResponse], error)
 	DeleteTemplate(context.Context, *connect.Request[nodepb.TemplateRef]) (*connect.Response[nodepb.Empty], error)
+	// Volumes live on one node: it creates them (and records them in etcd,
+	// their name unique per owner fleet-wide), hands out their content
+	// tokens and deletes them. Their content is served over plain HTTP
+	// under the node's HTTP path (volumecontent/{id}/{op}), token-checked
+	// by the node.
+	CreateVolume(context.Context, *connect.Request[nodepb.CreateVolumeRequest]) (*connect.Response[nodepb.VolumeResponse], error)
+	GetVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.VolumeResponse], error)
+	DeleteVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.Empty], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -500,6 +560,24 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("DeleteTemplate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceCreateVolumeHandler := connect.NewUnaryHandler(
+		NodeServiceCreateVolumeProcedure,
+		svc.CreateVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceGetVolumeHandler := connect.NewUnaryHandler(
+		NodeServiceGetVolumeProcedure,
+		svc.GetVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("GetVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceDeleteVolumeHandler := connect.NewUnaryHandler(
+		NodeServiceDeleteVolumeProcedure,
+		svc.DeleteVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/agentenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceCreateProcedure:
@@ -540,6 +618,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceGetTemplateHandler.ServeHTTP(w, r)
 		case NodeServiceDeleteTemplateProcedure:
 			nodeServiceDeleteTemplateHandler.ServeHTTP(w, r)
+		case NodeServiceCreateVolumeProcedure:
+			nodeServiceCreateVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceGetVolumeProcedure:
+			nodeServiceGetVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceDeleteVolumeProcedure:
+			nodeServiceDeleteVolumeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -623,4 +707,16 @@ func (UnimplementedNodeServiceHandler) GetTemplate(context.Context, *connect.Req
 
 func (UnimplementedNodeServiceHandler) DeleteTemplate(context.Context, *connect.Request[nodepb.TemplateRef]) (*connect.Response[nodepb.Empty], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agentenv.node.v1.NodeService.DeleteTemplate is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) CreateVolume(context.Context, *connect.Request[nodepb.CreateVolumeRequest]) (*connect.Response[nodepb.VolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agentenv.node.v1.NodeService.CreateVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) GetVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.VolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agentenv.node.v1.NodeService.GetVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) DeleteVolume(context.Context, *connect.Request[nodepb.VolumeRef]) (*connect.Response[nodepb.Empty], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agentenv.node.v1.NodeService.DeleteVolume is not implemented"))
 }
