@@ -69,8 +69,13 @@ type BuildRequest struct {
 	// Upload is a rootfs tar stream (plain or gzip) sent by the client.
 	Upload io.Reader `json:"-"`
 	// Image names the OCI image an upload was flattened from (a label
-	// kept as the template's source, "oci:IMAGE").
+	// kept as the template's source, "oci:IMAGE"); with Tree, what the
+	// steps started from ("steps:IMAGE").
 	Image string `json:"image,omitempty"`
+	// Tree is a root filesystem the server prepared itself (the step
+	// builder's result): a directory on the store's filesystem, moved
+	// (renamed) into the build. Never from a client, hence json:"-".
+	Tree string `json:"-"`
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
