@@ -257,6 +257,13 @@ func (s *Store) ImagePath(name string) string { return filepath.Join(s.dir, name
 
 func (s *Store) rootfsPath(name string) string { return filepath.Join(s.dir, name, "rootfs") }
 
+// RootfsPath is the root tree a template's image was made from (read it,
+// never write it: the image would no longer match).
+func (s *Store) RootfsPath(name string) string { return s.rootfsPath(name) }
+
+// Dir is the directory the store keeps its templates in.
+func (s *Store) Dir() string { return s.dir }
+
 // List returns every template, sorted by name.
 func (s *Store) List() []Template {
 	s.mu.Lock()
