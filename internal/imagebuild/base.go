@@ -159,13 +159,16 @@ func basePhase(rootfs string, st *state) error {
 		return err
 	}
 	defer root.Close()
-	for _, d := range []string{"proc", "dev", "sys", "tmp", "etc", "home"} {
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "etc", "home", "root"} {
 		if err := root.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("base: /%s: %w", d, err)
 		}
 	}
 	if err := root.Chmod("tmp", 0o777|os.ModeSticky); err != nil {
 		return err
+	}
+	if err := template.EnsureRootUser(root); err != nil {
+		return fmt.Errorf("base: root user: %w", err)
 	}
 	u, err := template.EnsureUser(root, "user")
 	if err != nil {

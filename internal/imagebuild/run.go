@@ -122,6 +122,13 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 			},
 		},
 	}
+	// Without a /tmp mount gVisor puts a tmpfs over an empty /tmp, and what
+	// a step writes there would not reach its layer (Docker keeps it). The
+	// source is resolved on the host: only a real directory, never a link
+	// an earlier step made (no sandbox runs between this check and use).
+	if fi, err := os.Lstat(filepath.Join(merged, "tmp")); err == nil && fi.IsDir() {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(merged, "tmp"), Options: []string{"rbind", "rw"}})
+	}
 	network := "none"
 	if bd.b.cfg.Network != nil {
 		nsPath, release, err := bd.b.cfg.Network(ctx)

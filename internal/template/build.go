@@ -325,9 +325,10 @@ func prepareRootfs(rootfs, envd string) error {
 			return err
 		}
 	}
+	if err := EnsureRootUser(root); err != nil {
+		return err
+	}
 	for _, l := range []struct{ file, prefix, line string }{
-		{"etc/passwd", "root:", "root:x:0:0:root:/root:/bin/sh"},
-		{"etc/group", "root:", "root:x:0:"},
 		{"etc/passwd", "user:", "user:x:1000:1000:user:/home/user:/bin/bash"},
 		{"etc/group", "user:", "user:x:1000:"},
 		{"etc/hosts", "127.0.0.1", "127.0.0.1\tlocalhost"},

@@ -46,6 +46,23 @@ func LookupUser(root *os.Root, nameOrUID string) (u User, ok bool, err error) {
 	return User{}, false, nil
 }
 
+// EnsureRootUser makes root (uid 0, home /root) exist in the tree's
+// /etc/passwd and /etc/group, as every template has it.
+func EnsureRootUser(root *os.Root) error {
+	if err := root.MkdirAll("etc", 0o755); err != nil {
+		return err
+	}
+	for _, l := range []struct{ file, prefix, line string }{
+		{"etc/passwd", "root:", "root:x:0:0:root:/root:/bin/sh"},
+		{"etc/group", "root:", "root:x:0:"},
+	} {
+		if err := ensureLine(root, l.file, l.prefix, l.line); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // EnsureUser makes user name exist in the tree under root, as `useradd
 // --create-home --shell /bin/bash` would: the first free uid from 1000 (a
 // group of the same name and id when that id is free), a home under /home
