@@ -431,7 +431,7 @@ func TestFromTemplateAndImported(t *testing.T) {
 		t.Fatal(err)
 	}
 	req, lines, err := e.prepare(context.Background(), imagebuild.Spec{Name: "child", FromImage: ref, Steps: []imagebuild.Step{
-		{Type: "RUN", Args: []string{"cat /imported > /seen"}},
+		{Type: "RUN", Args: []string{"cat /imported > /seen", "root"}},
 	}})
 	if err != nil {
 		t.Fatalf("Prepare from an imported image: %v\n%s", err, strings.Join(lines, "\n"))
@@ -443,7 +443,7 @@ func TestFromTemplateAndImported(t *testing.T) {
 		t.Fatal(err)
 	}
 	req2, _, err := e.prepare(context.Background(), imagebuild.Spec{Name: "grandchild", FromTemplate: "child", Steps: []imagebuild.Step{
-		{Type: "RUN", Args: []string{"cat /seen /imported > /both"}},
+		{Type: "RUN", Args: []string{"cat /seen /imported > /both", "root"}},
 	}})
 	if err != nil {
 		t.Fatalf("Prepare fromTemplate: %v", err)
