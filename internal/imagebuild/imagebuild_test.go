@@ -34,6 +34,7 @@ type env struct {
 	b     *imagebuild.Builder
 	host  string // the loopback registry
 	ref   string // the two-layer GNU image in it
+	cfg   imagebuild.Config
 }
 
 func newEnv(t *testing.T, allowRegistry bool) *env {
@@ -57,6 +58,7 @@ func newEnv(t *testing.T, allowRegistry bool) *env {
 	if allowRegistry {
 		cfg.Registries = []string{e.host}
 	}
+	e.cfg = cfg
 	if e.b, err = imagebuild.New(cfg); err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -453,5 +455,96 @@ func TestFromTemplateAndImported(t *testing.T) {
 	}
 	if _, _, err := e.prepare(context.Background(), imagebuild.Spec{Name: "x", FromTemplate: "missing"}); err == nil {
 		t.Error("fromTemplate of a missing template worked")
+	}
+}
+
+// Concurrent builds of the same steps share the cache safely; the cache
+// bound trims what no build holds.
+func TestConcurrentAndTrim(t *testing.T) {
+	e := newEnv(t, true)
+	spec := imagebuild.Spec{Name: "conc", FromImage: e.ref, Steps: []imagebuild.Step{
+		{Type: "RUN", Args: []string{"echo same > /same", "root"}},
+	}}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	trees := make([]string, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var req template.BuildRequest
+			req, _, errs[i] = e.prepare(context.Background(), spec)
+			trees[i] = req.Tree
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("build %d: %v", i, err)
+		}
+		if got := readTree(t, trees[i], "same"); got != "same" {
+			t.Errorf("build %d: /same = %q", i, got)
+		}
+	}
+	if n := len(e.layers()); n != 1 {
+		t.Errorf("got %d layers, want 1", n)
+	}
+	cfg := e.cfg
+	cfg.MaxCacheBytes = 1
+	small, err := imagebuild.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cleanup, err := small.Prepare(context.Background(), spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanup()
+	if n := len(e.layers()); n != 0 {
+		t.Errorf("got %d layers after a trim to 1 byte, want 0", n)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.dir, "bases")); len(ents) != 0 {
+		t.Errorf("got %d bases after a trim to 1 byte, want 0", len(ents))
+	}
+}
+
+// New over the cache of a build that is still running (as after a crash
+// of the process that ran it) removes its sandbox, mounts and scratch.
+func TestRecoverAfterCrash(t *testing.T) {
+	e := newEnv(t, true)
+	started := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	// Bounded, so a recovery that misses the sandbox fails the test
+	// instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	go func() {
+		_, cleanup, err := e.b.Prepare(ctx, imagebuild.Spec{Name: "crash", FromImage: e.ref, Steps: []imagebuild.Step{
+			{Type: "RUN", Args: []string{"echo started; sleep 600"}},
+		}}, func(l imagebuild.LogEntry) {
+			if l.Message == "started" {
+				once.Do(func() { close(started) })
+			}
+		})
+		if cleanup != nil {
+			cleanup()
+		}
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("build ended before it could crash: %v", err)
+	}
+	if _, err := imagebuild.New(e.cfg); err != nil {
+		t.Fatalf("New over a crashed build: %v", err)
+	}
+	if err := <-done; err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the build whose sandbox was removed: got %v, want it to fail at once", err)
+	}
+	e.noLeftovers()
+	if n := len(e.layers()); n != 0 {
+		t.Errorf("got %d layers, want 0", n)
 	}
 }
