@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -546,5 +548,62 @@ func TestRecoverAfterCrash(t *testing.T) {
 	e.noLeftovers()
 	if n := len(e.layers()); n != 0 {
 		t.Errorf("got %d layers, want 0", n)
+	}
+}
+
+// With Config.Network, RUN steps run in the namespace it hands out (with
+// the host's resolv.conf) and release it; without, they have no network.
+func TestRunNetwork(t *testing.T) {
+	e := newEnv(t, true)
+	testenv.NeedCommand(t, "ip", "creates the test's network namespace (iproute2)")
+	name := "agentenv-ibtest-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	var mu sync.Mutex
+	held := 0
+	cfg := e.cfg
+	cfg.Network = func(ctx context.Context) (string, func(), error) {
+		mu.Lock()
+		held++
+		mu.Unlock()
+		return "/run/netns/" + name, func() { mu.Lock(); held--; mu.Unlock() }, nil
+	}
+	b, err := imagebuild.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := imagebuild.Spec{Name: "net", FromImage: e.ref, Steps: []imagebuild.Step{
+		{Type: "RUN", Args: []string{"cat /proc/net/dev > /netdev; cat /etc/resolv.conf > /resolv || true", "root"}},
+	}}
+	req, cleanup, err := b.Prepare(context.Background(), spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	if held != 0 {
+		t.Errorf("%d network namespaces not released", held)
+	}
+	if !strings.Contains(readTree(t, req.Tree, "netdev"), "lo") {
+		t.Errorf("no loopback in the build sandbox: %q", readTree(t, req.Tree, "netdev"))
+	}
+	if host, err := os.ReadFile("/etc/resolv.conf"); err == nil && readTree(t, req.Tree, "resolv") != strings.TrimSpace(string(host)) {
+		t.Errorf("resolv.conf in the sandbox differs from the host's")
+	}
+	if _, err := os.Lstat(filepath.Join(req.Tree, "etc/resolv.conf")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lent resolv.conf stayed in the tree: %v", err)
+	}
+	// Without a network (e.b): no resolv.conf is lent.
+	spec.Steps[0].Args[0] += "; echo >> /resolv"
+	req, _, err = e.prepare(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, req.Tree, "resolv"); got != "" {
+		t.Errorf("without a network, the sandbox saw a resolv.conf: %q", got)
 	}
 }
