@@ -607,3 +607,23 @@ func TestRunNetwork(t *testing.T) {
 		t.Errorf("without a network, the sandbox saw a resolv.conf: %q", got)
 	}
 }
+
+// A busybox tree (no bash: the template's /bin/bash hands over to sh)
+// runs the same steps.
+func TestFromBusyboxTemplate(t *testing.T) {
+	e := newEnv(t, false)
+	if err := e.store.EnsureBusybox(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	req, lines, err := e.prepare(context.Background(), imagebuild.Spec{Name: "bb", FromTemplate: "busybox", Steps: []imagebuild.Step{
+		{Type: "USER", Args: []string{"worker"}},
+		{Type: "WORKDIR", Args: []string{"/work"}},
+		{Type: "RUN", Args: []string{"id -u > out; pwd >> out"}},
+	}})
+	if err != nil {
+		t.Fatalf("Prepare: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	if got := readTree(t, req.Tree, "work/out"); got != "1001\n/work" {
+		t.Errorf("/work/out = %q, want the new user's uid and the workdir", got)
+	}
+}
