@@ -92,11 +92,16 @@ func (bd *build) base(ctx context.Context) error {
 		st.Env = map[string]string{}
 	}
 	dir := bd.b.baseDir(key)
-	if cached, ok, err := readState(dir); err != nil {
-		return err
-	} else if ok && !spec.Force {
-		bd.logf("base", "info", "CACHED [base] %s [%s]", what, key[:12])
-		return bd.useBase(key, cached)
+	if !spec.Force {
+		cached, release, ok, err := bd.b.lookup(dir)
+		if err != nil {
+			return err
+		}
+		if ok {
+			bd.logf("base", "info", "CACHED [base] %s [%s]", what, key[:12])
+			bd.useBase(key, cached, release)
+			return nil
+		}
 	}
 	bd.logf("base", "info", "[base] %s", what)
 	tmp, err := bd.b.newTmp("base-")
@@ -111,24 +116,23 @@ func (bd *build) base(ctx context.Context) error {
 	if err == nil {
 		err = basePhase(rootfs, &st)
 	}
+	var release func()
 	if err == nil {
-		err = bd.b.commit(tmp, dir, st)
+		release, err = bd.b.commit(tmp, dir, st)
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
-	return bd.useBase(key, st)
+	bd.useBase(key, st, release)
+	return nil
 }
 
-func (bd *build) useBase(key string, st state) error {
-	dir := bd.b.baseDir(key)
-	release := bd.b.hold(dir)
+func (bd *build) useBase(key string, st state, release func()) {
 	bd.push(func() error { release(); return nil })
 	bd.baseKey = key
-	bd.lowers = []string{filepath.Join(dir, "rootfs")}
+	bd.lowers = []string{filepath.Join(bd.b.baseDir(key), "rootfs")}
 	bd.st = st.clone()
-	return nil
 }
 
 // importedTemplate finds a template imported from the image FromImage

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -54,11 +55,7 @@ func (s state) clone() state {
 // layerKey is a step's cache key: its parent's key, type, arguments and
 // files, as E2B's orchestrator keys its layers.
 func layerKey(parent string, st Step) string {
-	h := sha256.New()
-	for _, p := range []string{parent, st.Type, strings.Join(st.Args, " "), st.FilesHash} {
-		fmt.Fprintf(h, "%d:%s;", len(p), p)
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	return hashKey(parent, st.Type, strings.Join(st.Args, " "), st.FilesHash)
 }
 
 func hashKey(parts ...string) string {
@@ -96,57 +93,80 @@ func (b *Builder) newTmp(prefix string) (string, error) {
 	return os.MkdirTemp(filepath.Join(b.cfg.Dir, "tmp"), prefix)
 }
 
-// commit writes s beside the entry written in tmp and renames it to
-// final. If final exists (a concurrent build of the same key, or a forced
-// rerun of a layer another build uses), the one in place stays when in
-// use; the new one replaces it otherwise.
-func (b *Builder) commit(tmp, final string, s state) error {
+// commit writes s beside the entry written in tmp, renames it to final
+// and holds it for the caller. If final exists (a concurrent build of the
+// same key, or a forced rerun of a layer another build uses), the one in
+// place stays when in use; the new one replaces it otherwise.
+func (b *Builder) commit(tmp, final string, s state) (release func(), err error) {
 	data, _ := json.Marshal(s)
 	if err := os.WriteFile(filepath.Join(tmp, "state.json"), data, 0o600); err != nil {
-		return err
+		return nil, err
 	}
+	trash := ""
+	defer func() {
+		// Outside the lock (deferred before it is taken, so run after it
+		// is released).
+		if trash != "" {
+			os.RemoveAll(trash)
+		}
+	}()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, err := os.Stat(final); err == nil {
 		if b.inUse[final] > 0 {
-			return os.RemoveAll(tmp)
+			trash = tmp
+			return b.holdLocked(final), nil
 		}
-		if err := b.trashLocked(final); err != nil {
-			return err
+		if trash, err = b.trashLocked(final); err != nil {
+			return nil, err
 		}
 	}
-	return os.Rename(tmp, final)
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, err
+	}
+	return b.holdLocked(final), nil
 }
 
-// trashLocked moves a cache entry out of the cache at once and removes it.
-func (b *Builder) trashLocked(dir string) error {
+// lookup finds a cached base or layer and holds it, in one step under the
+// lock, so neither a trim nor a forced rerun removes it in between.
+func (b *Builder) lookup(dir string) (st state, release func(), ok bool, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st, ok, err = readState(dir); err != nil || !ok {
+		return state{}, nil, false, err
+	}
+	return st, b.holdLocked(dir), true, nil
+}
+
+// trashLocked moves a cache entry out of the cache at once (a rename, under
+// the lock) and returns where it went, for the caller to remove after
+// unlocking.
+func (b *Builder) trashLocked(dir string) (string, error) {
 	tmp, err := b.newTmp("trash-")
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := os.Rename(dir, filepath.Join(tmp, "x")); err != nil {
 		os.Remove(tmp)
-		return err
+		return "", err
 	}
-	return os.RemoveAll(tmp)
+	return tmp, nil
 }
 
-// hold marks cache entries as used by a build until the returned release:
-// trimming and forced reruns leave them in place.
-func (b *Builder) hold(dirs ...string) (release func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, d := range dirs {
-		b.inUse[d]++
-	}
+// holdLocked marks a cache entry as used by a build until the returned
+// release: trimming and forced reruns leave it in place. Callers hold
+// b.mu.
+func (b *Builder) holdLocked(dir string) (release func()) {
+	b.inUse[dir]++
+	var once sync.Once
 	return func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		for _, d := range dirs {
-			if b.inUse[d]--; b.inUse[d] <= 0 {
-				delete(b.inUse, d)
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.inUse[dir]--; b.inUse[dir] <= 0 {
+				delete(b.inUse, dir)
 			}
-		}
+		})
 	}
 }
 
@@ -177,8 +197,8 @@ func (b *Builder) trim() {
 		return
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].used.Before(entries[j].used) })
+	var trash []string
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for _, e := range entries {
 		if total <= b.cfg.MaxCacheBytes {
 			break
@@ -186,11 +206,17 @@ func (b *Builder) trim() {
 		if b.inUse[e.dir] > 0 {
 			continue
 		}
-		if err := b.trashLocked(e.dir); err != nil {
+		t, err := b.trashLocked(e.dir)
+		if err != nil {
 			b.log.Warn("build cache: trim", "dir", e.dir, "err", err)
 			continue
 		}
+		trash = append(trash, t)
 		total -= e.size
+	}
+	b.mu.Unlock()
+	for _, t := range trash {
+		os.RemoveAll(t)
 	}
 }
 

@@ -103,8 +103,47 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 		}
 	}
 	defer os.RemoveAll(dir)
-	id := "build-" + randomID()
-	spec := &specs.Spec{
+	sb := &sandbox{id: "build-" + randomID(), runRoot: runRoot, dir: dir}
+	defer sb.close()
+	if err := bd.sandboxSpec(ctx, sb, proc, merged); err != nil {
+		return err
+	}
+	out, err := bd.execute(ctx, n, sb)
+	if ctx.Err() != nil {
+		return &StepError{Step: n, Type: st.Type, Command: command(st), Output: out, Err: ctx.Err()}
+	}
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("failed to run command '%s': exit status %d", st.Args[0], ee.ExitCode())
+		}
+		return &StepError{Step: n, Type: st.Type, Command: command(st), Output: out, Err: err}
+	}
+	return nil
+}
+
+// sandbox is one build sandbox: its OCI spec, runsc flags and what its
+// end undoes (network, cgroups, a mount point gVisor made).
+type sandbox struct {
+	id, runRoot, dir string
+	spec             *specs.Spec
+	network          string // runsc --network
+	limited          bool   // cgroup limits set (else --ignore-cgroups)
+	undo             []func()
+}
+
+func (sb *sandbox) close() {
+	for i := len(sb.undo) - 1; i >= 0; i-- {
+		sb.undo[i]()
+	}
+	sb.undo = nil
+}
+
+// sandboxSpec fills sb's OCI spec: the process, the tree as a writable
+// root, the network Config.Network lends (else none) and the build's
+// cgroup limits.
+func (bd *build) sandboxSpec(ctx context.Context, sb *sandbox, proc *specs.Process, merged string) error {
+	sb.spec = &specs.Spec{
 		Version:  specs.Version,
 		Hostname: "e2b",
 		Process:  proc,
@@ -122,6 +161,7 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 			},
 		},
 	}
+	spec := sb.spec
 	// Without a /tmp mount gVisor puts a tmpfs over an empty /tmp, and what
 	// a step writes there would not reach its layer (Docker keeps it). The
 	// source is resolved on the host: only a real directory, never a link
@@ -129,24 +169,23 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 	if fi, err := os.Lstat(filepath.Join(merged, "tmp")); err == nil && fi.IsDir() {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(merged, "tmp"), Options: []string{"rbind", "rw"}})
 	}
-	network := "none"
+	sb.network = "none"
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
 	if bd.b.cfg.Network != nil {
 		nsPath, release, err := bd.b.cfg.Network(ctx)
 		if err != nil {
 			return fmt.Errorf("build sandbox network: %w", err)
 		}
-		defer release()
-		network = "sandbox"
-		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: nsPath})
+		sb.undo = append(sb.undo, release)
+		sb.network, netns.Path = "sandbox", nsPath
 		if _, err := os.Stat("/etc/resolv.conf"); err == nil {
 			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/etc/resolv.conf", Options: []string{"rbind", "ro"}})
-			defer dropMountPoint(merged, "etc/resolv.conf")()
+			sb.undo = append(sb.undo, dropMountPoint(merged, "etc/resolv.conf"))
 		}
-	} else {
-		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
 	}
-	limited := bd.spec.CPUs > 0 || bd.spec.MemoryMB > 0
-	if limited {
+	spec.Linux.Namespaces = append(spec.Linux.Namespaces, netns)
+	if bd.spec.CPUs > 0 || bd.spec.MemoryMB > 0 {
+		sb.limited = true
 		r := &specs.LinuxResources{}
 		if bd.spec.MemoryMB > 0 {
 			limit := int64(bd.spec.MemoryMB) << 20
@@ -158,88 +197,80 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 			r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 		}
 		spec.Linux.Resources = r
-		spec.Linux.CgroupsPath = "/" + cgroupParent + "/" + id
-		defer func() {
+		spec.Linux.CgroupsPath = "/" + cgroupParent + "/" + sb.id
+		id, log := sb.id, bd.b.log
+		sb.undo = append(sb.undo, func() {
 			if err := cgroups.Remove(cgroupParent, id); err != nil {
-				bd.b.log.Warn("build sandbox cgroups", "id", id, "err", err)
+				log.Warn("build sandbox cgroups", "id", id, "err", err)
 			}
-		}()
+		})
 	}
-	bundle := filepath.Join(dir, "bundle")
+	return nil
+}
+
+// execute runs the sandbox to its end (or ctx's), streaming its output to
+// the log, and returns the output's tail and how runsc exited.
+func (bd *build) execute(ctx context.Context, n int, sb *sandbox) (string, error) {
+	bundle := filepath.Join(sb.dir, "bundle")
 	if err := os.Mkdir(bundle, 0o700); err != nil {
-		return err
+		return "", err
 	}
-	data, err := json.Marshal(spec)
+	data, err := json.Marshal(sb.spec)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
-		return err
+		return "", err
 	}
 	// The sandbox inherits runsc's stdio: a file, never a pipe (a pipe
 	// would stay open as long as any sandbox process holds it).
-	outPath := filepath.Join(dir, "output")
+	outPath := filepath.Join(sb.dir, "output")
 	out, err := os.OpenFile(outPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer out.Close()
-	args := []string{"--root", runRoot, "--shared-root", runscbin.SharedRoot, "--platform", "systrap",
-		"--network", network, "--overlay2=none", "--allow-suid"}
-	if !limited {
+	in, err := os.Open(outPath)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	args := []string{"--root", sb.runRoot, "--shared-root", runscbin.SharedRoot, "--platform", "systrap",
+		"--network", sb.network, "--overlay2=none", "--allow-suid"}
+	if !sb.limited {
 		args = append(args, "--ignore-cgroups")
 	}
-	args = append(args, "run", "--bundle", bundle, id)
+	args = append(args, "run", "--bundle", bundle, sb.id)
 	cmd := exec.Command(bd.b.cfg.Runsc, args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Dir = dir
+	cmd.Dir = sb.dir
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("runsc: %w", err)
+		return "", fmt.Errorf("runsc: %w", err)
 	}
-	defer destroySandbox(bd.b.cfg.Runsc, runRoot, id)
+	// Runs before sb.close (network, cgroups), after the wait below.
+	defer destroySandbox(bd.b.cfg.Runsc, sb.runRoot, sb.id)
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 	tail := &lineTail{emit: func(line string) {
 		bd.log(LogEntry{Time: time.Now(), Level: "info", Step: strconv.Itoa(n), Message: line})
 	}}
-	in, err := os.Open(outPath)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	var werr error
-	cancelled := false
-loop:
+	done := ctx.Done()
 	for {
 		select {
-		case werr = <-waited:
-			break loop
-		case <-ctx.Done():
-			if !cancelled {
-				cancelled = true
-				destroySandbox(bd.b.cfg.Runsc, runRoot, id)
-			}
+		case err := <-waited:
+			tail.read(in)
+			tail.flush()
+			return tail.String(), err
+		case <-done:
+			// Killing the sandbox ends runsc run; its exit ends the loop.
+			destroySandbox(bd.b.cfg.Runsc, sb.runRoot, sb.id)
+			done = nil
 		case <-tick.C:
 			tail.read(in)
 		}
 	}
-	tail.read(in)
-	tail.flush()
-	if cancelled {
-		return &StepError{Step: n, Type: st.Type, Command: command(st), Output: tail.String(), Err: ctx.Err()}
-	}
-	if werr != nil {
-		code := -1
-		var ee *exec.ExitError
-		if errors.As(werr, &ee) {
-			code = ee.ExitCode()
-		}
-		return &StepError{Step: n, Type: st.Type, Command: command(st), Output: tail.String(),
-			Err: fmt.Errorf("failed to run command '%s': exit status %d", st.Args[0], code)}
-	}
-	return nil
 }
 
 // destroySandbox kills a build sandbox and deletes its state; errors are

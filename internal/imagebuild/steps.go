@@ -28,19 +28,19 @@ func (bd *build) step(ctx context.Context, n int, st Step, parent string, forced
 	line := fmt.Sprintf("[builder %d/%d] %s", n, len(bd.spec.Steps), describe(st))
 	stepName := strconv.Itoa(n)
 	if !forced {
-		cached, ok, err := readState(dir)
+		cached, release, ok, err := bd.b.lookup(dir)
 		if err != nil {
 			return "", err
 		}
 		if ok {
 			bd.logf(stepName, "info", "CACHED %s [%s]", line, key[:12])
-			bd.use(dir, cached)
+			bd.use(dir, cached, release)
 			return key, nil
 		}
 	}
 	bd.logf(stepName, "info", "%s", line)
 	begin := time.Now()
-	ns, err := bd.runStep(ctx, n, st, dir)
+	ns, release, err := bd.runStep(ctx, n, st, dir)
 	if err != nil {
 		var se *StepError
 		if !errors.As(err, &se) {
@@ -50,13 +50,12 @@ func (bd *build) step(ctx context.Context, n int, st Step, parent string, forced
 		return "", err
 	}
 	bd.logf(stepName, "debug", "step %d done in %s [%s]", n, time.Since(begin).Round(time.Millisecond), key[:12])
-	bd.use(dir, ns)
+	bd.use(dir, ns, release)
 	return key, nil
 }
 
-// use makes a finished layer the top of the build.
-func (bd *build) use(dir string, st state) {
-	release := bd.b.hold(dir)
+// use makes a finished layer, held until release, the top of the build.
+func (bd *build) use(dir string, st state, release func()) {
 	bd.push(func() error { release(); return nil })
 	if !st.Empty {
 		bd.lowers = append([]string{filepath.Join(dir, "upper")}, bd.lowers...)
@@ -66,23 +65,24 @@ func (bd *build) use(dir string, st state) {
 
 // runStep runs one step on an overlay whose upper dir becomes the layer
 // at dir. On failure the layer is removed and nothing stays mounted.
-func (bd *build) runStep(ctx context.Context, n int, st Step, dir string) (state, error) {
+func (bd *build) runStep(ctx context.Context, n int, st Step, dir string) (state, func(), error) {
 	tmp, err := bd.b.newTmp("layer-")
 	if err != nil {
-		return state{}, err
+		return state{}, nil, err
 	}
 	ns, err := bd.onOverlay(ctx, n, filepath.Join(tmp, "upper"), func(merged string) (state, error) {
 		return bd.apply(ctx, n, st, merged)
 	})
+	var release func()
 	if err == nil {
 		ns.Empty = emptyDir(filepath.Join(tmp, "upper"))
-		err = bd.b.commit(tmp, dir, ns)
+		release, err = bd.b.commit(tmp, dir, ns)
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
-		return state{}, err
+		return state{}, nil, err
 	}
-	return ns, nil
+	return ns, release, nil
 }
 
 // onOverlay mounts the build's layers with upper on top in scratch, runs
