@@ -254,7 +254,6 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 		b.fail(causeOf(ctx, err), "")
 		return
 	}
-	defer cleanup()
 	_, err = backend.BuildTemplate(ctx, req, func(p template.Progress) {
 		msg := p.Phase
 		if p.Message != "" {
@@ -262,6 +261,8 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 		}
 		b.add(wire.BuildLogEntry{Level: "info", Message: msg, Step: "finalize"})
 	})
+	// Before the status says so: a finished build holds nothing.
+	cleanup()
 	if err != nil {
 		b.fail(causeOf(ctx, err), "finalize")
 		return
