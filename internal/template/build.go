@@ -74,6 +74,9 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 			err = werr
 		}
 		cancel(nil)
+	case req.Tree != "":
+		progress(Progress{Phase: "rootfs", Percent: 10, Message: "taking the prepared tree"})
+		err = s.takeTree(req.Tree, rootfs, acct)
 	case req.Upload != nil:
 		progress(Progress{Phase: "rootfs", Percent: 10, Message: "unpacking the uploaded rootfs"})
 		err = s.extract(ctx, req.Upload, rootfs, progress, acct)
@@ -168,6 +171,16 @@ func checkSource(req BuildRequest) (string, error) {
 			source = "oci:" + req.Image
 		}
 	}
+	if req.Tree != "" {
+		n++
+		source = "steps"
+		if req.Image != "" {
+			source = "steps:" + req.Image
+		}
+		if !filepath.IsAbs(req.Tree) || strings.IndexByte(req.Tree, 0) >= 0 {
+			return "", fmt.Errorf("tree %q: give an absolute directory", req.Tree)
+		}
+	}
 	if err := checkSettings(req); err != nil {
 		return "", err
 	}
@@ -178,6 +191,29 @@ func checkSource(req BuildRequest) (string, error) {
 		return "", errdefs.Invalid("--packages needs --debian")
 	}
 	return source, nil
+}
+
+// takeTree moves a tree the server prepared into rootfs. It must be on
+// the store's filesystem: a rename, never a copy.
+func (s *Store) takeTree(tree, rootfs string, acct *buildBytes) error {
+	st, err := os.Lstat(tree)
+	if err != nil {
+		return fmt.Errorf("prepared tree: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("prepared tree %s is not a directory", tree)
+	}
+	if err := acct.chargeTo(imageFactor * DiskUsage(tree)); err != nil {
+		return err
+	}
+	if err := os.Remove(rootfs); err != nil {
+		return err
+	}
+	if err := os.Rename(tree, rootfs); err != nil {
+		os.Mkdir(rootfs, 0o755)
+		return fmt.Errorf("move the prepared tree into the template store (it must be on the store's filesystem): %w", err)
+	}
+	return nil
 }
 
 // importPath resolves a client-given path inside the operator's import
@@ -289,9 +325,10 @@ func prepareRootfs(rootfs, envd string) error {
 			return err
 		}
 	}
+	if err := EnsureRootUser(root); err != nil {
+		return err
+	}
 	for _, l := range []struct{ file, prefix, line string }{
-		{"etc/passwd", "root:", "root:x:0:0:root:/root:/bin/sh"},
-		{"etc/group", "root:", "root:x:0:"},
 		{"etc/passwd", "user:", "user:x:1000:1000:user:/home/user:/bin/bash"},
 		{"etc/group", "user:", "user:x:1000:"},
 		{"etc/hosts", "127.0.0.1", "127.0.0.1\tlocalhost"},

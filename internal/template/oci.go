@@ -89,9 +89,16 @@ func PullImage(ctx context.Context, ref string) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--image %q: %w", ref, err)
 	}
-	img, err := remote.Image(r, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(platform))
+	return PullRef(ctx, r, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+}
+
+// PullRef reads the image r names from its registry, for this platform,
+// with the caller's options (credentials, transport).
+func PullRef(ctx context.Context, r name.Reference, opts ...remote.Option) (v1.Image, error) {
+	opts = append([]remote.Option{remote.WithContext(ctx), remote.WithPlatform(platform)}, opts...)
+	img, err := remote.Image(r, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", ref, err)
+		return nil, fmt.Errorf("pull %s: %w", r, err)
 	}
 	return img, nil
 }

@@ -145,8 +145,8 @@ func resolveUser(root *os.Root, spec string) (string, error) {
 
 // checkSettings validates a request's image label and process settings.
 func checkSettings(req BuildRequest) error {
-	if req.Image != "" && (req.Upload == nil || len(req.Image) > 512 || strings.ContainsFunc(req.Image, func(r rune) bool { return r < 0x20 || r == 0x7f })) {
-		return errdefs.Invalid("image %q: a label of at most 512 printable characters, only with an uploaded rootfs", req.Image)
+	if req.Image != "" && (req.Upload == nil && req.Tree == "" || len(req.Image) > 512 || strings.ContainsFunc(req.Image, func(r rune) bool { return r < 0x20 || r == 0x7f })) {
+		return errdefs.Invalid("image %q: a label of at most 512 printable characters, only with an uploaded rootfs or a prepared tree", req.Image)
 	}
 	if err := req.Defaults.check(); err != nil {
 		return err

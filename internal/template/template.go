@@ -69,8 +69,13 @@ type BuildRequest struct {
 	// Upload is a rootfs tar stream (plain or gzip) sent by the client.
 	Upload io.Reader `json:"-"`
 	// Image names the OCI image an upload was flattened from (a label
-	// kept as the template's source, "oci:IMAGE").
+	// kept as the template's source, "oci:IMAGE"); with Tree, what the
+	// steps started from ("steps:IMAGE").
 	Image string `json:"image,omitempty"`
+	// Tree is a root filesystem the server prepared itself (the step
+	// builder's result): a directory on the store's filesystem, moved
+	// (renamed) into the build. Never from a client, hence json:"-".
+	Tree string `json:"-"`
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
@@ -251,6 +256,13 @@ func (s *Store) storedLocked() int64 {
 func (s *Store) ImagePath(name string) string { return filepath.Join(s.dir, name, "image.erofs") }
 
 func (s *Store) rootfsPath(name string) string { return filepath.Join(s.dir, name, "rootfs") }
+
+// RootfsPath is the root tree a template's image was made from (read it,
+// never write it: the image would no longer match).
+func (s *Store) RootfsPath(name string) string { return s.rootfsPath(name) }
+
+// Dir is the directory the store keeps its templates in.
+func (s *Store) Dir() string { return s.dir }
 
 // List returns every template, sorted by name.
 func (s *Store) List() []Template {

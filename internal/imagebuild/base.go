@@ -1,0 +1,181 @@
+package imagebuild
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/agentenv/agentenv/internal/template"
+)
+
+// baseVersion changes when what the base phase does changes, so bases
+// made by an older builder are not reused.
+const baseVersion = "base-1"
+
+// base makes (or finds in the cache) the build's starting tree: an image
+// pulled and flattened, an imported image's template, or a template's
+// tree; then E2B's base phase: user "user" exists and is the current user.
+func (bd *build) base(ctx context.Context) error {
+	spec := bd.spec
+	what := "FROM " + spec.FromImage
+	if spec.FromTemplate != "" {
+		what = "FROM template " + spec.FromTemplate
+	}
+	var (
+		key  string
+		st   state
+		fill func(rootfs string) error
+	)
+	if t, ok := bd.importedTemplate(); ok || spec.FromTemplate != "" {
+		if !ok {
+			var err error
+			if t, err = bd.b.cfg.Templates.Get(spec.FromTemplate); err != nil {
+				return err
+			}
+		}
+		bd.label = "template:" + t.Name
+		if spec.FromImage != "" {
+			bd.label = spec.FromImage
+			what += " (imported as template " + t.Name + ")"
+		}
+		// A rebuild of the template changes its creation time or image:
+		// a new base, never one pulled away under a build's mount.
+		key = hashKey(baseVersion, "template", t.Name, t.CreatedAt.String(), strconv.FormatInt(t.ImageSize, 10), t.EnvdHash)
+		st = state{Env: t.Env, Workdir: t.Workdir, User: t.User}
+		src := bd.b.cfg.Templates.RootfsPath(t.Name)
+		fill = func(rootfs string) error {
+			// The host's cp copies links as links and keeps owners.
+			if out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", rootfs+"/").CombinedOutput(); err != nil {
+				return fmt.Errorf("copy template %s: %w: %s", t.Name, err, out)
+			}
+			return nil
+		}
+	} else {
+		bd.label = spec.FromImage
+		img, err := bd.pull(ctx)
+		if err != nil {
+			return err
+		}
+		digest, err := img.Digest()
+		if err != nil {
+			return fmt.Errorf("image %s: %w", spec.FromImage, err)
+		}
+		d, err := template.ImageDefaults(img)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", spec.FromImage, err)
+		}
+		key = hashKey(baseVersion, "image", digest.String())
+		st = state{Env: d.Env}
+		what += " (" + digest.String() + ")"
+		fill = func(rootfs string) error {
+			r := template.FlattenImage(img)
+			defer r.Close()
+			if _, err := template.ExtractTar(ctx, r, rootfs, 0); err != nil {
+				return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
+			}
+			return nil
+		}
+	}
+	if st.Env == nil {
+		st.Env = map[string]string{}
+	}
+	dir := bd.b.baseDir(key)
+	if cached, ok, err := readState(dir); err != nil {
+		return err
+	} else if ok && !spec.Force {
+		bd.logf("base", "info", "CACHED [base] %s [%s]", what, key[:12])
+		return bd.useBase(key, cached)
+	}
+	bd.logf("base", "info", "[base] %s", what)
+	tmp, err := bd.b.newTmp("base-")
+	if err != nil {
+		return err
+	}
+	rootfs := filepath.Join(tmp, "rootfs")
+	err = os.Mkdir(rootfs, 0o755)
+	if err == nil {
+		err = fill(rootfs)
+	}
+	if err == nil {
+		err = basePhase(rootfs, &st)
+	}
+	if err == nil {
+		err = bd.b.commit(tmp, dir, st)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	return bd.useBase(key, st)
+}
+
+func (bd *build) useBase(key string, st state) error {
+	dir := bd.b.baseDir(key)
+	release := bd.b.hold(dir)
+	bd.push(func() error { release(); return nil })
+	bd.baseKey = key
+	bd.lowers = []string{filepath.Join(dir, "rootfs")}
+	bd.st = st.clone()
+	return nil
+}
+
+// importedTemplate finds a template imported from the image FromImage
+// names (template build --oci or --image): used without any network.
+func (bd *build) importedTemplate() (template.Template, bool) {
+	if bd.spec.FromImage == "" {
+		return template.Template{}, false
+	}
+	for _, t := range bd.b.cfg.Templates.List() {
+		if t.Source == "oci:"+bd.spec.FromImage {
+			return t, true
+		}
+	}
+	return template.Template{}, false
+}
+
+func (bd *build) pull(ctx context.Context) (v1.Image, error) {
+	r, err := bd.b.reference(bd.spec.FromImage)
+	if err != nil {
+		return nil, err
+	}
+	img, err := template.PullRef(ctx, r, bd.b.pullOptions(bd.spec.Registry)...)
+	if err != nil {
+		return nil, fmt.Errorf("fromImage %s: %w", bd.spec.FromImage, err)
+	}
+	return img, nil
+}
+
+// basePhase is what E2B's base phase does to every image: user "user"
+// exists (uid 1000 when free) and is the current user; the mount points
+// a sandbox needs exist, so a RUN step does not leave them in its layer.
+func basePhase(rootfs string, st *state) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "etc", "home", "root"} {
+		if err := root.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("base: /%s: %w", d, err)
+		}
+	}
+	if err := root.Chmod("tmp", 0o777|os.ModeSticky); err != nil {
+		return err
+	}
+	if err := template.EnsureRootUser(root); err != nil {
+		return fmt.Errorf("base: root user: %w", err)
+	}
+	u, err := template.EnsureUser(root, "user")
+	if err != nil {
+		return fmt.Errorf("base: user: %w", err)
+	}
+	if st.User == "" {
+		st.User = u.Name
+	}
+	return nil
+}

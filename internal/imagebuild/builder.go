@@ -1,0 +1,296 @@
+package imagebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime/runscbin"
+	"github.com/agentenv/agentenv/internal/template"
+)
+
+// Config configures a Builder.
+type Config struct {
+	// Dir is the build cache: pulled bases, layers, scratch (e.g.
+	// <data-dir>/build). It must be on the template store's filesystem,
+	// so that finished trees move into the store by rename.
+	Dir string
+	// Runsc is the runsc binary build sandboxes run on.
+	Runsc string
+	// Templates resolves fromTemplate and images already imported
+	// (template build --oci).
+	Templates *template.Store
+	// Network gives a build sandbox a network namespace to run in; nil:
+	// build sandboxes get no network.
+	Network func(ctx context.Context) (netnsPath string, release func(), err error)
+	// Registries are registry hosts (host[:port]) fromImage may reach
+	// although they resolve to loopback, private or link-local addresses
+	// (--registry-allow).
+	Registries []string
+	// Mirror is a registry host Docker Hub references are pulled through
+	// (--registry-mirror).
+	Mirror string
+	// MaxCacheBytes bounds the bases and layers kept (0: 16 GiB); least
+	// recently used ones no build holds go first.
+	MaxCacheBytes int64
+	Log           *slog.Logger
+}
+
+// DefaultMaxCacheBytes is the cache bound when Config sets none.
+const DefaultMaxCacheBytes = 16 << 30
+
+// Builder runs step builds. It is safe for concurrent use: builds share
+// the cache, and a base or layer one build uses is never removed under it.
+type Builder struct {
+	cfg   Config
+	log   *slog.Logger
+	reach *reach
+
+	mu    sync.Mutex
+	inUse map[string]int // cache dirs held by running builds
+}
+
+// New returns a Builder over cfg.Dir, first removing what a crashed build
+// left there: mounts, build sandboxes, scratch, half-written entries and
+// trees no store took.
+func New(cfg Config) (*Builder, error) {
+	if cfg.Dir == "" || cfg.Templates == nil {
+		return nil, errors.New("imagebuild: Config needs Dir and Templates")
+	}
+	if cfg.Runsc == "" {
+		cfg.Runsc = "runsc"
+	}
+	p, err := exec.LookPath(cfg.Runsc)
+	if err != nil {
+		return nil, fmt.Errorf("runsc not found (%s): run `make setup` to install the pinned build: %w", cfg.Runsc, errdefs.ErrUnavailable)
+	}
+	cfg.Runsc = p
+	if cfg.MaxCacheBytes <= 0 {
+		cfg.MaxCacheBytes = DefaultMaxCacheBytes
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dir = dir
+	b := &Builder{cfg: cfg, log: cfg.Log, reach: newReach(cfg.Registries, cfg.Mirror), inUse: map[string]int{}}
+	if err := b.recover(); err != nil {
+		return nil, fmt.Errorf("build cache %s: %w", dir, err)
+	}
+	for _, d := range []string{"bases", "layers", "tmp", "scratch", "trees"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := runscbin.MkSharedRoot(); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// recover undoes a crashed build: sandboxes first (their gofers hold the
+// mounts), then mounts, then the directories.
+func (b *Builder) recover() error {
+	scratch := filepath.Join(b.cfg.Dir, "scratch")
+	builds, _ := os.ReadDir(scratch)
+	for _, bd := range builds {
+		runRoot := filepath.Join(scratch, bd.Name(), "runsc")
+		ids, _ := os.ReadDir(runRoot)
+		for _, id := range ids {
+			if name, ok := strings.CutSuffix(id.Name(), ".state"); ok {
+				destroySandbox(b.cfg.Runsc, runRoot, name)
+			}
+		}
+	}
+	var errs []error
+	for _, mp := range mountsUnder(b.cfg.Dir) {
+		if err := unmount(mp); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	for _, d := range []string{"scratch", "tmp", "trees"} {
+		if err := os.RemoveAll(filepath.Join(b.cfg.Dir, d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// build is one Prepare: its spec, log, state and undo stack.
+type build struct {
+	b       *Builder
+	spec    Spec
+	log     func(LogEntry)
+	scratch string
+	// lowers are the base and the layers so far that hold files, top first.
+	lowers  []string
+	baseKey string
+	st      state
+	label   string
+	undo    []func() error
+}
+
+func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
+
+// unwind runs the undo stack in reverse, once.
+func (bd *build) unwind() error {
+	var errs []error
+	for i := len(bd.undo) - 1; i >= 0; i-- {
+		if err := bd.undo[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	bd.undo = nil
+	return errors.Join(errs...)
+}
+
+func (bd *build) logf(step, level, format string, args ...any) {
+	bd.log(LogEntry{Time: time.Now(), Level: level, Step: step, Message: fmt.Sprintf(format, args...)})
+}
+
+// Prepare runs spec's steps and returns a template.BuildRequest whose Tree
+// is the finished root filesystem, with the final env, workdir and user as
+// its Defaults and the start and ready commands; the caller runs cleanup
+// once the template store took the tree (or gave up). log gets every line.
+// A failed step returns a *StepError; a failed Prepare leaves nothing
+// behind but cache entries of the steps that succeeded.
+func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (req template.BuildRequest, cleanup func(), err error) {
+	if log == nil {
+		log = func(LogEntry) {}
+	}
+	if err := checkSpec(spec); err != nil {
+		return template.BuildRequest{}, nil, err
+	}
+	scratch, err := os.MkdirTemp(filepath.Join(b.cfg.Dir, "scratch"), "b-")
+	if err != nil {
+		return template.BuildRequest{}, nil, err
+	}
+	bd := &build{b: b, spec: spec, log: log, scratch: scratch}
+	bd.push(func() error { return os.RemoveAll(scratch) })
+	defer func() {
+		// Held cache entries are released in any case; a failure also
+		// removes the tree.
+		if err != nil {
+			err = errors.Join(err, bd.unwind())
+		}
+	}()
+	start := time.Now()
+	if err := bd.base(ctx); err != nil {
+		return template.BuildRequest{}, nil, err
+	}
+	parent := bd.baseKey
+	forced := spec.Force
+	for i, st := range spec.Steps {
+		forced = forced || st.Force
+		if parent, err = bd.step(ctx, i+1, st, parent, forced); err != nil {
+			return template.BuildRequest{}, nil, err
+		}
+	}
+	tree, err := bd.finish(ctx)
+	if err != nil {
+		return template.BuildRequest{}, nil, err
+	}
+	if err := bd.unwind(); err != nil {
+		os.RemoveAll(tree)
+		return template.BuildRequest{}, nil, err
+	}
+	bd.logf("finalize", "info", "build steps done in %s", time.Since(start).Round(time.Millisecond))
+	req = template.BuildRequest{
+		Name:  spec.Name,
+		Tree:  tree,
+		Image: bd.label,
+		Defaults: template.Defaults{
+			Env:     bd.st.Env,
+			Workdir: bd.st.Workdir,
+			User:    bd.st.User,
+		},
+		Start: template.Start{StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd},
+	}
+	var once sync.Once
+	return req, func() {
+		once.Do(func() {
+			if err := os.RemoveAll(tree); err != nil {
+				b.log.Warn("build: remove tree", "tree", tree, "err", err)
+			}
+			b.trim()
+		})
+	}, nil
+}
+
+var stepTypes = map[string]bool{"RUN": true, "COPY": true, "ENV": true, "WORKDIR": true, "USER": true}
+
+// checkSpec refuses what no step could run; the API layer checked shapes.
+func checkSpec(spec Spec) error {
+	if err := template.ValidName(spec.Name); err != nil {
+		return err
+	}
+	if (spec.FromImage == "") == (spec.FromTemplate == "") {
+		return errdefs.Invalid("give exactly one of fromImage and fromTemplate")
+	}
+	if spec.CPUs < 0 || spec.MemoryMB < 0 {
+		return errdefs.Invalid("cpu and memory must not be negative")
+	}
+	for i, st := range spec.Steps {
+		n := i + 1
+		if !stepTypes[st.Type] {
+			return errdefs.Invalid("step %d: type %q: use RUN, COPY, ENV, WORKDIR or USER", n, st.Type)
+		}
+		for _, a := range st.Args {
+			if strings.IndexByte(a, 0) >= 0 {
+				return errdefs.Invalid("step %d (%s): an argument contains NUL", n, st.Type)
+			}
+		}
+		need := map[string]int{"RUN": 1, "COPY": 2, "ENV": 2, "WORKDIR": 1, "USER": 1}[st.Type]
+		if len(st.Args) < need || st.Type == "ENV" && len(st.Args)%2 != 0 {
+			return errdefs.Invalid("step %d (%s): %d arguments; see E2B's step encodings", n, st.Type, len(st.Args))
+		}
+		if st.Type == "COPY" && (st.FilesHash == "" || spec.Files == nil) {
+			return errdefs.Invalid("step %d (COPY %s): no files (filesHash) for it", n, st.Args[0])
+		}
+	}
+	return nil
+}
+
+// finish copies the merged view of the base and every layer into a fresh
+// tree under trees/ (the template store's filesystem, so the store can
+// rename it). Copying from the mounted view applies the layers' whiteouts
+// instead of leaking them.
+func (bd *build) finish(ctx context.Context) (string, error) {
+	tree, err := os.MkdirTemp(filepath.Join(bd.b.cfg.Dir, "trees"), "t-")
+	if err != nil {
+		return "", err
+	}
+	bd.logf("finalize", "info", "[finalize] writing the root filesystem")
+	_, err = bd.onOverlay(ctx, 0, filepath.Join(bd.scratch, "final-upper"), func(merged string) (state, error) {
+		// The host's cp (never one from the tree): links stay links, owners,
+		// modes, times and hard links are kept.
+		out, err := exec.CommandContext(ctx, "cp", "-a", "--", merged+"/.", tree+"/").CombinedOutput()
+		if err != nil {
+			return state{}, fmt.Errorf("copy the built tree: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+		return state{}, nil
+	})
+	if err != nil {
+		os.RemoveAll(tree)
+		return "", err
+	}
+	if err := os.Chmod(tree, 0o755); err != nil {
+		os.RemoveAll(tree)
+		return "", err
+	}
+	return tree, nil
+}

@@ -1,0 +1,316 @@
+package imagebuild
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/internal/template"
+)
+
+// The build cache under Config.Dir:
+//
+//	bases/<key>/rootfs, state.json   a flattened image or a template's tree
+//	layers/<key>/upper, state.json   one step's overlayfs upper dir
+//	tmp/                             bases and layers being written
+//	scratch/<build>/                 mounts, bundles, runsc state of a build
+//	trees/<id>/                      finished trees, until the store took them
+//
+// A base or layer counts as cached once its directory is under bases/ or
+// layers/: it is written in tmp/ and renamed there when complete, so a
+// crash never leaves half of one that a later build would trust.
+
+// state is what a build knows beside the files after a step: stored with
+// every layer, so a cached prefix restores it.
+type state struct {
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir"`
+	User    string            `json:"user"`
+	// Empty: the layer changed no file (ENV), so mounts skip it.
+	Empty bool `json:"empty,omitempty"`
+}
+
+func (s state) clone() state {
+	c := s
+	c.Env = make(map[string]string, len(s.Env))
+	for k, v := range s.Env {
+		c.Env[k] = v
+	}
+	c.Empty = false
+	return c
+}
+
+// layerKey is a step's cache key: its parent's key, type, arguments and
+// files, as E2B's orchestrator keys its layers.
+func layerKey(parent string, st Step) string {
+	h := sha256.New()
+	for _, p := range []string{parent, st.Type, strings.Join(st.Args, " "), st.FilesHash} {
+		fmt.Fprintf(h, "%d:%s;", len(p), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hashKey(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:%s;", len(p), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (b *Builder) baseDir(key string) string  { return filepath.Join(b.cfg.Dir, "bases", key) }
+func (b *Builder) layerDir(key string) string { return filepath.Join(b.cfg.Dir, "layers", key) }
+
+// readState reads the state stored beside a base or layer; ok is false
+// when the entry is not in the cache.
+func readState(dir string) (state, bool, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return state{}, false, nil
+	}
+	if err != nil {
+		return state{}, false, err
+	}
+	var s state
+	if err := json.Unmarshal(data, &s); err != nil {
+		return state{}, false, fmt.Errorf("%s: %w", dir, err)
+	}
+	now := time.Now()
+	os.Chtimes(filepath.Join(dir, "state.json"), now, now) // for the cache's LRU trim
+	return s, true, nil
+}
+
+// newTmp makes a directory under tmp/ for an entry being written.
+func (b *Builder) newTmp(prefix string) (string, error) {
+	return os.MkdirTemp(filepath.Join(b.cfg.Dir, "tmp"), prefix)
+}
+
+// commit writes s beside the entry written in tmp and renames it to
+// final. If final exists (a concurrent build of the same key, or a forced
+// rerun of a layer another build uses), the one in place stays when in
+// use; the new one replaces it otherwise.
+func (b *Builder) commit(tmp, final string, s state) error {
+	data, _ := json.Marshal(s)
+	if err := os.WriteFile(filepath.Join(tmp, "state.json"), data, 0o600); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := os.Stat(final); err == nil {
+		if b.inUse[final] > 0 {
+			return os.RemoveAll(tmp)
+		}
+		if err := b.trashLocked(final); err != nil {
+			return err
+		}
+	}
+	return os.Rename(tmp, final)
+}
+
+// trashLocked moves a cache entry out of the cache at once and removes it.
+func (b *Builder) trashLocked(dir string) error {
+	tmp, err := b.newTmp("trash-")
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(dir, filepath.Join(tmp, "x")); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.RemoveAll(tmp)
+}
+
+// hold marks cache entries as used by a build until the returned release:
+// trimming and forced reruns leave them in place.
+func (b *Builder) hold(dirs ...string) (release func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, d := range dirs {
+		b.inUse[d]++
+	}
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, d := range dirs {
+			if b.inUse[d]--; b.inUse[d] <= 0 {
+				delete(b.inUse, d)
+			}
+		}
+	}
+}
+
+// trim removes the least recently used bases and layers no build holds
+// until the cache takes at most MaxCacheBytes.
+func (b *Builder) trim() {
+	type entry struct {
+		dir  string
+		size int64
+		used time.Time
+	}
+	var entries []entry
+	var total int64
+	for _, kind := range []string{"bases", "layers"} {
+		des, _ := os.ReadDir(filepath.Join(b.cfg.Dir, kind))
+		for _, de := range des {
+			dir := filepath.Join(b.cfg.Dir, kind, de.Name())
+			st, err := os.Stat(filepath.Join(dir, "state.json"))
+			if err != nil {
+				continue
+			}
+			e := entry{dir: dir, size: template.DiskUsage(dir), used: st.ModTime()}
+			total += e.size
+			entries = append(entries, e)
+		}
+	}
+	if total <= b.cfg.MaxCacheBytes {
+		return
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].used.Before(entries[j].used) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, e := range entries {
+		if total <= b.cfg.MaxCacheBytes {
+			break
+		}
+		if b.inUse[e.dir] > 0 {
+			continue
+		}
+		if err := b.trashLocked(e.dir); err != nil {
+			b.log.Warn("build cache: trim", "dir", e.dir, "err", err)
+			continue
+		}
+		total -= e.size
+	}
+}
+
+// mountOverlay mounts at target an overlay of lowers (first = top) with
+// upper and work (both empty: read-only). fsconfig takes the lower dirs
+// one by one, so deep stacks do not hit the one-page limit of mount(2)'s
+// option string.
+func mountOverlay(lowers []string, upper, work, target string) error {
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("overlayfs: %w (the host kernel needs overlayfs and the new mount API, Linux 6.8 or later)", err)
+	}
+	defer unix.Close(fd)
+	set := func(k, v string) error {
+		if err := unix.FsconfigSetString(fd, k, v); err != nil {
+			return fmt.Errorf("overlayfs %s=%s: %w", k, v, err)
+		}
+		return nil
+	}
+	for _, l := range lowers {
+		if err := set("lowerdir+", l); err != nil {
+			return err
+		}
+	}
+	if upper != "" {
+		if err := set("upperdir", upper); err != nil {
+			return err
+		}
+		if err := set("workdir", work); err != nil {
+			return err
+		}
+	}
+	if err := unix.FsconfigCreate(fd); err != nil {
+		return fmt.Errorf("overlayfs: create: %w", err)
+	}
+	var attrs int
+	if upper == "" {
+		attrs = unix.MOUNT_ATTR_RDONLY
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return fmt.Errorf("overlayfs: mount: %w", err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("overlayfs: attach at %s: %w", target, err)
+	}
+	return nil
+}
+
+// unmount detaches target, waiting a moment for a sandbox's gofer to let
+// go of it, and detaching lazily as a last resort.
+func unmount(target string) error {
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = unix.Unmount(target, 0); err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if derr := unix.Unmount(target, unix.MNT_DETACH); derr != nil {
+		return fmt.Errorf("unmount %s: %w", target, errors.Join(err, derr))
+	}
+	return nil
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range s[i+1 : i+4] {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + byte(c-'0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
