@@ -121,7 +121,7 @@ func (f *buildFiles) store(templateID, hash string, body io.Reader, max int64) (
 	defer os.Remove(tmp.Name())
 	n, err := io.Copy(tmp, io.LimitReader(body, max+1))
 	if err == nil && n > max {
-		err = fmt.Errorf("the archive is larger than this server's limit of %d bytes (serve --max-copy-upload): copy fewer files: %w", max, errdefs.ErrTooLarge)
+		err = fmt.Errorf("the archive is larger than this server's limit of %d bytes (serve --max-copy-upload-mb): copy fewer files: %w", max, errdefs.ErrTooLarge)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr

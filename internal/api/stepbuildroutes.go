@@ -183,7 +183,7 @@ func (s *Server) putBuildFile(w http.ResponseWriter, r *http.Request) {
 		err = tb.files.checkToken(tid, hash, r.URL.Query().Get("token"), time.Now())
 	}
 	if err == nil && r.ContentLength > tb.cfg.MaxUploadBytes {
-		err = fmt.Errorf("the archive (%d bytes) is larger than this server's limit of %d bytes (serve --max-copy-upload): copy fewer files: %w", r.ContentLength, tb.cfg.MaxUploadBytes, errdefs.ErrTooLarge)
+		err = fmt.Errorf("the archive (%d bytes) is larger than this server's limit of %d bytes (serve --max-copy-upload-mb): copy fewer files: %w", r.ContentLength, tb.cfg.MaxUploadBytes, errdefs.ErrTooLarge)
 	}
 	if err != nil {
 		writeError(w, err)
