@@ -43,3 +43,9 @@ func (m *Manager) BuildNetwork(ctx context.Context) (netnsPath string, release f
 		})
 	}, nil
 }
+
+// Rebuilding removes a template's spares (warm containers, hot pool
+// sandboxes) and keeps new ones from being made until done is called, so
+// that a rebuild is refused only for sandboxes a user holds: spares hold
+// the template's files as a user's sandbox does.
+func (m *Manager) Rebuilding(template string) (done func()) { return m.dropSpares(template) }
