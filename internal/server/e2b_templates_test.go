@@ -14,7 +14,8 @@ import (
 // setStartCmd with a ready check) built through the official SDK, a
 // sandbox of the alias, a cached rebuild and a failing step. The image is
 // a two-layer GNU image in a registry on loopback, which the server may
-// reach only because --registry-allow names it.
+// reach only because --registry-allow names it. RUN steps get a network
+// slot: the test's fake internet (network_test.go) checks its egress.
 func TestE2BTemplates(t *testing.T) {
 	testenv.NeedRunsc(t)
 	host := imagebuildtest.Registry(t)
@@ -32,5 +33,6 @@ func TestE2BTemplates(t *testing.T) {
 		}
 		os.RemoveAll(dir)
 	})
-	runSDKTest(t, e, "templates.test.mjs", "TEMPLATE_IMAGE="+ref)
+	in := fakeInternet(t, e)
+	runSDKTest(t, e, "templates.test.mjs", "TEMPLATE_IMAGE="+ref, "INET_PUBLIC="+in.public, "INET_PRIVATE="+in.private)
 }

@@ -5,7 +5,8 @@
 // (internal/server/e2b_templates_test.go) runs it against a server that
 // may pull from a registry on loopback (go-containerregistry's, holding a
 // two-layer GNU image the Go test pushed): E2B_API_URL, E2B_SANDBOX_URL,
-// E2B_API_KEY and TEMPLATE_IMAGE (that image's reference) are set.
+// E2B_API_KEY, TEMPLATE_IMAGE (that image's reference) and INET_PUBLIC,
+// INET_PRIVATE (a fake internet's addresses, network_test.go) are set.
 // copy() reads from this file's directory (the SDK's default context).
 
 import { after, describe, test } from 'node:test'
@@ -14,7 +15,7 @@ import { randomBytes } from 'node:crypto'
 
 import { BuildError, Sandbox, Template, waitForFile } from 'e2b'
 
-for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY', 'TEMPLATE_IMAGE']) {
+for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY', 'TEMPLATE_IMAGE', 'INET_PUBLIC', 'INET_PRIVATE']) {
   if (!process.env[k]) throw new Error(`templates.test.mjs: set ${k}`)
 }
 const IMAGE = process.env.TEMPLATE_IMAGE
@@ -97,6 +98,23 @@ describe('templates in code through the e2b SDK', { concurrency: false }, () => 
     assert.equal(await run(sbx2, 'echo "$GREETING $MARK"'), 'hello v2', 'the rebuilt template has the changed step')
     assert.equal(await sbx2.files.read('/app/hello.txt'), 'hello from the build context\n')
     await sbx2.kill()
+  })
+
+  test('a RUN step has a network slot with the default egress policy', TS, async () => {
+    // INET_PUBLIC and INET_PRIVATE are host:port of an HTTP server in a
+    // namespace the Go test made (its fake internet): the public address
+    // must answer, the private one (RFC 1918) must be dropped. bash's
+    // /dev/tcp has no timeout: the blocked probe is killed after 3 s.
+    const [pubHost, pubPort] = process.env.INET_PUBLIC.split(':')
+    const [privHost, privPort] = process.env.INET_PRIVATE.split(':')
+    const probe = [
+      `exec 3<>/dev/tcp/${pubHost}/${pubPort} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && echo "public: $(cat <&3 | tail -n 1)"`,
+      `(exec 4<>/dev/tcp/${privHost}/${privPort} && echo 'private: open') & p=$!; sleep 3; kill $p 2>/dev/null && echo 'private: blocked'; true`,
+    ].join('; ')
+    const t = Template().fromImage(IMAGE).skipCache().runCmd(probe)
+    const { logs } = await build(t, `${alias}-net`)
+    assert.ok(logs.includes('public: hello from the fake internet'), `the public address answers:\n${logs.join('\n')}`)
+    assert.ok(logs.includes('private: blocked'), `the private address is blocked:\n${logs.join('\n')}`)
   })
 
   test('a failing step throws BuildError with its index, command and output', TS, async () => {
