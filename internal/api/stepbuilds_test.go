@@ -30,6 +30,10 @@ type fakeSteps struct {
 	copied map[string]string // files hash → archive content
 	failAt int
 	block  bool
+	// delay holds each Prepare; inFlight and maxInFlight count them.
+	delay       time.Duration
+	inFlight    int
+	maxInFlight int
 	// cleaned counts cleanups run.
 	cleaned int
 }
@@ -37,7 +41,11 @@ type fakeSteps struct {
 func (f *fakeSteps) Prepare(ctx context.Context, spec imagebuild.Spec, log func(imagebuild.LogEntry)) (template.BuildRequest, func(), error) {
 	f.mu.Lock()
 	f.specs = append(f.specs, spec)
+	f.inFlight++
+	f.maxInFlight = max(f.maxInFlight, f.inFlight)
 	f.mu.Unlock()
+	defer func() { f.mu.Lock(); f.inFlight--; f.mu.Unlock() }()
+	time.Sleep(f.delay)
 	log(imagebuild.LogEntry{Time: time.Now(), Level: "info", Message: "pulled " + spec.FromImage + spec.FromTemplate, Step: "base"})
 	for i, st := range spec.Steps {
 		n := i + 1
@@ -465,6 +473,48 @@ func TestStepBuildRecordsBounded(t *testing.T) {
 		code, _ := e.do("GET", fmt.Sprintf("/templates/t%d/builds/%s/status", i, id), nil, nil)
 		if want := map[bool]int{true: 404, false: 200}[i < 2]; code != want {
 			t.Errorf("build %d of 5 with room for 3: HTTP %d, want %d", i, code, want)
+		}
+	}
+}
+
+// Many builds at once, each polled as the SDK does: all end ready, and no
+// more than MaxConcurrent run at a time.
+func TestStepBuildsConcurrent(t *testing.T) {
+	steps := &fakeSteps{delay: 20 * time.Millisecond}
+	e := newStepEnv(t, steps, func(c *TemplateBuildsConfig) { c.MaxConcurrent = 2 })
+	var wg sync.WaitGroup
+	errs := make(chan string, 12)
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("c%d", i%4) // three builds per template: later ones cancel earlier
+			var r wire.TemplateRequestResponseV3
+			if code, body := e.do("POST", "/v3/templates", wire.TemplateBuildRequestV3{Name: name}, &r); code != 202 {
+				errs <- fmt.Sprintf("create %s: HTTP %d %s", name, code, body)
+				return
+			}
+			if code, body := e.do("POST", "/v2/templates/"+name+"/builds/"+r.BuildID, wire.TemplateBuildStartV2{FromImage: "img", Steps: []wire.TemplateStep{{Type: "RUN", Args: []string{"true"}}}}, nil); code != 202 {
+				errs <- fmt.Sprintf("start %s: HTTP %d %s", name, code, body)
+				return
+			}
+			info, _ := e.wait(name, r.BuildID)
+			if info.Status != statusReady && (info.Reason == nil || !strings.Contains(info.Reason.Message, "cancelled")) {
+				errs <- fmt.Sprintf("build of %s ended %s: %+v", name, info.Status, info.Reason)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if steps.maxInFlight > 2 {
+		t.Errorf("%d builds ran at once, want at most MaxConcurrent 2", steps.maxInFlight)
+	}
+	for i := range 4 {
+		if _, err := e.backend.GetTemplate(context.Background(), fmt.Sprintf("c%d", i)); err != nil {
+			t.Errorf("template c%d was never built: %v", i, err)
 		}
 	}
 }
