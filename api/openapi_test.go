@@ -56,6 +56,7 @@ var wireSchemas = []struct {
 	{AssignedTemplateTags{}, "#/components/schemas/AssignedTemplateTags"},
 	{DeleteTemplateTagsRequest{}, "#/components/schemas/DeleteTemplateTagsRequest"},
 	{TemplateTag{}, "#/components/schemas/TemplateTag"},
+	{TemplateBuildLogsResponse{}, "#/components/schemas/TemplateBuildLogsResponse"},
 }
 
 // TestWireTypesMatchOpenAPI checks every wire type against its schema:

@@ -139,3 +139,8 @@ type TemplateTag struct {
 	BuildID   string    `json:"buildID"`
 	CreatedAt time.Time `json:"createdAt"`
 }
+
+// TemplateBuildLogsResponse answers GET /templates/{id}/builds/{buildID}/logs.
+type TemplateBuildLogsResponse struct {
+	Logs []BuildLogEntry `json:"logs"`
+}

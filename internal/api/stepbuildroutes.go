@@ -28,6 +28,7 @@ func (s *Server) stepBuildRoutes(mux *http.ServeMux, auth func(string, http.Hand
 	mux.HandleFunc("PUT /templates/{templateID}/files/{hash}", s.putBuildFile)
 	auth("POST /v2/templates/{templateID}/builds/{buildID}", s.startStepBuild)
 	auth("GET /templates/{templateID}/builds/{buildID}/status", s.stepBuildStatus)
+	auth("GET /templates/{templateID}/builds/{buildID}/logs", s.stepBuildLogs)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
 	auth("POST /templates/tags", s.assignTags)
 	auth("DELETE /templates/tags", s.deleteTags)
@@ -361,6 +362,58 @@ func (s *Server) stepBuildStatus(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, b.info(offset, limit, level))
+}
+
+// stepBuildLogs is E2B's log route: entries from a time cursor (Unix
+// milliseconds) forward (oldest first, from 0 by default) or backward
+// (newest first, from now), at most limit at or above level. All logs
+// are kept in memory with the build: source is accepted and ignored.
+func (s *Server) stepBuildLogs(w http.ResponseWriter, r *http.Request) {
+	tb := s.templateBuilds(w)
+	if tb == nil {
+		return
+	}
+	b, err := tb.get(r.PathValue("templateID"), r.PathValue("buildID"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	limit, backward := 100, false
+	var cursor int64 = -1
+	switch q.Get("direction") {
+	case "", "forward":
+	case "backward":
+		backward = true
+	default:
+		err = errdefs.Invalid("direction %q: use forward or backward", q.Get("direction"))
+	}
+	if v := q.Get("cursor"); v != "" && err == nil {
+		if cursor, err = strconv.ParseInt(v, 10, 64); err != nil || cursor < 0 {
+			err = errdefs.Invalid("cursor %q: give a time in Unix milliseconds", v)
+		}
+	}
+	if v := q.Get("limit"); v != "" && err == nil {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 0 || limit > 100 {
+			err = errdefs.Invalid("limit %q: give 0 to 100", v)
+		}
+	}
+	level := q.Get("level")
+	switch level {
+	case "", "debug", "info", "warn", "error":
+	default:
+		err = errdefs.Invalid("level %q: use debug, info, warn or error", level)
+	}
+	switch src := q.Get("source"); src {
+	case "", "temporary", "persistent":
+	default:
+		err = errdefs.Invalid("source %q: use temporary or persistent", src)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, wire.TemplateBuildLogsResponse{Logs: b.logsFrom(cursor, backward, limit, level)})
 }
 
 // templateAlias answers whether a template of that name exists (the

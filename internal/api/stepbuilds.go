@@ -383,3 +383,30 @@ func levelRank(l string) int {
 	}
 	return 0
 }
+
+// logsFrom returns at most limit entries at or above level from the time
+// cursor (Unix ms; -1: the start, or now when backward) on, oldest first,
+// or newest first when backward.
+func (b *stepBuild) logsFrom(cursor int64, backward bool, limit int, level string) []wire.BuildLogEntry {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := []wire.BuildLogEntry{}
+	min := levelRank(level)
+	for i := range b.log {
+		if len(out) >= limit {
+			break
+		}
+		e := b.log[i]
+		if backward {
+			e = b.log[len(b.log)-1-i]
+		}
+		ms := e.Timestamp.UnixMilli()
+		if cursor >= 0 && (!backward && ms < cursor || backward && ms > cursor) {
+			continue
+		}
+		if levelRank(e.Level) >= min {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -330,6 +330,23 @@ func TestStepBuildLogOffsets(t *testing.T) {
 	if code, _ := e.do("GET", "/templates/logs/builds/"+r.BuildID+"/status?logsOffset=-1", nil, nil); code != 400 {
 		t.Errorf("negative offset: HTTP %d, want 400", code)
 	}
+	// The time-cursor route: forward from the start is the whole log (up
+	// to 100), backward is it reversed; a cursor past the end gives none.
+	var fw, bw, none wire.TemplateBuildLogsResponse
+	e.do("GET", "/templates/logs/builds/"+r.BuildID+"/logs", nil, &fw)
+	e.do("GET", "/templates/logs/builds/"+r.BuildID+"/logs?direction=backward", nil, &bw)
+	e.do("GET", fmt.Sprintf("/templates/logs/builds/%s/logs?cursor=%d", r.BuildID, time.Now().Add(time.Hour).UnixMilli()), nil, &none)
+	if len(fw.Logs) != len(all) || len(bw.Logs) != len(all) || len(none.Logs) != 0 {
+		t.Fatalf("logs route: forward %d, backward %d, past the end %d entries; want %d, %d, 0", len(fw.Logs), len(bw.Logs), len(none.Logs), len(all), len(all))
+	}
+	for i := range all {
+		if fw.Logs[i] != all[i] || bw.Logs[len(all)-1-i] != all[i] {
+			t.Fatalf("logs route entry %d: forward %+v, backward %+v, want %+v", i, fw.Logs[i], bw.Logs[len(all)-1-i], all[i])
+		}
+	}
+	if code, _ := e.do("GET", "/templates/logs/builds/"+r.BuildID+"/logs?direction=up", nil, nil); code != 400 {
+		t.Errorf("direction=up: HTTP %d, want 400", code)
+	}
 	if code, _ := e.do("GET", "/templates/logs/builds/nope/status", nil, nil); code != 404 {
 		t.Errorf("unknown build: HTTP %d, want 404", code)
 	}
