@@ -49,6 +49,13 @@ func (bd *build) base(ctx context.Context) error {
 		st = state{Env: t.Env, Workdir: t.Workdir, User: t.User}
 		src := bd.b.cfg.Templates.RootfsPath(t.Name)
 		fill = func(rootfs string) error {
+			// Held, the template cannot be rebuilt or deleted while it is
+			// read.
+			_, release, err := bd.b.cfg.Templates.Acquire(t.Name)
+			if err != nil {
+				return err
+			}
+			defer release()
 			// The host's cp copies links as links and keeps owners.
 			if out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", rootfs+"/").CombinedOutput(); err != nil {
 				return fmt.Errorf("copy template %s: %w: %s", t.Name, err, out)

@@ -106,11 +106,12 @@ func (b *Builder) recover() error {
 	builds, _ := os.ReadDir(scratch)
 	for _, bd := range builds {
 		runRoot := filepath.Join(scratch, bd.Name(), "runsc")
-		ids, _ := os.ReadDir(runRoot)
-		for _, id := range ids {
-			if name, ok := strings.CutSuffix(id.Name(), ".state"); ok {
-				destroySandbox(b.cfg.Runsc, runRoot, name)
-			}
+		if _, err := os.Stat(runRoot); err != nil {
+			continue
+		}
+		out, _ := exec.Command(b.cfg.Runsc, "--root", runRoot, "--shared-root", runscbin.SharedRoot, "list", "--quiet").Output()
+		for _, id := range strings.Fields(string(out)) {
+			destroySandbox(b.cfg.Runsc, runRoot, id)
 		}
 	}
 	var errs []error

@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,6 +36,7 @@ type env struct {
 	b     *imagebuild.Builder
 	host  string // the loopback registry
 	ref   string // the two-layer GNU image in it
+	cfg   imagebuild.Config
 }
 
 func newEnv(t *testing.T, allowRegistry bool) *env {
@@ -57,6 +60,7 @@ func newEnv(t *testing.T, allowRegistry bool) *env {
 	if allowRegistry {
 		cfg.Registries = []string{e.host}
 	}
+	e.cfg = cfg
 	if e.b, err = imagebuild.New(cfg); err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -453,5 +457,173 @@ func TestFromTemplateAndImported(t *testing.T) {
 	}
 	if _, _, err := e.prepare(context.Background(), imagebuild.Spec{Name: "x", FromTemplate: "missing"}); err == nil {
 		t.Error("fromTemplate of a missing template worked")
+	}
+}
+
+// Concurrent builds of the same steps share the cache safely; the cache
+// bound trims what no build holds.
+func TestConcurrentAndTrim(t *testing.T) {
+	e := newEnv(t, true)
+	spec := imagebuild.Spec{Name: "conc", FromImage: e.ref, Steps: []imagebuild.Step{
+		{Type: "RUN", Args: []string{"echo same > /same", "root"}},
+	}}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	trees := make([]string, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var req template.BuildRequest
+			req, _, errs[i] = e.prepare(context.Background(), spec)
+			trees[i] = req.Tree
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("build %d: %v", i, err)
+		}
+		if got := readTree(t, trees[i], "same"); got != "same" {
+			t.Errorf("build %d: /same = %q", i, got)
+		}
+	}
+	if n := len(e.layers()); n != 1 {
+		t.Errorf("got %d layers, want 1", n)
+	}
+	cfg := e.cfg
+	cfg.MaxCacheBytes = 1
+	small, err := imagebuild.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cleanup, err := small.Prepare(context.Background(), spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanup()
+	if n := len(e.layers()); n != 0 {
+		t.Errorf("got %d layers after a trim to 1 byte, want 0", n)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.dir, "bases")); len(ents) != 0 {
+		t.Errorf("got %d bases after a trim to 1 byte, want 0", len(ents))
+	}
+}
+
+// New over the cache of a build that is still running (as after a crash
+// of the process that ran it) removes its sandbox, mounts and scratch.
+func TestRecoverAfterCrash(t *testing.T) {
+	e := newEnv(t, true)
+	started := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	// Bounded, so a recovery that misses the sandbox fails the test
+	// instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	go func() {
+		_, cleanup, err := e.b.Prepare(ctx, imagebuild.Spec{Name: "crash", FromImage: e.ref, Steps: []imagebuild.Step{
+			{Type: "RUN", Args: []string{"echo started; sleep 600"}},
+		}}, func(l imagebuild.LogEntry) {
+			if l.Message == "started" {
+				once.Do(func() { close(started) })
+			}
+		})
+		if cleanup != nil {
+			cleanup()
+		}
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("build ended before it could crash: %v", err)
+	}
+	if _, err := imagebuild.New(e.cfg); err != nil {
+		t.Fatalf("New over a crashed build: %v", err)
+	}
+	if err := <-done; err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the build whose sandbox was removed: got %v, want it to fail at once", err)
+	}
+	e.noLeftovers()
+	if n := len(e.layers()); n != 0 {
+		t.Errorf("got %d layers, want 0", n)
+	}
+}
+
+// With Config.Network, RUN steps run in the namespace it hands out (with
+// the host's resolv.conf) and release it; without, they have no network.
+func TestRunNetwork(t *testing.T) {
+	e := newEnv(t, true)
+	testenv.NeedCommand(t, "ip", "creates the test's network namespace (iproute2)")
+	name := "agentenv-ibtest-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	var mu sync.Mutex
+	held := 0
+	cfg := e.cfg
+	cfg.Network = func(ctx context.Context) (string, func(), error) {
+		mu.Lock()
+		held++
+		mu.Unlock()
+		return "/run/netns/" + name, func() { mu.Lock(); held--; mu.Unlock() }, nil
+	}
+	b, err := imagebuild.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := imagebuild.Spec{Name: "net", FromImage: e.ref, Steps: []imagebuild.Step{
+		{Type: "RUN", Args: []string{"cat /proc/net/dev > /netdev; cat /etc/resolv.conf > /resolv || true", "root"}},
+	}}
+	req, cleanup, err := b.Prepare(context.Background(), spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	if held != 0 {
+		t.Errorf("%d network namespaces not released", held)
+	}
+	if !strings.Contains(readTree(t, req.Tree, "netdev"), "lo") {
+		t.Errorf("no loopback in the build sandbox: %q", readTree(t, req.Tree, "netdev"))
+	}
+	if host, err := os.ReadFile("/etc/resolv.conf"); err == nil && readTree(t, req.Tree, "resolv") != strings.TrimSpace(string(host)) {
+		t.Errorf("resolv.conf in the sandbox differs from the host's")
+	}
+	if _, err := os.Lstat(filepath.Join(req.Tree, "etc/resolv.conf")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lent resolv.conf stayed in the tree: %v", err)
+	}
+	// Without a network (e.b): no resolv.conf is lent.
+	spec.Steps[0].Args[0] += "; echo >> /resolv"
+	req, _, err = e.prepare(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, req.Tree, "resolv"); got != "" {
+		t.Errorf("without a network, the sandbox saw a resolv.conf: %q", got)
+	}
+}
+
+// A busybox tree (no bash: the template's /bin/bash hands over to sh)
+// runs the same steps.
+func TestFromBusyboxTemplate(t *testing.T) {
+	e := newEnv(t, false)
+	if err := e.store.EnsureBusybox(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	req, lines, err := e.prepare(context.Background(), imagebuild.Spec{Name: "bb", FromTemplate: "busybox", Steps: []imagebuild.Step{
+		{Type: "USER", Args: []string{"worker"}},
+		{Type: "WORKDIR", Args: []string{"/work"}},
+		{Type: "RUN", Args: []string{"id -u > out; pwd >> out"}},
+	}})
+	if err != nil {
+		t.Fatalf("Prepare: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	if got := readTree(t, req.Tree, "work/out"); got != "1001\n/work" {
+		t.Errorf("/work/out = %q, want the new user's uid and the workdir", got)
 	}
 }

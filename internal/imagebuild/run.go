@@ -140,6 +140,7 @@ func (bd *build) run(ctx context.Context, n int, st Step, merged string, ns stat
 		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: nsPath})
 		if _, err := os.Stat("/etc/resolv.conf"); err == nil {
 			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/etc/resolv.conf", Options: []string{"rbind", "ro"}})
+			defer dropMountPoint(merged, "etc/resolv.conf")()
 		}
 	} else {
 		spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
@@ -302,4 +303,24 @@ func (t *lineTail) String() string {
 		b = b[len(b)-outputTail:]
 	}
 	return strings.TrimRight(string(b), "\n")
+}
+
+// dropMountPoint returns a func that removes name from the tree if it was
+// not there before: the empty file gVisor made to mount over, which must
+// not stay in the layer.
+func dropMountPoint(tree, name string) func() {
+	root, err := os.OpenRoot(tree)
+	if err != nil {
+		return func() {}
+	}
+	if _, err := root.Lstat(name); !errors.Is(err, os.ErrNotExist) {
+		root.Close()
+		return func() {}
+	}
+	return func() {
+		defer root.Close()
+		if fi, err := root.Lstat(name); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+			root.Remove(name)
+		}
+	}
 }
