@@ -93,11 +93,18 @@ describe('templates in code through the e2b SDK', { concurrency: false }, () => 
     assert.ok(!cached.logs.some((l) => l.startsWith('CACHED ') && l.includes(' ENV ')), 'the changed ENV step ran again')
     console.log(`template build from ${IMAGE}: cold ${cold.ms} ms, with the RUN and COPY cached ${cached.ms} ms`)
 
-    const sbx2 = await Sandbox.create(alias)
+    // Tags: the build got "default"; another tag names the same build,
+    // and a sandbox starts from alias:tag.
+    const assigned = await Template.assignTags(`${alias}:default`, 'prod')
+    assert.equal(assigned.buildId, cached.info.buildId)
+    assert.deepEqual((await Template.getTags(alias)).map((t) => t.tag).sort(), ['default', 'prod'])
+    const sbx2 = await Sandbox.create(`${alias}:prod`)
     boxes.push(sbx2)
     assert.equal(await run(sbx2, 'echo "$GREETING $MARK"'), 'hello v2', 'the rebuilt template has the changed step')
     assert.equal(await sbx2.files.read('/app/hello.txt'), 'hello from the build context\n')
     await sbx2.kill()
+    await Template.removeTags(alias, 'prod')
+    assert.deepEqual((await Template.getTags(alias)).map((t) => t.tag), ['default'])
   })
 
   test('a RUN step has a network slot with the default egress policy', TS, async () => {
