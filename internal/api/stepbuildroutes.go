@@ -160,8 +160,9 @@ func (s *Server) buildFileUpload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// As the client reached us: directly, or through a proxy ending TLS.
 	scheme := "http"
-	if r.TLS != nil {
+	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
 	u := url.URL{Scheme: scheme, Host: r.Host, Path: "/templates/" + tid + "/files/" + hash,
