@@ -188,6 +188,18 @@ func (e *stepEnv) upload(templateID, hash, content string) {
 	if fu.Present {
 		return
 	}
+	// Behind a proxy that ends TLS, the URL says https.
+	req, _ := http.NewRequest("GET", e.srv.URL+"/templates/"+templateID+"/files/"+hash, nil)
+	req.Header.Set("X-API-Key", "k")
+	req.Header.Set("X-Forwarded-Proto", "https")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		var viaProxy wire.TemplateBuildFileUpload
+		json.NewDecoder(resp.Body).Decode(&viaProxy)
+		resp.Body.Close()
+		if !strings.HasPrefix(viaProxy.URL, "https://") {
+			e.t.Errorf("upload URL behind a TLS proxy = %q, want https", viaProxy.URL)
+		}
+	}
 	if code, body := e.do("PUT", fu.URL, content, nil); code != http.StatusCreated && code != http.StatusOK {
 		e.t.Fatalf("PUT upload: HTTP %d %s", code, body)
 	}
