@@ -46,6 +46,17 @@ var wireSchemas = []struct {
 	{NewVolume{}, "#/paths/~1volumes/post/requestBody/content/application~1json/schema"},
 	{VolumeEntryStat{}, "#/components/schemas/VolumeEntryStat"},
 	{VolumeMetadata{}, "#/paths/~1volumecontent~1{volumeID}~1path/patch/requestBody/content/application~1json/schema"},
+	{TemplateBuildRequestV3{}, "#/components/schemas/TemplateBuildRequestV3"},
+	{TemplateRequestResponseV3{}, "#/components/schemas/TemplateRequestResponseV3"},
+	{TemplateBuildFileUpload{}, "#/components/schemas/TemplateBuildFileUpload"},
+	{TemplateBuildStartV2{}, "#/components/schemas/TemplateBuildStartV2"},
+	{TemplateBuildInfo{}, "#/components/schemas/TemplateBuildInfo"},
+	{TemplateAliasResponse{}, "#/components/schemas/TemplateAliasResponse"},
+	{AssignTemplateTagsRequest{}, "#/components/schemas/AssignTemplateTagsRequest"},
+	{AssignedTemplateTags{}, "#/components/schemas/AssignedTemplateTags"},
+	{DeleteTemplateTagsRequest{}, "#/components/schemas/DeleteTemplateTagsRequest"},
+	{TemplateTag{}, "#/components/schemas/TemplateTag"},
+	{TemplateBuildLogsResponse{}, "#/components/schemas/TemplateBuildLogsResponse"},
 }
 
 // TestWireTypesMatchOpenAPI checks every wire type against its schema:

@@ -43,6 +43,9 @@ type Config struct {
 	// Fleet, if set, serves the node routes (agentenv api); without it
 	// they answer that this server is not a fleet.
 	Fleet Fleet
+	// TemplateBuilds, if set, serves E2B's template-in-code builds
+	// (/v3/templates and the routes after it); without it they answer 503.
+	TemplateBuilds *TemplateBuilds
 	// Domain is what clients put after "<port>-<sandboxID>." to reach a
 	// sandbox port through the proxy.
 	Domain string
@@ -107,6 +110,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /agentenv/templates/{name}/rootfs", s.uploadTemplate)
 	auth("GET /agentenv/nodes", s.listNodes)
 	s.volumeRoutes(mux, auth)
+	s.stepBuildRoutes(mux, auth)
 	mux.HandleFunc("GET /ui", s.uiPage)
 	auth("GET /ui/data", s.uiData)
 	mux.Handle("POST /agentenv/nodes/{name}/{action}", s.operatorOnly(s.nodeAction))

@@ -258,10 +258,12 @@ func (l *Local) BuildTemplate(ctx context.Context, req template.BuildRequest, pr
 	if err := l.TemplateStore.Validate(req); err != nil {
 		return TemplateInfo{}, err
 	}
+	// The template's spares hold it too: they go first (and no new ones
+	// are made until the build ends), so only users' sandboxes refuse it.
+	defer l.Manager.Rebuilding(req.Name)()
 	if err := l.TemplateStore.CanBuild(req.Name); err != nil {
 		return TemplateInfo{}, err
 	}
-	defer l.Manager.Preparing(req.Name)()
 	if _, err := l.TemplateStore.Build(ctx, req, progress); err != nil {
 		return TemplateInfo{}, err
 	}

@@ -43,7 +43,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cr := sandbox.CreateRequest{
-		Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		Template: s.resolveTag(req.TemplateID), Metadata: req.Metadata, EnvVars: req.EnvVars,
 		CPUs: req.CPUCount, MemoryMB: req.MemoryMB,
 		Network:   toNetwork(req.AllowInternetAccess, req.Network),
 		Lifecycle: lifecycle(req),

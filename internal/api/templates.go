@@ -52,6 +52,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if tb := s.cfg.TemplateBuilds; tb != nil {
+		// Its uploaded COPY files and tags go with it.
+		if err := tb.files.remove(r.PathValue("name")); err != nil {
+			s.cfg.Log.Warn("remove a deleted template's build files", "template", r.PathValue("name"), "err", err)
+		}
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -106,6 +106,11 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	domainFlags(cmd, &h.cfg.Domain, &h.cfg.ProxyTLS)
+	sb := &h.cfg.StepBuilds
+	f.StringSliceVar(&sb.RegistryAllow, "registry-allow", nil, "registry hosts (HOST[:PORT], comma-separated) that E2B template builds' fromImage may pull from although they resolve to loopback, private or link-local addresses")
+	f.StringVar(&sb.RegistryMirror, "registry-mirror", "", "registry host (HOST[:PORT]) that E2B template builds pull Docker Hub images through")
+	f.Int64Var(&sb.MaxUploadMB, "max-copy-upload-mb", 2048, "largest archive, in MiB, one copy() step of an E2B template build may upload")
+	f.IntVar(&sb.MaxConcurrent, "max-template-builds", 2, "E2B template builds run at once (more wait)")
 	keys.add(cmd, "it sees and controls every key's sandboxes and snapshots")
 	h.add(cmd)
 	return cmd

@@ -16,8 +16,9 @@ import (
 func TestE2BSDK(t *testing.T) { runSDKTest(t, sharedServer(t), "sdk.test.mjs") }
 
 // runSDKTest runs one tests/e2b/*.test.mjs (by name: `node --test` alone
-// would run them all) with the SDK pointed at e.
-func runSDKTest(t *testing.T, e *env, file string) {
+// would run them all) with the SDK pointed at e, and extra environment
+// (KEY=VALUE) the test needs.
+func runSDKTest(t *testing.T, e *env, file string, extra ...string) {
 	t.Helper()
 	node := testenv.NeedCommand(t, "node", "the e2b SDK test needs Node.js")
 	dir := filepath.Join(testenv.RepoRoot(), "tests", "e2b")
@@ -33,6 +34,7 @@ func runSDKTest(t *testing.T, e *env, file string) {
 		"E2B_API_URL="+e.api, "E2B_SANDBOX_URL="+e.proxy, "E2B_API_KEY="+e.key, "E2B_DEBUG=",
 		// The SDK's volume content client does not read E2B_API_URL.
 		"E2B_VOLUME_API_URL="+e.api)
+	cmd.Env = append(cmd.Env, extra...)
 	out, err := childproc.CombinedOutput(cmd)
 	t.Logf("node --test %s:\n%s", file, out)
 	if err != nil {

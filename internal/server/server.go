@@ -82,6 +82,8 @@ type Config struct {
 	// TemplateOptions are the operator's choices for template builds
 	// (import directory, Debian mirror and keyring, upload limit).
 	TemplateOptions template.Options
+	// StepBuilds are the choices for E2B's template-in-code builds.
+	StepBuilds StepBuilds
 	// OnPersist, if set, is told of every persisted sandbox state (see
 	// sandbox.Deps.OnPersist); a fleet node publishes them.
 	OnPersist func(sandbox.Sandbox)
@@ -301,6 +303,13 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	backend := api.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
 	acfg.Backend, acfg.Domain, acfg.Metrics = backend, front.Domain, reg
+	builds, err := newStepBuilds(cfg, h)
+	if err != nil {
+		return err
+	}
+	// Before the host closes: a build's sandboxes and slots go first.
+	defer builds.Close()
+	acfg.TemplateBuilds = builds
 	apiH := WithMetrics(reg, api.New(acfg).Handler())
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
