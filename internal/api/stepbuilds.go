@@ -240,6 +240,11 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 	}
 	defer func() { <-tb.slots }()
 	unqueue()
+	// A step that never ends (a server, a prompt) must not hold a build
+	// slot for ever.
+	ctx, cancelT := context.WithTimeoutCause(ctx, buildTimeLimit,
+		fmt.Errorf("the build ran longer than %s, this server's limit for one build: make the step that hangs end (no servers or prompts in RUN; start them with setStartCmd)", buildTimeLimit))
+	defer cancelT()
 	b.setStatus(statusBuilding)
 	began := time.Now()
 	from := spec.FromImage
@@ -275,6 +280,9 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 	b.status, b.finished = statusReady, true
 	b.appendLocked(wire.BuildLogEntry{Level: "info", Message: "Build finished, took " + time.Since(began).Round(10*time.Millisecond).String()}, true)
 }
+
+// buildTimeLimit bounds one build, from its slot to ready.
+const buildTimeLimit = time.Hour
 
 // causeOf prefers why ctx was cancelled (a newer build, shutdown) over
 // the error that cancellation caused.

@@ -25,6 +25,10 @@ import (
 // cgroupParent holds build sandboxes' cgroups (when a build sets limits).
 const cgroupParent = "agentenv-build"
 
+// outputFileMax is how large a RUN's output file grows before it is
+// emptied (after being read).
+const outputFileMax = 8 << 20
+
 // outputTail is how much of a RUN's output a StepError keeps.
 const outputTail = 4 << 10
 
@@ -269,6 +273,15 @@ func (bd *build) execute(ctx context.Context, n int, sb *sandbox) (string, error
 			done = nil
 		case <-tick.C:
 			tail.read(in)
+			// The output file is only a conduit (the log and the tail keep
+			// what counts): past outputFileMax it starts again, so a step
+			// printing without end cannot fill the disk. Output written
+			// between the read and the truncation is lost, which only a
+			// step printing megabytes a tick can notice.
+			if pos, err := in.Seek(0, io.SeekCurrent); err == nil && pos > outputFileMax {
+				out.Truncate(0)
+				in.Seek(0, io.SeekStart)
+			}
 		}
 	}
 }
