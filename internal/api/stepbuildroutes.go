@@ -442,13 +442,8 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	alias, tag, err := parseName(req.Target)
-	if err == nil && len(req.Tags) == 0 {
-		err = errdefs.Invalid("tags: give at least one tag to assign")
-	}
-	for _, t := range req.Tags {
-		if err == nil {
-			err = checkTag(t)
-		}
+	if err == nil {
+		err = checkTags(req.Tags, "assign")
 	}
 	var t TemplateInfo
 	if err == nil {
@@ -487,8 +482,8 @@ func (s *Server) deleteTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	alias, _, err := parseName(req.Name)
-	if err == nil && len(req.Tags) == 0 {
-		err = errdefs.Invalid("tags: give at least one tag to delete")
+	if err == nil {
+		err = checkTags(req.Tags, "delete")
 	}
 	if err == nil {
 		err = tb.files.deleteTags(alias, req.Tags)
@@ -539,4 +534,18 @@ func (s *Server) resolveTag(name string) string {
 		return alias
 	}
 	return name
+}
+
+// checkTags checks the tags of a request to verb them: at least one, each
+// a valid tag.
+func checkTags(tags []string, verb string) error {
+	if len(tags) == 0 {
+		return errdefs.Invalid("tags: give at least one tag to %s", verb)
+	}
+	for _, t := range tags {
+		if err := checkTag(t); err != nil {
+			return err
+		}
+	}
+	return nil
 }
