@@ -38,18 +38,18 @@ func init() {
 			return
 		}
 	}
-	early = open()
+	early = open(Port)
 }
 
-// open listens on 0.0.0.0:Port with raw system calls (package net would
+// open listens on 0.0.0.0:port with raw system calls (package net would
 // pull in its own initialization); nil on any failure.
-func open() *os.File {
+func open(port int) *os.File {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil
 	}
 	if syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) != nil ||
-		syscall.Bind(fd, &syscall.SockaddrInet4{Port: Port}) != nil ||
+		syscall.Bind(fd, &syscall.SockaddrInet4{Port: port}) != nil ||
 		syscall.Listen(fd, syscall.SOMAXCONN) != nil {
 		syscall.Close(fd)
 		return nil
