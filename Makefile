@@ -9,7 +9,7 @@ setup:
 	@scripts/setup.sh
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/envd ./cmd/envd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/envd ./cmd/envd
 	$(GO) build -o bin/agentenv ./cmd/agentenv
 
 # Set up, start the server, build the Debian demo template if absent,

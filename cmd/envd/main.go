@@ -11,10 +11,13 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envd/listener"
 )
 
+var defaultAddr = fmt.Sprintf("0.0.0.0:%d", envd.Port)
+
 func main() {
-	addr := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", envd.Port), "address to serve on")
+	addr := flag.String("listen", defaultAddr, "address to serve on")
 	maxUpload := flag.Int64("max-upload", 1<<30, "largest POST /files body in bytes")
 	version := flag.Bool("version", false, "print the version and exit")
 	user := flag.String("user", "", "default user of commands and file operations (default \"user\")")
@@ -37,7 +40,7 @@ func main() {
 		}
 	}
 	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir, ChangesRoot: *changesRoot})
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := listen(*addr, listener.Take())
 	if err != nil {
 		log.Fatalf("envd: %v", err)
 	}
@@ -46,4 +49,16 @@ func main() {
 	hs.Protocols.SetUnencryptedHTTP2(true)
 	log.Printf("envd %s serving on %s", envd.Version, ln.Addr())
 	log.Fatal(hs.Serve(ln))
+}
+
+// listen returns the socket the listener package opened at start when addr
+// is the default, else a new one on addr.
+func listen(addr string, early *os.File) (net.Listener, error) {
+	if early != nil {
+		defer early.Close()
+		if addr == defaultAddr {
+			return net.FileListener(early)
+		}
+	}
+	return net.Listen("tcp", addr)
 }

@@ -11,6 +11,7 @@
 package envdclient
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -56,6 +57,7 @@ type Client struct {
 	// long serves streams (files, commands): no overall timeout, the
 	// caller's context bounds them.
 	long *http.Client
+	dial DialFunc
 	log  *slog.Logger
 }
 
@@ -72,37 +74,31 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 	return &Client{
 		short: &http.Client{Timeout: 2 * time.Second, Transport: tr},
 		long:  &http.Client{Transport: tr},
+		dial:  dial,
 		log:   log,
 	}
 }
 
-// Wait polls envd's /health until it answers 2xx, or ctx ends; the error
-// then carries the last failure.
+// Wait returns once envd's /health answers 2xx, or ctx ends; the error
+// then carries the last failure. A refused connection (envd not listening
+// yet) is tried again after a short delay; an accepted one waits for the
+// answer: envd listens before its slow start-up (internal/envd/listener), so
+// the sandbox's network stack holds the connection until envd serves.
 func (c *Client) Wait(ctx context.Context, t Target) error {
-	u := t.url("/health")
 	delay := time.Millisecond
-	// Each attempt gets a short deadline that grows: a SYN that reaches a
+	// Each connect gets a short deadline that grows: a SYN that reaches a
 	// sandbox still finishing its start (or restore) is dropped, and the
 	// kernel would retry it only after a full second.
-	attempt := 50 * time.Millisecond
+	dialFor := 50 * time.Millisecond
 	var last error
 	for {
-		actx, acancel := context.WithTimeout(ctx, attempt)
-		req, _ := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
-		resp, err := c.short.Do(req)
-		acancel()
-		if err != nil {
-			c.log.Debug("envd not answering yet", "addr", t.Addr, "attempt", attempt, "err", err)
-		}
-		if attempt < 2*time.Second {
-			attempt *= 2
-		}
+		err := c.health(ctx, t, dialFor)
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return nil
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
+			return nil
+		}
+		c.log.Debug("envd not answering yet", "addr", t.Addr, "attempt", dialFor, "err", err)
+		if dialFor < 2*time.Second {
+			dialFor *= 2
 		}
 		last = err
 		select {
@@ -114,6 +110,44 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 			delay *= 2
 		}
 	}
+}
+
+// healthAnswerTimeout bounds the wait for /health's answer on an accepted
+// connection: envd's start inside gVisor takes tens of ms, longer on a
+// loaded host.
+const healthAnswerTimeout = 2 * time.Second
+
+// health asks envd's /health once on a new connection (dialled within
+// dialFor), waiting up to healthAnswerTimeout for the answer.
+func (c *Client) health(ctx context.Context, t Target, dialFor time.Duration) error {
+	dctx, cancel := context.WithTimeout(ctx, dialFor)
+	conn, err := c.dial(dctx, "tcp", t.Addr)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(healthAnswerTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	req, _ := http.NewRequest(http.MethodGet, t.url("/health"), nil)
+	req.Close = true
+	if err := req.Write(conn); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }
 
 // Init gives envd a new access token and environment variables (a

@@ -2,9 +2,11 @@ package envdclient_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,5 +51,37 @@ func TestInitRekeys(t *testing.T) {
 	}
 	if _, err := c.Changes(ctx, old, time.Now()); err == nil || !strings.Contains(err.Error(), "HTTP 401") {
 		t.Errorf("Changes with the old token: got %v, want HTTP 401", err)
+	}
+}
+
+// TestWaitHoldsAcceptedConnection: an envd that listens before it serves
+// (its start-up runs after the listen) is waited for on the connection the
+// network stack accepted, not polled again with new connections.
+func TestWaitHoldsAcceptedConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns atomic.Int32
+	go func() {
+		// Nothing accepts for longer than Wait's first connect deadline.
+		time.Sleep(300 * time.Millisecond)
+		srv := &http.Server{
+			Handler: envd.New(envd.Config{}).Handler(),
+			ConnState: func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					conns.Add(1)
+				}
+			},
+		}
+		srv.Serve(ln)
+	}()
+	c := envdclient.New(nil, nil)
+	if err := c.Wait(context.Background(), envdclient.Target{Addr: ln.Addr().String()}); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("Wait made %d connections, want 1 (the first, held until envd served)", n)
 	}
 }
