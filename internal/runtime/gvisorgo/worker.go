@@ -38,7 +38,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"runtime/pprof"
 	"sync"
 	"time"
@@ -62,10 +61,6 @@ const workerEnv = "AGENTENV_GVISOR_WORKER"
 // workerFD is the worker's end of the socketpair (ExtraFiles[0]).
 const workerFD = 3
 
-// workerGCPercent is a worker's GOGC: its heap may grow to 9x what is live
-// (tens of MiB) before a collection.
-const workerGCPercent = 800
-
 // WorkerMain makes this process a worker of the gvisorgo runtime if it was
 // started as one (os.Args[1] == WorkerCommand): it serves the runtime that
 // started it and exits. Otherwise it returns at once. Call it first thing in
@@ -82,12 +77,6 @@ func WorkerMain() {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	// A worker's live heap is a few MiB and each create or restore
-	// allocates about as much again (runsc's flag set, the spec, netlink
-	// tables), so at the default GOGC every request paid for a GC cycle and
-	// for faulting the scavenged heap back in. Set here, not through the
-	// environment: sandbox processes inherit the worker's environment.
-	debug.SetGCPercent(workerGCPercent)
 	if err := serveWorker(); err != nil {
 		fmt.Fprintf(os.Stderr, "gvisor worker: %v\n", err)
 		os.Exit(1)
