@@ -1,0 +1,89 @@
+package runscbuild
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
+)
+
+// TestPatchedCheckpointRestore checks patches 0003 and 0004 (patches/gvisor)
+// on the installed runsc, through the CLI with debug logs:
+//   - 0004: a sandbox no longer registers seccheck's points at start, yet a
+//     trace session can still be created in it (that is when the points are
+//     registered now), and listed;
+//   - 0003: a checkpoint and a restore run their pages-file I/O with
+//     GOMAXPROCS raised by at most max(8, NumCPU), not by 128, and the
+//     restored sandbox runs.
+func TestPatchedCheckpointRestore(t *testing.T) {
+	runsc := testenv.NeedRunsc(t)
+	testenv.NeedCommand(t, "mkfs.erofs", "EROFS root images (package erofs-utils)")
+	s := startSandbox(t, runsc, busyboxImage(t))
+	root := filepath.Join(filepath.Dir(filepath.Clean(s.logDir)), "root")
+	global := globalArgs(t, root)
+	// run is for calls that start no sandbox process (they would keep the
+	// output pipe open).
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(runsc, append(global, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("runsc %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+
+	if log := readLog(t, s.logDir, "boot.txt"); regexp.MustCompile(`seccheck initialized`).MatchString(log) {
+		t.Errorf("the sandbox registered seccheck's points at start (patch 0004 missing: run `make setup`)")
+	}
+	conf := filepath.Join(t.TempDir(), "trace.json")
+	if err := os.WriteFile(conf, []byte(`{"trace_session": {"name": "Default",
+		"points": [{"name": "syscall/openat/enter"}], "sinks": []}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run("trace", "create", "--config", conf, s.id)
+	if out := run("trace", "list", s.id); !regexp.MustCompile(`Default`).MatchString(out) {
+		t.Errorf("runsc trace list after create: %q, want the session Default", out)
+	}
+
+	img := filepath.Join(t.TempDir(), "image")
+	run("checkpoint", "--leave-running", "--image-path", img, s.id)
+	if _, err := os.Stat(filepath.Join(img, "pages.img")); err != nil {
+		t.Fatalf("the checkpoint has no pages file (%v): nothing to check", err)
+	}
+	restored := s.id + "r"
+	restoreLogs := filepath.Join(t.TempDir(), "logs") + "/"
+	t.Cleanup(func() { exec.Command(runsc, "--root", root, "delete", "--force", restored).Run() })
+	bundle := filepath.Join(filepath.Dir(filepath.Clean(s.logDir)), "bundle")
+	// The sandbox inherits the CLI's stdio: a file, never a pipe we wait on.
+	console, err := os.Create(filepath.Join(t.TempDir(), "console.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer console.Close()
+	cmd := exec.Command(runsc, append(append(global, "--debug", "--debug-log", restoreLogs),
+		"restore", "--detach", "--bundle", bundle, "--image-path", img, restored)...)
+	cmd.Stdout, cmd.Stderr = console, console
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(console.Name())
+		t.Fatalf("runsc restore: %v\n%s", err, out)
+	}
+	run("exec", restored, "/bin/true")
+
+	limit := runtime.NumCPU() + max(8, runtime.NumCPU())
+	for _, l := range []struct{ what, dir string }{{"checkpoint", s.logDir}, {"restore", restoreLogs}} {
+		most := 0
+		for _, m := range regexp.MustCompile(`Setting GOMAXPROCS to (\d+)`).FindAllStringSubmatch(readLog(t, l.dir, "boot.txt"), -1) {
+			n, _ := strconv.Atoi(m[1])
+			most = max(most, n)
+		}
+		t.Logf("%s: GOMAXPROCS at most %d (limit %d)", l.what, most, limit)
+		if most > limit {
+			t.Errorf("during the %s the sandbox ran with GOMAXPROCS %d, want at most %d (patch 0003 missing: run `make setup`)", l.what, most, limit)
+		}
+	}
+}
