@@ -244,11 +244,16 @@ func (b *boot) record(diskMB int) Sandbox {
 // acquireTemplate takes the template's image; the sandbox holds it for its
 // life unless it holds it already (a reboot), then only for the boot.
 func (b *boot) acquireTemplate(ctx context.Context) error {
-	image, release, err := b.m.d.Templates.Acquire(b.sb.Template)
+	want := ""
+	if b.snap != nil {
+		// A restore runs on the image its snapshot was taken on.
+		want = b.snap.ImageID
+	}
+	image, id, release, err := b.m.d.Templates.AcquireImage(b.sb.Template, want)
 	if err != nil {
 		return err
 	}
-	b.image = image
+	b.image, b.sb.ImageID = image, id
 	if b.holds("template") {
 		b.after = append(b.after, release)
 	} else {
@@ -314,6 +319,11 @@ func (b *boot) takeWarm(ctx context.Context) error {
 	m := b.m
 	if len(b.sb.Volumes) > 0 {
 		// A warm container was prepared without them.
+		return nil
+	}
+	if t, err := m.d.Templates.Get(b.sb.Template); err != nil || t.ImageID != b.sb.ImageID {
+		// A snapshot of an image the template has left: warm containers
+		// are prepared on its current one.
 		return nil
 	}
 	w := m.takeWarm(b.sb.Template, b.sb.CPUs, b.sb.MemoryMB, m.d.Limits.pids(b.sb.Nproc), b.sb.DiskMB)

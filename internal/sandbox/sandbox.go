@@ -112,8 +112,11 @@ func (sb Sandbox) wakesOnTraffic() bool {
 
 // Sandbox is the persisted record of one sandbox.
 type Sandbox struct {
-	ID       string            `json:"sandboxID"`
-	Template string            `json:"templateID"`
+	ID       string `json:"sandboxID"`
+	Template string `json:"templateID"`
+	// ImageID is the template image the sandbox booted from (or was
+	// restored on): its snapshots record it, to restore on that image.
+	ImageID  string            `json:"imageID,omitempty"`
 	State    State             `json:"state"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	EnvVars  map[string]string `json:"envVars,omitempty"`

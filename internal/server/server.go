@@ -202,6 +202,16 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
 	disk = sandbox.NewDisk(budget, templates.DiskBytes, snaps.StoredBytes)
+	// A template's image that snapshots were taken on outlives its
+	// replacement (rebuild, new envd) while they exist.
+	templates.SetRetain(func(name, imageID string) bool {
+		for _, sn := range snaps.ListAll() {
+			if sn.Template == name && sn.ImageID == imageID {
+				return true
+			}
+		}
+		return false
+	})
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
 		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, Disk: disk, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,
@@ -241,7 +251,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	go collectSnapshots(bg, snaps, cfg.SnapshotPolicy, log)
+	go collectSnapshots(bg, snaps, templates, cfg.SnapshotPolicy, log)
 	// Make every template ready in the background; until a template is
 	// ready, its sandboxes boot.
 	go func() {
@@ -358,12 +368,16 @@ func findEnvd(flag string) (string, error) {
 }
 
 // collectSnapshots applies the snapshot retention policy every minute.
-func collectSnapshots(ctx context.Context, s *snapshot.Store, p snapshot.Policy, log *slog.Logger) {
+func collectSnapshots(ctx context.Context, s *snapshot.Store, templates *template.Store, p snapshot.Policy, log *slog.Logger) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
 		if ids := s.GC(p); len(ids) > 0 {
 			log.Info("garbage-collected snapshots", "snapshots", ids)
+		}
+		// Template images kept for snapshots that are gone now.
+		if n := templates.SweepRetired(); n > 0 {
+			log.Info("removed template images no snapshot needs", "images", n)
 		}
 		select {
 		case <-ctx.Done():

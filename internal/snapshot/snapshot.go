@@ -26,15 +26,19 @@ import (
 
 // Snapshot is one stored snapshot.
 type Snapshot struct {
-	ID        string            `json:"snapshotID"`
-	Name      string            `json:"name,omitempty"`
-	Metadata  map[string]string `json:"metadata,omitempty"`
-	Template  string            `json:"templateID"`
-	Parent    string            `json:"parentSnapshotID,omitempty"`
-	Sandbox   string            `json:"sandboxID"`
-	Runtime   string            `json:"runtimeVersion"`
-	Size      int64             `json:"sizeBytes"`
-	CreatedAt time.Time         `json:"createdAt"`
+	ID       string            `json:"snapshotID"`
+	Name     string            `json:"name,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Template string            `json:"templateID"`
+	// ImageID is the template image the sandbox ran on; a restore needs
+	// that image (template.Store.AcquireImage). Empty: an older snapshot,
+	// restored on the template's current image.
+	ImageID   string    `json:"imageID,omitempty"`
+	Parent    string    `json:"parentSnapshotID,omitempty"`
+	Sandbox   string    `json:"sandboxID"`
+	Runtime   string    `json:"runtimeVersion"`
+	Size      int64     `json:"sizeBytes"`
+	CreatedAt time.Time `json:"createdAt"`
 	// Internal snapshots (made for a fork) are not listed.
 	Internal bool `json:"internal,omitempty"`
 	// Owner is the name of the API key whose sandbox it was taken of

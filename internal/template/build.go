@@ -107,6 +107,9 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	}
 	defer os.RemoveAll(old)
 	prev := filepath.Join(old, "t")
+	s.mu.Lock()
+	_, rebuilt := s.templates[req.Name]
+	s.mu.Unlock()
 	if err := os.Rename(final, prev); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Template{}, err
 	}
@@ -118,6 +121,11 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	s.templates[t.Name] = &t
 	s.bytes[t.Name] = size
 	s.mu.Unlock()
+	if rebuilt {
+		// The image left, unless a snapshot needs it; and others kept
+		// for snapshots deleted since.
+		s.SweepRetired()
+	}
 	progress(Progress{Phase: "done", Percent: 100, Message: fmt.Sprintf("image %d MiB", t.ImageSize>>20)})
 	return t, nil
 }
@@ -292,6 +300,12 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 		return err
 	}
 	t.ImageSize = st.Size()
+	if t.ImageID, err = fileHash(image); err != nil {
+		return err
+	}
+	if err := s.linkImage(name, dir, t.ImageID); err != nil {
+		return err
+	}
 	t.EnvdHash = s.envdHash
 	b, _ := json.MarshalIndent(t, "", "  ")
 	return os.WriteFile(filepath.Join(dir, "template.json"), b, 0o644)

@@ -32,6 +32,10 @@ type Template struct {
 	CreatedAt time.Time `json:"createdAt"`
 	ImageSize int64     `json:"imageSize"`
 	EnvdHash  string    `json:"envdHash"`
+	// ImageID names the template's image by its bytes (a digest): what a
+	// snapshot of its sandboxes was taken on (images.go). Empty for images
+	// made before IDs.
+	ImageID string `json:"imageID,omitempty"`
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
@@ -160,6 +164,10 @@ type Store struct {
 	// in progress have charged (see buildBytes).
 	bytes   map[string]int64
 	pending int64
+	// retain says whether a snapshot needs a template's image (images.go);
+	// retired is the disk the kept images take.
+	retain  func(template, imageID string) bool
+	retired int64
 }
 
 // Open loads the templates stored under dir with the default Options (no
@@ -215,6 +223,9 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		if !e.IsDir() {
 			continue
 		}
+		if e.Name() == retiredDir {
+			continue
+		}
 		if !nameRE.MatchString(e.Name()) {
 			// A build that died half-way (".build-*", ".old-*"): remove it.
 			os.RemoveAll(filepath.Join(dir, e.Name()))
@@ -233,6 +244,7 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		s.templates[t.Name] = &t
 		s.bytes[t.Name] = DiskUsage(filepath.Join(dir, e.Name()))
 	}
+	s.retired = s.retiredBytes()
 	return s, nil
 }
 
@@ -249,7 +261,7 @@ func (s *Store) storedLocked() int64 {
 	for _, b := range s.bytes {
 		n += b
 	}
-	return n
+	return n + s.retired
 }
 
 // ImagePath is the EROFS image of a template.
@@ -361,6 +373,7 @@ func (s *Store) RefreshEnvd(ctx context.Context) error {
 		s.bytes[t.Name] = n
 		s.mu.Unlock()
 	}
+	s.SweepRetired()
 	return nil
 }
 
