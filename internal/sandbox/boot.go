@@ -244,12 +244,23 @@ func (b *boot) record(diskMB int) Sandbox {
 // acquireTemplate takes the template's image; the sandbox holds it for its
 // life unless it holds it already (a reboot), then only for the boot.
 func (b *boot) acquireTemplate(ctx context.Context) error {
-	want := ""
-	if b.snap != nil {
-		// A restore runs on the image its snapshot was taken on.
-		want = b.snap.ImageID
+	var image, id string
+	var release func()
+	var err error
+	if b.snap != nil && b.snap.ImageID == "" {
+		// A snapshot from before image IDs: it restores only at the path
+		// it was taken on, the template's image.erofs (and only while the
+		// template keeps those bytes).
+		image, release, err = b.m.d.Templates.Acquire(b.sb.Template)
+	} else {
+		// A restore runs on the image its snapshot was taken on; a boot
+		// on the template's current one.
+		want := ""
+		if b.snap != nil {
+			want = b.snap.ImageID
+		}
+		image, id, release, err = b.m.d.Templates.AcquireImage(b.sb.Template, want)
 	}
-	image, id, release, err := b.m.d.Templates.AcquireImage(b.sb.Template, want)
 	if err != nil {
 		return err
 	}
