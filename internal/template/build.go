@@ -96,6 +96,14 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
+	// finish linked the new image by its ID (images.go): a build that
+	// fails from here leaves that link to the sweep.
+	done := false
+	defer func() {
+		if !done {
+			s.SweepRetired()
+		}
+	}()
 	size := DiskUsage(staging)
 
 	final := filepath.Join(s.dir, req.Name)
@@ -121,6 +129,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	s.templates[t.Name] = &t
 	s.bytes[t.Name] = size
 	s.mu.Unlock()
+	done = true
 	if rebuilt {
 		// The image left, unless a snapshot needs it; and others kept
 		// for snapshots deleted since.
