@@ -70,12 +70,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u, _ := url.Parse(c.base)
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
 	c.auth.Sign(r)
+	serveUntilLost(w, r, c.gone(), p.rp)
+}
+
+// serveUntilLost serves r through h, full duplex (an upload streams
+// through while the answer may start: docs/traps.md), and ends it when
+// gone closes: a request to a node that is lost ends then, not when a
+// dead link times out.
+func serveUntilLost(w http.ResponseWriter, r *http.Request, gone <-chan struct{}, h http.Handler) {
 	http.NewResponseController(w).EnableFullDuplex()
-	// A request to a node that is lost ends then, not when a dead link
-	// times out.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	gone := c.gone()
 	go func() {
 		select {
 		case <-gone:
@@ -83,7 +88,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	h.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // errNodeLost is why a proxied request ended when its node was lost.

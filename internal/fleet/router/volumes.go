@@ -211,20 +211,7 @@ func (r *Remote) VolumeContent(w http.ResponseWriter, req *http.Request, id stri
 			api.WriteContentError(w, errdefs.Unavailable("volume '%s': its node %s did not answer: %v", rec.Name, rec.Node, err))
 		},
 	}
-	// A file upload streams through while the answer may start: see
-	// docs/traps.md (Go's HTTP/1 server and full duplex).
-	http.NewResponseController(w).EnableFullDuplex()
-	ctx, cancel := context.WithCancelCause(req.Context())
-	defer cancel(nil)
-	gone := c.gone()
-	go func() {
-		select {
-		case <-gone:
-			cancel(errNodeLost)
-		case <-ctx.Done():
-		}
-	}()
-	rp.ServeHTTP(w, req.WithContext(ctx))
+	serveUntilLost(w, req, c.gone(), rp)
 }
 
 // volumesNode returns the node every volume of a create lives on: they
