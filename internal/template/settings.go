@@ -118,15 +118,12 @@ func applyDefaults(root *os.Root, d *Defaults) error {
 // resolveUser finds spec ("user[:group]", name or uid) in /etc/passwd.
 func resolveUser(root *os.Root, spec string) (string, error) {
 	u, group, _ := strings.Cut(spec, ":")
-	b, err := root.ReadFile("etc/passwd")
+	found, ok, err := LookupUser(root, u)
 	if err != nil {
-		return "", fmt.Errorf("read /etc/passwd: %w", err)
+		return "", err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Split(line, ":")
-		if len(f) >= 4 && (f[0] == u || f[2] == u) {
-			return f[0], nil
-		}
+	if ok {
+		return found.Name, nil
 	}
 	uid, err := strconv.ParseUint(u, 10, 32)
 	if err != nil {
