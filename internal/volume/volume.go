@@ -391,15 +391,18 @@ func (s *Store) sign(msg string) string {
 func (s *Store) CheckToken(id, tok string) error {
 	body, sig, ok := strings.Cut(strings.TrimPrefix(tok, "vt_"), ".")
 	raw, err := base64.RawURLEncoding.DecodeString(body)
+	vid, expS, _ := strings.Cut(string(raw), ".")
+	if ok && err == nil && strings.HasPrefix(tok, "vt_") && idRE.MatchString(vid) && vid != id {
+		// Said before the signature is checked, so the answer is the same
+		// wherever the other volume lives (in a fleet, another node signed
+		// it); the token is refused either way.
+		return fmt.Errorf("the token is for another volume: %w", errdefs.ErrUnauthenticated)
+	}
 	if !ok || err != nil || !strings.HasPrefix(tok, "vt_") || !hmac.Equal([]byte(sig), []byte(s.sign(string(raw)))) {
 		return fmt.Errorf("not a valid token for volume %s: send the token GET /volumes/{id} returns as 'Authorization: Bearer <token>': %w", id, errdefs.ErrUnauthenticated)
 	}
-	vid, expS, _ := strings.Cut(string(raw), ".")
 	var exp int64
 	fmt.Sscan(expS, &exp)
-	if vid != id {
-		return fmt.Errorf("the token is for another volume: %w", errdefs.ErrUnauthenticated)
-	}
 	if time.Now().Unix() > exp {
 		return fmt.Errorf("the volume token expired: get a new one with GET /volumes/%s: %w", id, errdefs.ErrUnauthenticated)
 	}

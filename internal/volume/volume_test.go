@@ -214,3 +214,23 @@ func TestVolumeContent(t *testing.T) {
 	_, err = s.Stat(id, "/dir/sub/f.txt")
 	wantClass(t, err, errdefs.ErrNotFound, "a removed file")
 }
+
+// TestTokenOfAnotherStoresVolume checks that a token another store signed
+// (a volume on another node of a fleet) is refused with the same words as
+// one for another volume of this store.
+func TestTokenOfAnotherStoresVolume(t *testing.T) {
+	a, b := open(t, t.TempDir(), nil), open(t, t.TempDir(), nil)
+	va, err := a.Create("alice", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb, err := b.Create("alice", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.CheckToken(va.ID, b.Token(vb.ID))
+	wantClass(t, err, errdefs.ErrUnauthenticated, "another store's token")
+	if !strings.Contains(err.Error(), "another volume") {
+		t.Errorf("another store's token for its own volume: %v, want 'the token is for another volume'", err)
+	}
+}
