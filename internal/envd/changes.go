@@ -56,6 +56,10 @@ type tree struct {
 		rel string
 		fd  int
 	}
+	// touched holds, while a restore writes, the mtime each directory it
+	// writes into had before: a file replaced in /etc leaves /etc's time
+	// as the paused sandbox had it (unchanged, so not in the archive).
+	touched map[string]unix.Timespec
 }
 
 type mountPoint struct {

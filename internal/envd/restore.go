@@ -27,6 +27,7 @@ func (t *tree) restore(r io.Reader) error {
 	}); err != nil {
 		return err
 	}
+	t.touched = map[string]unix.Timespec{}
 	tr := tar.NewReader(r)
 	var kept map[string]bool
 	files := map[string]bool{} // regular files extracted: what a hard link may name
@@ -79,6 +80,9 @@ func (t *tree) restore(r io.Reader) error {
 		}
 	}
 	t.forgetParent()
+	if err := t.putBackTouched(); err != nil {
+		return err
+	}
 	for _, d := range dirs {
 		if err := t.atParent(d.rel, func(pfd int, base string) error {
 			return setTimes(pfd, base, d.mtime)
@@ -313,8 +317,39 @@ func (t *tree) atParent(rel string, fn func(pfd int, base string) error) error {
 		}
 		t.forgetParent()
 		t.parent.rel, t.parent.fd = dir, fd
+		if _, seen := t.touched[dir]; t.touched != nil && !seen {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				return err
+			}
+			t.touched[dir] = st.Mtim
+		}
 	}
 	return fn(t.parent.fd, base)
+}
+
+// putBackTouched gives every directory the restore wrote into the mtime
+// it had before, and stops recording; the archive's own directories get
+// theirs after this.
+func (t *tree) putBackTouched() error {
+	touched := t.touched
+	t.touched = nil
+	for rel, mtime := range touched {
+		fd, err := t.openDir(rel)
+		if gone(err) {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "open", Path: "/" + rel, Err: err}
+		}
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mtime}
+		err = unix.UtimesNanoAt(fd, ".", ts, 0)
+		unix.Close(fd)
+		if err != nil {
+			return &os.PathError{Op: "set times of", Path: "/" + rel, Err: err}
+		}
+	}
+	return nil
 }
 
 // atOther is atParent without the cache (used while atParent's directory
