@@ -12,8 +12,12 @@ import (
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
-// TestPatchedCheckpointRestore checks patches 0003 and 0004 (patches/gvisor)
-// on the installed runsc, through the CLI with debug logs:
+// TestPatchedCheckpointRestore checks patches 0003, 0004 and 0005
+// (patches/gvisor) on the installed runsc, through the CLI with debug logs:
+//   - 0005: the sandbox process forks its /proc umounter (no second runsc),
+//     and it did its work: the sandbox started (the sentry checks that
+//     /proc is gone before it installs its seccomp filters) and its
+//     restore too;
 //   - 0004: a sandbox no longer registers seccheck's points at start, yet a
 //     trace session can still be created in it (that is when the points are
 //     registered now), and listed;
@@ -37,8 +41,12 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 		return string(out)
 	}
 
-	if log := readLog(t, s.logDir, "boot.txt"); regexp.MustCompile(`seccheck initialized`).MatchString(log) {
+	boot := readLog(t, s.logDir, "boot.txt")
+	if regexp.MustCompile(`seccheck initialized`).MatchString(boot) {
 		t.Errorf("the sandbox registered seccheck's points at start (patch 0004 missing: run `make setup`)")
+	}
+	if !regexp.MustCompile(`proc umounter forked \(PID \d+\)`).MatchString(boot) {
+		t.Errorf("the sandbox did not fork its /proc umounter (patch 0005 missing: run `make setup`)")
 	}
 	conf := filepath.Join(t.TempDir(), "trace.json")
 	if err := os.WriteFile(conf, []byte(`{"trace_session": {"name": "Default",
@@ -73,6 +81,10 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 		t.Fatalf("runsc restore: %v\n%s", err, out)
 	}
 	run("exec", restored, "/bin/true")
+
+	if !regexp.MustCompile(`proc umounter forked`).MatchString(readLog(t, restoreLogs, "boot.txt")) {
+		t.Errorf("the restored sandbox did not fork its /proc umounter (patch 0005 missing)")
+	}
 
 	limit := runtime.NumCPU() + max(8, runtime.NumCPU())
 	for _, l := range []struct{ what, dir string }{{"checkpoint", s.logDir}, {"restore", restoreLogs}} {
