@@ -12,8 +12,10 @@ import (
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
-// TestPatchedCheckpointRestore checks patches 0003, 0004 and 0005
-// (patches/gvisor) on the installed runsc, through the CLI with debug logs:
+// TestPatchedCheckpointRestore checks patches 0003 to 0006 (patches/gvisor)
+// on the installed runsc, through the CLI with debug logs:
+//   - 0006: GOGC is put back to the default once the kernel has started,
+//     after a create and after a restore;
 //   - 0005: the sandbox process forks its /proc umounter (no second runsc),
 //     and it did its work: the sandbox started (the sentry checks that
 //     /proc is gone before it installs its seccomp filters) and its
@@ -47,6 +49,10 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 	}
 	if !regexp.MustCompile(`proc umounter forked \(PID \d+\)`).MatchString(boot) {
 		t.Errorf("the sandbox did not fork its /proc umounter (patch 0005 missing: run `make setup`)")
+	}
+	gcBack := regexp.MustCompile(`GOGC back to 100 after the start`)
+	if !gcBack.MatchString(boot) {
+		t.Errorf("the sandbox did not put GOGC back after its start (patch 0006 missing: run `make setup`)")
 	}
 	conf := filepath.Join(t.TempDir(), "trace.json")
 	if err := os.WriteFile(conf, []byte(`{"trace_session": {"name": "Default",
@@ -82,8 +88,12 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 	}
 	run("exec", restored, "/bin/true")
 
-	if !regexp.MustCompile(`proc umounter forked`).MatchString(readLog(t, restoreLogs, "boot.txt")) {
+	restoreBoot := readLog(t, restoreLogs, "boot.txt")
+	if !regexp.MustCompile(`proc umounter forked`).MatchString(restoreBoot) {
 		t.Errorf("the restored sandbox did not fork its /proc umounter (patch 0005 missing)")
+	}
+	if !gcBack.MatchString(restoreBoot) {
+		t.Errorf("the restored sandbox did not put GOGC back after the restore (patch 0006 missing)")
 	}
 
 	limit := runtime.NumCPU() + max(8, runtime.NumCPU())
