@@ -80,7 +80,9 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 }
 
 // Wait returns once envd's /health answers 2xx, or ctx ends; the error
-// then carries the last failure. A refused connection (envd not listening
+// then carries the last failure, the first, and how many attempts failed
+// (a refusal at first and a timeout at the end tell envd started and then
+// stopped answering from a timeout all along). A refused connection (envd not listening
 // yet) is tried again after a short delay; an accepted one waits for the
 // answer: envd listens before its slow start-up (internal/envd/listener), so
 // the sandbox's network stack holds the connection until envd serves.
@@ -90,7 +92,8 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 	// sandbox still finishing its start (or restore) is dropped, and the
 	// kernel would retry it only after a full second.
 	dialFor := 50 * time.Millisecond
-	var last error
+	var first, last error
+	failed := 0
 	for {
 		err := c.health(ctx, t, dialFor)
 		if err == nil {
@@ -100,10 +103,13 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 		if dialFor < 2*time.Second {
 			dialFor *= 2
 		}
+		if failed++; first == nil {
+			first = err
+		}
 		last = err
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("last error: %v", last)
+			return fmt.Errorf("last error: %v (%d attempts failed; the first: %v)", last, failed, first)
 		case <-time.After(delay):
 		}
 		if delay < 20*time.Millisecond {

@@ -33,8 +33,8 @@ func TestWait(t *testing.T) {
 	down.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if err := c.Wait(ctx, envdclient.Target{Addr: addr}); err == nil || !strings.Contains(err.Error(), "last error") {
-		t.Errorf("Wait on nothing: got %v, want an error with the last failure", err)
+	if err := c.Wait(ctx, envdclient.Target{Addr: addr}); err == nil || !strings.Contains(err.Error(), "last error") || !strings.Contains(err.Error(), "attempts failed; the first: ") {
+		t.Errorf("Wait on nothing: got %v, want an error with the last and first failures", err)
 	}
 }
 
