@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Required reports whether missing requirements must fail tests.
@@ -169,5 +171,33 @@ func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
 	}
 	if err := os.Chtimes(dst, st.ModTime(), st.ModTime()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// servingLine is the line `agentenv serve` logs once its listeners accept
+// (server.Front.Serve, slog's text format).
+var servingLine = regexp.MustCompile(`msg="agentenv serving" api=(\S+) proxy=(\S+)`)
+
+// ServeAddrs waits until the log at logPath, read from offset from, has
+// the line of an `agentenv serve` started with `--listen 127.0.0.1:0
+// --proxy-listen 127.0.0.1:0`, and returns the API's and the proxy's
+// addresses. Tests start servers on port 0 and read the ports back: a port
+// found free and closed before the server binds it can be taken by
+// another test meanwhile (the server binds after preparing its host,
+// seconds later).
+func ServeAddrs(t testing.TB, logPath string, from int64, timeout time.Duration) (api, proxy string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) > from {
+			if m := servingLine.FindSubmatch(b[from:]); m != nil {
+				return string(m[1]), string(m[2])
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("agentenv serve did not serve within %s; log:\n%s", timeout, b)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
