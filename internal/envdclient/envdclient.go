@@ -51,7 +51,7 @@ func (t Target) url(path string) string { return "http://" + t.Addr + path }
 // Client talks to the envd of any sandbox. Its zero value is not usable;
 // call New. It is safe for concurrent use.
 type Client struct {
-	// short serves the quick calls (health, init): a 2 s bound, and no
+	// short serves the quick calls (init): a bound of shortTimeout, and no
 	// kept connections (an address passes to another sandbox after a kill).
 	short *http.Client
 	// long serves streams (files, commands): no overall timeout, the
@@ -72,7 +72,7 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 	}
 	tr := &http.Transport{DisableKeepAlives: true, DialContext: dial}
 	return &Client{
-		short: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+		short: &http.Client{Timeout: shortTimeout, Transport: tr},
 		long:  &http.Client{Transport: tr},
 		dial:  dial,
 		log:   log,
@@ -117,6 +117,12 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 		}
 	}
 }
+
+// shortTimeout bounds a quick call (a restored sandbox's /init). It takes
+// milliseconds, but it is not retried: a loaded host that stalls a freshly
+// restored sandbox for a few seconds must not fail the restore (the old
+// 2 s left no margin for that).
+const shortTimeout = 10 * time.Second
 
 // healthAnswerTimeout bounds the wait for /health's answer on an accepted
 // connection: envd's start inside gVisor takes tens of ms, longer on a

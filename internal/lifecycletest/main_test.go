@@ -277,7 +277,7 @@ func (x *host) create(req sandbox.CreateRequest) sandbox.Sandbox {
 
 // health asks a sandbox's envd directly.
 func health(sb sandbox.Sandbox) error {
-	c := &http.Client{Timeout: 2 * time.Second}
+	c := &http.Client{Timeout: 15 * time.Second} // a safety net on a loaded host
 	resp, err := c.Get("http://" + sb.Addr(envd.Port) + "/health")
 	if err != nil {
 		return err
