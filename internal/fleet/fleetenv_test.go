@@ -87,6 +87,12 @@ func sh(t *testing.T, args ...string) {
 
 func quiet(args ...string) { exec.Command(args[0], args[1:]...).Run() }
 
+// leaseTTL is the nodes' --lease-ttl: short, for the tests that wait for a
+// node to be lost, but not so short that a loaded host's stall (a node or
+// etcd unscheduled, a slow fsync behind etcd's renewals) loses a live node
+// (it was 3 s).
+const leaseTTL = 6 * time.Second
+
 func freePort(t *testing.T, host string) int {
 	t.Helper()
 	l, err := net.Listen("tcp", host+":0")
@@ -246,7 +252,7 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
 		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
-		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
+		"--lease-ttl", leaseTTL.String(), "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
 		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
 	args = append(args, f.etcdFlags()...)
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
@@ -339,7 +345,7 @@ func (f *fleetEnv) waitAlive(c *client.Client, names ...string) {
 
 // waitLost waits until the API server reports the node lost.
 func (f *fleetEnv) waitLost(c *client.Client, name string) {
-	eventually(f.t, 15*time.Second, name+" lost", func() error {
+	eventually(f.t, 30*time.Second, name+" lost", func() error {
 		m, err := nodeCounts(context.Background(), c)
 		if err == nil && m[name].Alive {
 			err = fmt.Errorf("%s still alive", name)
