@@ -415,7 +415,7 @@ func TestFleet(t *testing.T) {
 		defer c.KillSandbox(ctx, kids[0].SandboxID)
 		want := []string{parent.SandboxID, kids[0].SandboxID}
 		slices.Sort(want)
-		deadline := time.Now().Add(10 * time.Second) // etcd's view reaches both API servers
+		deadline := time.Now().Add(30 * time.Second) // etcd's view reaches both API servers
 		for {
 			var got []string
 			if sbs, err := alice1.ListSandboxes(ctx, md); err == nil {

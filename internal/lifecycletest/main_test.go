@@ -296,13 +296,14 @@ func (x *host) proxy() *httptest.Server {
 	return srv
 }
 
-// eventually polls cond until it holds or 10 s pass.
+// eventually polls cond until it holds or 30 s pass (a safety net on a
+// loaded host).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+			t.Fatalf("%s: not within 30s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
