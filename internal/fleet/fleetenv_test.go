@@ -28,6 +28,7 @@ import (
 
 	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // The fleet test's environment, for real: a 3-member etcd cluster
@@ -261,18 +262,20 @@ func (f *fleetEnv) startNode(i int) *proc {
 }
 
 func (f *fleetEnv) startAPI(i int) {
-	ap, pp, tp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
+	// Port 0, read back from its log: it binds after reaching etcd, and a
+	// port found free before could be taken meanwhile.
 	args := []string{f.bin, "api", "--etcd", f.etcdURL,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
-		"--domain", fleetDomain, "--proxy-tls-listen", fmt.Sprintf("127.0.0.1:%d", tp), "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
+		"--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
+		"--domain", fleetDomain, "--proxy-tls-listen", "127.0.0.1:0", "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
 		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
 		"--api-keys-file", filepath.Join(f.dir, "api-keys"),
 		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
 	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)
-	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
+	addrs := testenv.ServingAddrs(f.t, p.log, 0, "agentenv api", 90*time.Second)
+	a, x := "http://"+addrs.API, "http://"+addrs.Proxy
 	f.apiURLs = append(f.apiURLs, [2]string{a, x})
-	f.apiTLS = append(f.apiTLS, fmt.Sprintf("127.0.0.1:%d", tp))
+	f.apiTLS = append(f.apiTLS, addrs.ProxyTLS)
 	f.clients = append(f.clients, client.New(a, x, apiKey))
 	f.ops = append(f.ops, client.New(a, x, opKey))
 }

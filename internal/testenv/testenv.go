@@ -174,10 +174,6 @@ func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
 	}
 }
 
-// servingLine is the line `agentenv serve` logs once its listeners accept
-// (server.Front.Serve, slog's text format).
-var servingLine = regexp.MustCompile(`msg="agentenv serving" api=(\S+) proxy=(\S+)`)
-
 // ServeAddrs waits until the log at logPath, read from offset from, has
 // the line of an `agentenv serve` started with `--listen 127.0.0.1:0
 // --proxy-listen 127.0.0.1:0`, and returns the API's and the proxy's
@@ -187,16 +183,30 @@ var servingLine = regexp.MustCompile(`msg="agentenv serving" api=(\S+) proxy=(\S
 // seconds later).
 func ServeAddrs(t testing.TB, logPath string, from int64, timeout time.Duration) (api, proxy string) {
 	t.Helper()
+	a := ServingAddrs(t, logPath, from, "agentenv", timeout)
+	return a.API, a.Proxy
+}
+
+// Addrs are the addresses a server logs once it serves.
+type Addrs struct{ API, Proxy, ProxyTLS string }
+
+// ServingAddrs is ServeAddrs for any role that logs through
+// server.Front.Serve: what is its name there ("agentenv", "agentenv api"),
+// and ProxyTLS is empty without an HTTPS proxy.
+func ServingAddrs(t testing.TB, logPath string, from int64, what string, timeout time.Duration) Addrs {
+	t.Helper()
+	// slog's text format; an empty value is written "".
+	line := regexp.MustCompile(`msg="` + regexp.QuoteMeta(what) + ` serving" api=(\S+) proxy=(\S+) proxyTLS=(\S+)`)
 	deadline := time.Now().Add(timeout)
 	for {
 		if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) > from {
-			if m := servingLine.FindSubmatch(b[from:]); m != nil {
-				return string(m[1]), string(m[2])
+			if m := line.FindSubmatch(b[from:]); m != nil {
+				return Addrs{API: string(m[1]), Proxy: string(m[2]), ProxyTLS: strings.Trim(string(m[3]), `"`)}
 			}
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("agentenv serve did not serve within %s; log:\n%s", timeout, b)
+			t.Fatalf("%s did not serve within %s; log:\n%s", what, timeout, b)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
