@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -228,13 +227,12 @@ func startServer(t *testing.T) *client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, proxy := freeAddr(t), freeAddr(t)
 	log, err := os.Create(filepath.Join(dir, "serve.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(bin, "serve", "--data-dir", dir, "--listen", api, "--proxy-listen", proxy,
+	cmd := exec.Command(bin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
 		"--network-cidr", "10.126.0.0/20", "--network-tag", "gc")
 	cmd.Env = append(os.Environ(), "AGENTENV_API_KEY="+key)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -242,12 +240,14 @@ func startServer(t *testing.T) *client.Client {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := client.New("http://"+api, "http://"+proxy, key)
+	var c *client.Client
 	t.Cleanup(func() {
 		ctx := context.Background()
-		if sbs, err := c.ListSandboxes(ctx, nil); err == nil {
-			for _, sb := range sbs {
-				c.KillSandbox(ctx, sb.SandboxID)
+		if c != nil { // nil: it never served
+			if sbs, err := c.ListSandboxes(ctx, nil); err == nil {
+				for _, sb := range sbs {
+					c.KillSandbox(ctx, sb.SandboxID)
+				}
 			}
 		}
 		cmd.Process.Signal(syscall.SIGTERM)
@@ -265,6 +265,8 @@ func startServer(t *testing.T) *client.Client {
 		}
 		os.RemoveAll(dir)
 	})
+	api, proxy := testenv.ServeAddrs(t, log.Name(), 0, 3*time.Minute)
+	c = client.New("http://"+api, "http://"+proxy, key)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if tpl, err := c.GetTemplate(context.Background(), "busybox"); err == nil && tpl.TemplateID == "busybox" {
@@ -275,13 +277,4 @@ func startServer(t *testing.T) *client.Client {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

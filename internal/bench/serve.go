@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -55,9 +55,9 @@ type ownServer struct {
 	client *client.Client
 }
 
-// startServer starts `agentenv serve` with a fresh data dir on free
-// loopback ports, in g when g is not nil, and returns once it lists the
-// template.
+// startServer starts `agentenv serve` with a fresh data dir on loopback
+// ports it picks (port 0), in g when g is not nil, and returns once it
+// lists the template.
 func startServer(ctx context.Context, o ServeOptions, template string, g *cpuGroup, progress io.Writer) (_ *ownServer, err error) {
 	if o.NetworkCIDR == "" {
 		o.NetworkCIDR = serveNetworkCIDR
@@ -81,18 +81,10 @@ func startServer(ctx context.Context, o ServeOptions, template string, g *cpuGro
 			err = errors.Join(err, s.stop(context.WithoutCancel(ctx)))
 		}
 	}()
-	api, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	proxy, err := freePort()
-	if err != nil {
-		return nil, err
-	}
 	b := make([]byte, 16)
 	rand.Read(b)
 	key := hex.EncodeToString(b)
-	args := append([]string{"serve", "--data-dir", filepath.Join(dir, "data"), "--listen", api, "--proxy-listen", proxy,
+	args := append([]string{"serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
 		"--network-cidr", o.NetworkCIDR, "--network-tag", o.NetworkTag,
 		// Admission counts each write layer at its full size (10 GiB by
 		// default): the rollout group's 30-odd sandboxes at once, which
@@ -115,18 +107,35 @@ func startServer(ctx context.Context, o ServeOptions, template string, g *cpuGro
 		return nil, fmt.Errorf("start %s serve: %w", o.Binary, err)
 	}
 	go func() { s.done <- s.cmd.Wait() }()
-	s.client = client.New("http://"+api, "http://"+proxy, key)
-	return s, s.waitReady(ctx, template)
+	return s, s.waitReady(ctx, template, key)
 }
 
-// waitReady polls until the server lists template.
-func (s *ownServer) waitReady(ctx context.Context, template string) error {
+// servingLine is the line `agentenv serve` logs once it accepts
+// connections (server.Front.Serve), with the ports it bound. Ports found
+// free and closed before the start could be taken by another program
+// while the server prepares its host, seconds before it binds them.
+var servingLine = regexp.MustCompile(`msg="agentenv serving" api=(\S+) proxy=(\S+)`)
+
+// waitReady polls until the server logs its addresses (then s.client is
+// set, with key) and lists template.
+func (s *ownServer) waitReady(ctx context.Context, template, key string) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		tpls, err := s.client.ListTemplates(ctx)
-		for _, t := range tpls {
-			if err == nil && t.TemplateID == template {
-				return nil
+		err := errors.New("not serving yet")
+		if s.client == nil {
+			if b, rerr := os.ReadFile(s.log); rerr == nil {
+				if m := servingLine.FindSubmatch(b); m != nil {
+					s.client = client.New("http://"+string(m[1]), "http://"+string(m[2]), key)
+				}
+			}
+		}
+		if s.client != nil {
+			var tpls []client.Template
+			tpls, err = s.client.ListTemplates(ctx)
+			for _, t := range tpls {
+				if err == nil && t.TemplateID == template {
+					return nil
+				}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -178,16 +187,6 @@ func (s *ownServer) logTail() string {
 	}
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return "; server log ends with:\n" + strings.Join(lines[max(0, len(lines)-10):], "\n")
-}
-
-// freePort returns a loopback address whose port was free a moment ago.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func withoutEnv(env []string, name string) []string {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,15 +53,6 @@ type server struct {
 	c                    *client.Client
 }
 
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startServer starts the server and stops it when the test ends (its log
 // is kept if the test failed).
 func startServer(t *testing.T, bin string) *server {
@@ -70,13 +60,13 @@ func startServer(t *testing.T, bin string) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{bin: bin, dir: dir, api: freeAddr(t), proxy: freeAddr(t)}
+	s := &server{bin: bin, dir: dir}
 	log, err := os.Create(filepath.Join(dir, "serve.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	s.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--listen", s.api, "--proxy-listen", s.proxy,
+	s.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
 		"--network-cidr", "10.124.0.0/20", "--network-tag", "cli", "--ready-templates", "--warm-pool", "1", "--slot-pool", "2")
 	s.cmd.Env = append(os.Environ(), "AGENTENV_API_KEY="+testKey)
 	s.cmd.Stdout, s.cmd.Stderr = log, log
@@ -85,7 +75,6 @@ func startServer(t *testing.T, bin string) *server {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s.c = client.New("http://"+s.api, "http://"+s.proxy, testKey)
 	t.Cleanup(func() {
 		s.stop()
 		if t.Failed() {
@@ -94,6 +83,8 @@ func startServer(t *testing.T, bin string) *server {
 		}
 		os.RemoveAll(dir)
 	})
+	s.api, s.proxy = testenv.ServeAddrs(t, log.Name(), 0, 3*time.Minute)
+	s.c = client.New("http://"+s.api, "http://"+s.proxy, testKey)
 	// Up once busybox is built and ready.
 	waitFor(t, 3*time.Minute, "busybox template ready on the server", func() bool {
 		ts, err := s.c.ListTemplates(context.Background())

@@ -143,10 +143,11 @@ func errorBody(t *testing.T, resp *http.Response, b []byte, status int) {
 	}
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor polls cond until it holds or 30 s pass (a safety net: a loaded
+// host can stall for seconds).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

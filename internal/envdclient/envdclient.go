@@ -51,7 +51,7 @@ func (t Target) url(path string) string { return "http://" + t.Addr + path }
 // Client talks to the envd of any sandbox. Its zero value is not usable;
 // call New. It is safe for concurrent use.
 type Client struct {
-	// short serves the quick calls (health, init): a 2 s bound, and no
+	// short serves the quick calls (init): a bound of shortTimeout, and no
 	// kept connections (an address passes to another sandbox after a kill).
 	short *http.Client
 	// long serves streams (files, commands): no overall timeout, the
@@ -72,7 +72,7 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 	}
 	tr := &http.Transport{DisableKeepAlives: true, DialContext: dial}
 	return &Client{
-		short: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+		short: &http.Client{Timeout: shortTimeout, Transport: tr},
 		long:  &http.Client{Transport: tr},
 		dial:  dial,
 		log:   log,
@@ -80,7 +80,9 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 }
 
 // Wait returns once envd's /health answers 2xx, or ctx ends; the error
-// then carries the last failure. A refused connection (envd not listening
+// then carries the last failure, the first, and how many attempts failed
+// (a refusal at first and a timeout at the end tell envd started and then
+// stopped answering from a timeout all along). A refused connection (envd not listening
 // yet) is tried again after a short delay; an accepted one waits for the
 // answer: envd listens before its slow start-up (internal/envd/listener), so
 // the sandbox's network stack holds the connection until envd serves.
@@ -90,7 +92,8 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 	// sandbox still finishing its start (or restore) is dropped, and the
 	// kernel would retry it only after a full second.
 	dialFor := 50 * time.Millisecond
-	var last error
+	var first, last error
+	failed := 0
 	for {
 		err := c.health(ctx, t, dialFor)
 		if err == nil {
@@ -100,10 +103,13 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 		if dialFor < 2*time.Second {
 			dialFor *= 2
 		}
+		if failed++; first == nil {
+			first = err
+		}
 		last = err
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("last error: %v", last)
+			return fmt.Errorf("last error: %v (%d attempts failed; the first: %v)", last, failed, first)
 		case <-time.After(delay):
 		}
 		if delay < 20*time.Millisecond {
@@ -111,6 +117,12 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 		}
 	}
 }
+
+// shortTimeout bounds a quick call (a restored sandbox's /init). It takes
+// milliseconds, but it is not retried: a loaded host that stalls a freshly
+// restored sandbox for a few seconds must not fail the restore (the old
+// 2 s left no margin for that).
+const shortTimeout = 10 * time.Second
 
 // healthAnswerTimeout bounds the wait for /health's answer on an accepted
 // connection: envd's start inside gVisor takes tens of ms, longer on a

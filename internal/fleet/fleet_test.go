@@ -280,7 +280,7 @@ func TestFleet(t *testing.T) {
 		if err := c.KillSandbox(ctx, sb.SandboxID); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(4 * time.Second) // longer than the lease TTL: no node may be lost
+		time.Sleep(leaseTTL + time.Second) // longer than the lease TTL: no node may be lost
 		m, err := nodeCounts(ctx, c)
 		if err != nil {
 			t.Fatal(err)
@@ -415,7 +415,7 @@ func TestFleet(t *testing.T) {
 		defer c.KillSandbox(ctx, kids[0].SandboxID)
 		want := []string{parent.SandboxID, kids[0].SandboxID}
 		slices.Sort(want)
-		deadline := time.Now().Add(10 * time.Second) // etcd's view reaches both API servers
+		deadline := time.Now().Add(30 * time.Second) // etcd's view reaches both API servers
 		for {
 			var got []string
 			if sbs, err := alice1.ListSandboxes(ctx, md); err == nil {
@@ -454,7 +454,7 @@ func TestFleet(t *testing.T) {
 		sh(t, "ip", "link", "set", "aeflh3", "down")
 		cutAt := time.Now()
 		var lost []client.Sandbox
-		eventually(t, 15*time.Second, "n3's sandboxes reported lost (lease TTL 3 s)", func() error {
+		eventually(t, 30*time.Second, fmt.Sprintf("n3's sandboxes reported lost (lease TTL %s)", leaseTTL), func() error {
 			lost = lost[:0]
 			for _, sb := range sbs {
 				_, err := c.GetSandbox(ctx, sb.SandboxID)
@@ -470,7 +470,7 @@ func TestFleet(t *testing.T) {
 			}
 			return nil
 		})
-		t.Logf("n3 cut off: its %d sandboxes reported lost after %s (lease TTL 3 s)", onN3, time.Since(cutAt).Round(100*time.Millisecond))
+		t.Logf("n3 cut off: its %d sandboxes reported lost after %s (lease TTL %s)", onN3, time.Since(cutAt).Round(100*time.Millisecond), leaseTTL)
 		list, err := c.ListSandboxes(ctx, nil)
 		if err != nil || len(list) != 60-onN3 {
 			t.Fatalf("list while n3 is cut off: %d sandboxes (%v), want %d", len(list), err, 60-onN3)
@@ -607,7 +607,7 @@ func TestFleet(t *testing.T) {
 		}
 		// Kills went through both API servers: this one's list follows the
 		// other's within a watch event.
-		eventually(t, 5*time.Second, "the 59 sandboxes from before listed after the load", func() error {
+		eventually(t, 30*time.Second, "the 59 sandboxes from before listed after the load", func() error {
 			list, err := c.ListSandboxes(ctx, nil)
 			if err != nil || len(list) == 59 {
 				return err

@@ -176,7 +176,7 @@ func (f *fleetEnv) trustChecks(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), "held by the live node at 10.231.0.11:3100") {
 			t.Fatalf("second node n1: %v\n%s\nwant a refusal naming the holder", err, out)
 		}
-		time.Sleep(4 * time.Second) // past the lease TTL: the real n1 must still be there
+		time.Sleep(leaseTTL + time.Second) // past the lease TTL: the real n1 must still be there
 		nodes, _ := nodeCounts(ctx, c)
 		if !nodes["n1"].Alive {
 			t.Fatal("n1 is not alive after a second n1 tried to start")

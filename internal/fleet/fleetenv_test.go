@@ -28,6 +28,7 @@ import (
 
 	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // The fleet test's environment, for real: a 3-member etcd cluster
@@ -86,6 +87,12 @@ func sh(t *testing.T, args ...string) {
 }
 
 func quiet(args ...string) { exec.Command(args[0], args[1:]...).Run() }
+
+// leaseTTL is the nodes' --lease-ttl: short, for the tests that wait for a
+// node to be lost, but not so short that a loaded host's stall (a node or
+// etcd unscheduled, a slow fsync behind etcd's renewals) loses a live node
+// (it was 3 s).
+const leaseTTL = 6 * time.Second
 
 func freePort(t *testing.T, host string) int {
 	t.Helper()
@@ -246,7 +253,7 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
 		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
-		"--lease-ttl", "3s", "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
+		"--lease-ttl", leaseTTL.String(), "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
 		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
 	args = append(args, f.etcdFlags()...)
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
@@ -255,18 +262,20 @@ func (f *fleetEnv) startNode(i int) *proc {
 }
 
 func (f *fleetEnv) startAPI(i int) {
-	ap, pp, tp := freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1"), freePort(f.t, "127.0.0.1")
+	// Port 0, read back from its log: it binds after reaching etcd, and a
+	// port found free before could be taken meanwhile.
 	args := []string{f.bin, "api", "--etcd", f.etcdURL,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", ap), "--proxy-listen", fmt.Sprintf("127.0.0.1:%d", pp),
-		"--domain", fleetDomain, "--proxy-tls-listen", fmt.Sprintf("127.0.0.1:%d", tp), "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
+		"--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
+		"--domain", fleetDomain, "--proxy-tls-listen", "127.0.0.1:0", "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
 		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
 		"--api-keys-file", filepath.Join(f.dir, "api-keys"),
 		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
 	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)
-	a, x := fmt.Sprintf("http://127.0.0.1:%d", ap), fmt.Sprintf("http://127.0.0.1:%d", pp)
+	addrs := testenv.ServingAddrs(f.t, p.log, 0, "agentenv api", 90*time.Second)
+	a, x := "http://"+addrs.API, "http://"+addrs.Proxy
 	f.apiURLs = append(f.apiURLs, [2]string{a, x})
-	f.apiTLS = append(f.apiTLS, fmt.Sprintf("127.0.0.1:%d", tp))
+	f.apiTLS = append(f.apiTLS, addrs.ProxyTLS)
 	f.clients = append(f.clients, client.New(a, x, apiKey))
 	f.ops = append(f.ops, client.New(a, x, opKey))
 }
@@ -339,7 +348,7 @@ func (f *fleetEnv) waitAlive(c *client.Client, names ...string) {
 
 // waitLost waits until the API server reports the node lost.
 func (f *fleetEnv) waitLost(c *client.Client, name string) {
-	eventually(f.t, 15*time.Second, name+" lost", func() error {
+	eventually(f.t, 30*time.Second, name+" lost", func() error {
 		m, err := nodeCounts(context.Background(), c)
 		if err == nil && m[name].Alive {
 			err = fmt.Errorf("%s still alive", name)

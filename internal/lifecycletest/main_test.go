@@ -8,10 +8,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,6 +109,7 @@ type host struct {
 	clock *Clock
 	rt    runtime.Runtime
 	dir   string
+	cidr  string
 }
 
 type hostOpt func(*server.Config)
@@ -126,7 +129,8 @@ func newHost(t *testing.T, opts ...hostOpt) *host {
 		return r, err
 	}
 	logw := &syncWriter{}
-	cfg.Log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// Debug: a failure shows each try of the wait for envd, and why it failed.
+	cfg.Log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -136,8 +140,13 @@ func newHost(t *testing.T, opts ...hostOpt) *host {
 	if err != nil {
 		t.Fatalf("start host: %v", err)
 	}
-	x := &host{t: t, h: h, m: h.Manager, clock: clock, rt: rt, dir: dir}
+	x := &host{t: t, h: h, m: h.Manager, clock: clock, rt: rt, dir: dir, cidr: cfg.NetworkCIDR}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// Before the kills: what the sandboxes said and which sockets
+			// their addresses had when the test failed.
+			x.logDiagnostics()
+		}
 		for _, sb := range x.m.List(sandbox.Filter{}) {
 			x.m.Kill(context.Background(), sb.ID)
 		}
@@ -145,10 +154,73 @@ func newHost(t *testing.T, opts ...hostOpt) *host {
 		h.Close()
 		x.noLeaks()
 		if t.Failed() {
-			t.Logf("server log:\n%s", logw.String())
+			t.Logf("server log (last %d lines):\n%s", logTail, tail(logw.String(), logTail))
 		}
 	})
 	return x
+}
+
+// logTail is how much of a failed test's server log it prints.
+const logTail = 400
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// logDiagnostics logs each fake sandbox's output (envd's own log, e.g. a
+// failed listen) and the TCP sockets at the host's addresses (a listener
+// with a full accept queue drops SYNs: a dial times out on loopback).
+func (x *host) logDiagnostics() {
+	logs, _ := filepath.Glob(filepath.Join(x.dir, "sandboxes", "*", "init.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		x.t.Logf("%s:\n%s", l, tail(string(b), 40))
+	}
+	x.t.Logf("TCP sockets in %s:\n%s", x.cidr, strings.Join(tcpSockets(x.cidr), "\n"))
+}
+
+// tcpSockets lists the sockets of /proc/net/tcp whose local or remote
+// address is in cidr: addresses, state, queues (for a listener rx is its
+// accept queue), owner.
+func tcpSockets(cidr string) []string {
+	pfx, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	states := map[string]string{"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+		"06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		local, lok := procAddr(f[1])
+		remote, rok := procAddr(f[2])
+		if !(lok && pfx.Contains(local.Addr())) && !(rok && pfx.Contains(remote.Addr())) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s -> %s %s queues(tx:rx)=%s uid=%s", local, remote, states[f[3]], f[4], f[7]))
+	}
+	return out
+}
+
+// procAddr parses /proc/net/tcp's "0100007F:C35F" (the address in host
+// byte order: little-endian here).
+func procAddr(s string) (netip.AddrPort, bool) {
+	h, p, ok := strings.Cut(s, ":")
+	ip, err1 := strconv.ParseUint(h, 16, 32)
+	port, err2 := strconv.ParseUint(p, 16, 16)
+	if !ok || err1 != nil || err2 != nil {
+		return netip.AddrPort{}, false
+	}
+	a := netip.AddrFrom4([4]byte{byte(ip), byte(ip >> 8), byte(ip >> 16), byte(ip >> 24)})
+	return netip.AddrPortFrom(a, uint16(port)), true
 }
 
 // noLeaks fails if the runtime still holds a sandbox or a sandbox's
@@ -205,7 +277,7 @@ func (x *host) create(req sandbox.CreateRequest) sandbox.Sandbox {
 
 // health asks a sandbox's envd directly.
 func health(sb sandbox.Sandbox) error {
-	c := &http.Client{Timeout: 2 * time.Second}
+	c := &http.Client{Timeout: 15 * time.Second} // a safety net on a loaded host
 	resp, err := c.Get("http://" + sb.Addr(envd.Port) + "/health")
 	if err != nil {
 		return err
@@ -224,13 +296,14 @@ func (x *host) proxy() *httptest.Server {
 	return srv
 }
 
-// eventually polls cond until it holds or 10 s pass.
+// eventually polls cond until it holds or 30 s pass (a safety net on a
+// loaded host).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+			t.Fatalf("%s: not within 30s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -101,7 +101,9 @@ func TestUnprivilegedProxyRequestEndsWithSandbox(t *testing.T) {
 		if r.code != http.StatusBadGateway {
 			t.Errorf("request to a sandbox killed meanwhile: %d, want 502 (an empty 200 passes for an answer)", r.code)
 		}
-		if after := time.Since(killed); after > 5*time.Second {
+		// Ended by the kill, not by its own 30 s timeout; 15 s leaves a
+		// loaded host room to stall.
+		if after := time.Since(killed); after > 15*time.Second {
 			t.Errorf("request ended %v after the kill", after)
 		}
 	case <-time.After(20 * time.Second):

@@ -63,14 +63,18 @@ func TestLive(t *testing.T) {
 	done := make(chan struct{})
 	go func() { reg.RunHistory(ctx, 20*time.Millisecond, 3); close(done) }()
 	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	// Wait until the first interval (with the creates) has rolled out.
 	for h := reg.Live().History; len(h) < 4 || h[0].Ops[metrics.OpCreate].N != 0; h = reg.Live().History {
 		if time.Now().After(deadline) {
-			t.Fatalf("history: %d points after 5 s, want 3 kept + now, the creates' interval gone", len(h))
+			t.Fatalf("history: %d points after 30 s, want 3 kept + now, the creates' interval gone", len(h))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// No more samples: three more ticks (60 ms, one stall on a loaded
+	// host) between the exec and the read would roll the exec out too.
+	cancel()
+	<-done
 	reg.ObserveOp(metrics.OpExec, 3*time.Millisecond, nil)
 	h := reg.Live().History
 	if len(h) != 4 {

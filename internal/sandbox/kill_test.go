@@ -113,10 +113,10 @@ func addSandbox(t *testing.T, m *Manager, st State) (*entry, *atomic.Int32) {
 // eventually polls cond until it holds or 10 s have passed.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a safety net on a loaded host
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("after 10s: %s", what)
+			t.Fatalf("after 30s: %s", what)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -162,6 +162,8 @@ func (f *Front) Serve(ctx context.Context, log *slog.Logger, what string, apiH, 
 		go func() { errc <- tlsSrv.Serve(ln) }()
 	}
 	a := f.Addrs()
+	// Its api= and proxy= are how a parent that started `agentenv serve`
+	// on port 0 learns the ports (internal/bench, testenv.ServeAddrs).
 	log.Info(what+" serving", "api", a.API, "proxy", a.Proxy, "proxyTLS", a.ProxyTLS, "domain", f.Domain, "ca", f.CAFile)
 	if ready != nil {
 		ready(a.API, a.Proxy)

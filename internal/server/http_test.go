@@ -155,7 +155,7 @@ func TestConnCapPerSource(t *testing.T) {
 		// A closed connection frees its slot (the server sees the close
 		// when it reads: poll).
 		hog[0].Close()
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			c, err := dialFrom("127.0.0.1", addr)
 			if err == nil {

@@ -36,17 +36,18 @@ func (e *env) proxyGet(t *testing.T, id, path string) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
-// waitState polls the sandbox until it is in state want (20 s at most).
+// waitState polls the sandbox until it is in state want (60 s at most: a
+// safety net, not a measurement).
 func (e *env) waitState(t *testing.T, id, want string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		sb, err := e.client.GetSandbox(context.Background(), id)
 		if err == nil && sb.State == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s not %s after 20s (last: %+v, %v)", id, want, sb, err)
+			t.Fatalf("sandbox %s not %s after 60s (last: %+v, %v)", id, want, sb, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -75,11 +76,16 @@ func (e *env) notRunning(t *testing.T, id string) {
 
 func TestTimeoutPausesAndConnectResumes(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true})
+	// The timeout is set short only once the memory server runs: 3 s from
+	// create could end during its setup on a loaded host.
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 120, "autoPause": true})
 	if got, _ := e.client.GetSandbox(context.Background(), sb.SandboxID); got.SandboxID == "" {
 		t.Fatal("no sandbox")
 	}
 	v := startMemoryServer(t, e, sb)
+	if err := e.client.SetTimeout(context.Background(), sb.SandboxID, 2); err != nil {
+		t.Fatal(err)
+	}
 	e.waitState(t, sb.SandboxID, "paused")
 	e.notRunning(t, sb.SandboxID)
 	_, info := e.rawRequest(t, "GET", "/sandboxes/"+sb.SandboxID, testKey, nil)
@@ -99,8 +105,14 @@ func TestTimeoutPausesAndConnectResumes(t *testing.T) {
 
 func TestAutoResumeByTraffic(t *testing.T) {
 	e := sharedServer(t)
-	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 3, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
+	// A create timeout long enough for every step after the auto-resume
+	// on a loaded host; the pause is brought forward once the memory
+	// server runs (3 s from create could end during its setup).
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox", "timeout": 120, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
 	v := startMemoryServer(t, e, sb)
+	if err := e.client.SetTimeout(context.Background(), sb.SandboxID, 2); err != nil {
+		t.Fatal(err)
+	}
 	e.waitState(t, sb.SandboxID, "paused")
 	// 20 requests at once: one resume, every request answered.
 	var wg sync.WaitGroup
@@ -118,9 +130,10 @@ func TestAutoResumeByTraffic(t *testing.T) {
 	if got.State != "running" {
 		t.Errorf("state %q after traffic, want running", got.State)
 	}
-	// It runs its create timeout again (3 s), not the nothing it had left.
-	if left := time.Until(got.EndAt); left < time.Second {
-		t.Errorf("%v left after auto-resume, want about 3s", left)
+	// It runs its create timeout again (2 min), not the nothing it had
+	// left nor the 2 s set before the pause.
+	if left := time.Until(got.EndAt); left < time.Minute || left > 2*time.Minute {
+		t.Errorf("%v left after auto-resume, want about the create timeout (2m0s)", left)
 	}
 	if got := askMemoryServer(t, e, sb); got != v {
 		t.Errorf("after auto-resume the memory server answers %q, want %q", got, v)
@@ -206,8 +219,13 @@ func TestTimeoutPauseWithoutMemory(t *testing.T) {
 	}
 	for _, tpl := range filesTemplates(t, e) {
 		t.Run(tpl, func(t *testing.T) {
-			sb := e.createRaw(t, map[string]any{"templateID": tpl, "timeout": 3, "autoPause": true, "autoPauseMemory": false})
+			// Short timeout only after the script: 3 s from create could
+			// pause the sandbox while the script runs on a loaded host.
+			sb := e.createRaw(t, map[string]any{"templateID": tpl, "timeout": 120, "autoPause": true, "autoPauseMemory": false})
 			boot := strings.TrimSpace(e.envdAs(t, sb, "root").sh(filesScript))
+			if err := e.client.SetTimeout(context.Background(), sb.SandboxID, 2); err != nil {
+				t.Fatal(err)
+			}
 			e.waitState(t, sb.SandboxID, "paused")
 			e.notRunning(t, sb.SandboxID)
 			e.connect(t, sb.SandboxID, `{"timeout": 60}`)

@@ -209,9 +209,10 @@ func (e *env) sh(t testing.TB, sb client.Sandbox, script string) client.ExecResu
 
 // leftovers lists what of a sandbox is still on the host: runsc state,
 // processes, cgroups, its directory, its network namespace. A kill answers
-// before its teardown ends, so it waits up to 10 s for them to go.
+// before its teardown ends, so it waits up to 30 s for them to go (a
+// safety net: a loaded host can stall a teardown for seconds).
 func (e *env) leftovers(sb client.Sandbox, slotNS string) []string {
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		left := e.leftoversNow(sb, slotNS)
 		if len(left) == 0 || time.Now().After(deadline) {

@@ -635,6 +635,9 @@ chmod +x /tmp/ws.sh
 		t.Fatalf("no 101 through the proxy; last answer %q", status)
 	}
 	defer conn.Close()
+	// A new bound for the echoes: the upgrade's may be nearly spent, and
+	// each echo starts a shell in the sandbox.
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	for _, msg := range []string{"hello\n", "again\n"} {
 		if _, err := conn.Write([]byte(msg)); err != nil {
 			t.Fatal(err)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/agentenv/agentenv/internal/childproc"
-	"net"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,19 +20,11 @@ import (
 )
 
 // process is `agentenv serve` run as a separate process, so that it can be
-// killed with SIGKILL.
+// killed with SIGKILL. api and proxy are the addresses of its current
+// start (on port 0: each start gets new ones).
 type process struct {
 	bin, dataDir, api, proxy string
 	cmd                      *exec.Cmd
-}
-
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func (p *process) start(t *testing.T) *client.Client {
@@ -42,7 +34,11 @@ func (p *process) start(t *testing.T) *client.Client {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	p.cmd = exec.Command(p.bin, "serve", "--data-dir", p.dataDir, "--listen", p.api, "--proxy-listen", p.proxy,
+	from, err := log.Seek(0, io.SeekEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(p.bin, "serve", "--data-dir", p.dataDir, "--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
 		"--network-cidr", "10.121.0.0/20", "--network-tag", "rst",
 		// Its sandboxes' layers (10 GiB each) are counted, whatever the
 		// free disk of the host running the test.
@@ -54,6 +50,7 @@ func (p *process) start(t *testing.T) *client.Client {
 	if err := childproc.Start(p.cmd); err != nil {
 		t.Fatal(err)
 	}
+	p.api, p.proxy = testenv.ServeAddrs(t, log.Name(), from, 60*time.Second)
 	c := client.New("http://"+p.api, "http://"+p.proxy, testKey)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -102,7 +99,7 @@ const netnsDir = "/run/agentenv/netns"
 func TestRestartAfterSIGKILL(t *testing.T) {
 	testenv.NeedRunsc(t)
 	dir := t.TempDir()
-	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir, api: freePort(t), proxy: freePort(t)}
+	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir}
 	// A data dir made beforehand with a lax mode (as `make demo` used to)
 	// is made root-only by the server (security finding 8).
 	os.Chmod(dir, 0o755)

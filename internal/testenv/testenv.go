@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Required reports whether missing requirements must fail tests.
@@ -169,5 +171,43 @@ func copyFile(t testing.TB, src, dst string, mode os.FileMode) {
 	}
 	if err := os.Chtimes(dst, st.ModTime(), st.ModTime()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ServeAddrs waits until the log at logPath, read from offset from, has
+// the line of an `agentenv serve` started with `--listen 127.0.0.1:0
+// --proxy-listen 127.0.0.1:0`, and returns the API's and the proxy's
+// addresses. Tests start servers on port 0 and read the ports back: a port
+// found free and closed before the server binds it can be taken by
+// another test meanwhile (the server binds after preparing its host,
+// seconds later).
+func ServeAddrs(t testing.TB, logPath string, from int64, timeout time.Duration) (api, proxy string) {
+	t.Helper()
+	a := ServingAddrs(t, logPath, from, "agentenv", timeout)
+	return a.API, a.Proxy
+}
+
+// Addrs are the addresses a server logs once it serves.
+type Addrs struct{ API, Proxy, ProxyTLS string }
+
+// ServingAddrs is ServeAddrs for any role that logs through
+// server.Front.Serve: what is its name there ("agentenv", "agentenv api"),
+// and ProxyTLS is empty without an HTTPS proxy.
+func ServingAddrs(t testing.TB, logPath string, from int64, what string, timeout time.Duration) Addrs {
+	t.Helper()
+	// slog's text format; an empty value is written "".
+	line := regexp.MustCompile(`msg="` + regexp.QuoteMeta(what) + ` serving" api=(\S+) proxy=(\S+) proxyTLS=(\S+)`)
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) > from {
+			if m := line.FindSubmatch(b[from:]); m != nil {
+				return Addrs{API: string(m[1]), Proxy: string(m[2]), ProxyTLS: strings.Trim(string(m[3]), `"`)}
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("%s did not serve within %s; log:\n%s", what, timeout, b)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -19,13 +19,15 @@ for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
 if (process.env.E2B_DEBUG) throw new Error('envd.test.mjs: unset E2B_DEBUG')
 
 const SANDBOX_URL = process.env.E2B_SANDBOX_URL.replace(/\/+$/, '')
-const T = { timeout: 60_000 }
+const T = { timeout: 120_000 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const enc = new TextEncoder()
 const dec = new TextDecoder()
 
 /** Polls fn until it returns a truthy value or the deadline passes. */
-async function eventually(fn, { timeoutMs = 10_000, intervalMs = 50 } = {}) {
+// The deadline is a safety net, not a measurement: a loaded CI host can
+// stall for seconds.
+async function eventually(fn, { timeoutMs = 30_000, intervalMs = 50 } = {}) {
   const deadline = Date.now() + timeoutMs
   for (;;) {
     const v = await fn()
@@ -69,7 +71,10 @@ describe('envd 0.6.x parity with the e2b SDK', { concurrency: false }, () => {
     const events = []
     const h = await sbx.files.watchDir(dir, (e) => events.push(e), { includeEntry: true, allowNetworkMounts: true })
     const settled = async () => {
-      // Events until none arrives for 300 ms.
+      // The events of a write that returned may still be on their way (a
+      // loaded host delays the stream): wait for its write event first,
+      // then for 300 ms without a new one.
+      await eventually(() => events.some((e) => e.type === 'write'))
       let n = -1
       while (n !== events.length) {
         n = events.length

@@ -36,11 +36,14 @@ try {
   await sbx.kill()
 }
 
-// Paused at its timeout, resumed by traffic through both proxies.
-const lazy = await Sandbox.create('busybox', { timeoutMs: 2_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+// Paused at its timeout, resumed by traffic through both proxies. The
+// create timeout (which the auto-resume gives again) is long enough for the
+// checks after the resume on a loaded host; the short one comes after.
+const lazy = await Sandbox.create('busybox', { timeoutMs: 120_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
 try {
+  await lazy.setTimeout(2_000)
   let state
-  for (let i = 0; i < 100 && state !== 'paused'; i++) {
+  for (const end = Date.now() + 60_000; Date.now() < end && state !== 'paused'; ) {
     await new Promise((r) => setTimeout(r, 100))
     state = (await lazy.getInfo()).state
   }

@@ -22,11 +22,13 @@ if (process.env.E2B_SANDBOX_URL) throw new Error('hosts.test.mjs: unset E2B_SAND
 if (process.env.E2B_DEBUG) throw new Error('hosts.test.mjs: unset E2B_DEBUG')
 
 const PLAIN_PROXY = process.env.AGENTENV_PLAIN_PROXY.replace(/\/+$/, '')
-const T = { timeout: 60_000 }
+const T = { timeout: 120_000 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 /** Polls fn until it returns a truthy value or the deadline passes. */
-async function eventually(fn, { timeoutMs = 10_000, intervalMs = 100 } = {}) {
+// The deadline is a safety net, not a measurement: a loaded CI host can
+// stall for seconds.
+async function eventually(fn, { timeoutMs = 30_000, intervalMs = 100 } = {}) {
   const deadline = Date.now() + timeoutMs
   for (;;) {
     const v = await fn().catch(() => undefined)

@@ -582,7 +582,7 @@ func scaleLeakCheck(t *testing.T) {
 	before := runtime.NumGoroutine()
 	t.Cleanup(func() {
 		const slack = 10
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for runtime.NumGoroutine() > before+slack {
 			if time.Now().After(deadline) {
 				buf := make([]byte, 1<<20)

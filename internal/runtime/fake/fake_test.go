@@ -68,7 +68,7 @@ func TestPauseAndDestroyReachChildren(t *testing.T) {
 	if err := f.Destroy(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for st := state(child); st != "" && st != "Z"; st = state(child) {
 		if time.Now().After(deadline) {
 			t.Fatalf("child of a destroyed sandbox is %q, want gone", st)
@@ -81,7 +81,7 @@ func TestPauseAndDestroyReachChildren(t *testing.T) {
 func waitChild(t *testing.T, s runtime.Spec) int {
 	t.Helper()
 	wd := fake.WorkDir(s)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		ents, _ := os.ReadDir("/proc")
 		for _, e := range ents {

@@ -58,7 +58,7 @@ func TestDispatchPriority(t *testing.T) {
 // waitQueued waits until n requests of prio wait in d.
 func waitQueued(t *testing.T, d *dispatch, prio, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		d.mu.Lock()
 		got := len(d.waiting[prio])

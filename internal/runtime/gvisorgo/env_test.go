@@ -110,10 +110,11 @@ func (e testEnv) spec(tb testing.TB, r runtime.Runtime, args ...string) runtime.
 		Env: []string{"PATH=/bin"}, Cwd: "/", Pids: 256, MemoryMB: 256, CPUs: 1}
 }
 
-// eventually polls cond every 10ms until it holds or 10s have passed.
+// eventually polls cond every 10ms until it holds or 30s have passed (a
+// safety net: a loaded host can stall a sandbox for seconds).
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out waiting for %s", what)

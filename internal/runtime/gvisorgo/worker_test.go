@@ -297,7 +297,7 @@ func checkNothingLeft(t *testing.T, g *Gvisor, ids []string) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got := left()
 		if len(got) == 0 {
