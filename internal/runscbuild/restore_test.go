@@ -8,14 +8,15 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestPatchedCheckpointRestore checks patches 0003 to 0006 (patches/gvisor)
 // on the installed runsc, through the CLI with debug logs:
-//   - 0006: GOGC is put back to the default once the kernel has started,
-//     after a create and after a restore;
+//   - 0006: GOGC is put back to the default after the start (a second
+//     after the kernel has started), after a create and after a restore;
 //   - 0005: the sandbox process forks its /proc umounter (no second runsc),
 //     and it did its work: the sandbox started (the sentry checks that
 //     /proc is gone before it installs its seccomp filters) and its
@@ -51,7 +52,7 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 		t.Errorf("the sandbox did not fork its /proc umounter (patch 0005 missing: run `make setup`)")
 	}
 	gcBack := regexp.MustCompile(`GOGC back to 100 after the start`)
-	if !gcBack.MatchString(boot) {
+	if !logSays(t, s.logDir, "boot.txt", gcBack) {
 		t.Errorf("the sandbox did not put GOGC back after its start (patch 0006 missing: run `make setup`)")
 	}
 	conf := filepath.Join(t.TempDir(), "trace.json")
@@ -92,7 +93,7 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 	if !regexp.MustCompile(`proc umounter forked`).MatchString(restoreBoot) {
 		t.Errorf("the restored sandbox did not fork its /proc umounter (patch 0005 missing)")
 	}
-	if !gcBack.MatchString(restoreBoot) {
+	if !logSays(t, restoreLogs, "boot.txt", gcBack) {
 		t.Errorf("the restored sandbox did not put GOGC back after the restore (patch 0006 missing)")
 	}
 
@@ -106,6 +107,20 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 		t.Logf("%s: GOMAXPROCS at most %d (limit %d)", l.what, most, limit)
 		if most > limit {
 			t.Errorf("during the %s the sandbox ran with GOMAXPROCS %d, want at most %d (patch 0003 missing: run `make setup`)", l.what, most, limit)
+		}
+	}
+}
+
+// logSays waits up to 30 s for the debug log to have a line matching re
+// (0006 logs a second after the start, in its own time).
+func logSays(t *testing.T, dir, suffix string, re *regexp.Regexp) bool {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if re.MatchString(readLog(t, dir, suffix)) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
 		}
 	}
 }
