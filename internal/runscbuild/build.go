@@ -44,6 +44,11 @@ type Options struct {
 // to the repository. The build runs them inside the module copy.
 var GeneratorDirs = []string{"cmd/seccompgen", "internal/runscbuild/seccompgen"}
 
+// PatchedTag is the build tag the generator is built with inside the
+// patched module copy: its files with the tag use what only the patches
+// add (the systrap stub programs), which agentenv's own gVisor lacks.
+const PatchedTag = "agentenv_patched_gvisor"
+
 // Build builds runsc as a `go install gvisor.dev/gvisor/runsc@<version>`
 // with CGO_ENABLED=0 does, but from a copy of the module that has the
 // patches and (unless Stub) the precompiled seccomp filters in it.
@@ -218,7 +223,7 @@ func (b *build) render(ctx context.Context) error {
 	}
 	defer os.Remove(work) // the install below is not a workspace build
 	// Built as runsc is (CGO_ENABLED=0): build tags choose some rules.
-	cmd := exec.CommandContext(ctx, "go", "run", "./gen/cmd/seccompgen", "-src", b.src)
+	cmd := exec.CommandContext(ctx, "go", "run", "-tags", PatchedTag, "./gen/cmd/seccompgen", "-src", b.src)
 	cmd.Dir = b.Work
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK="+work, "GOFLAGS=")
 	cmd.Stdout, cmd.Stderr = b.Log, b.Log

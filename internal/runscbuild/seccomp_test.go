@@ -90,6 +90,112 @@ func TestPrecompiledFilterIsCompiledProgram(t *testing.T) {
 			compareFilters(t, got, want, vars, stubVars)
 		})
 	}
+
+	// The stub processes' programs (patch 0007): each sandbox's own stub
+	// addresses are the variables, logged by each build.
+	t.Run("stub", func(t *testing.T) {
+		preLog := readLog(t, pre.logDir, "boot.txt")
+		stubLog := readLog(t, stub.logDir, "boot.txt")
+		vars := stubVariables(t, preLog, stubPrecompiledLine)
+		wantVars := stubVariables(t, stubLog, stubCompiledLine)
+		got := readFilters(t, stubTask(t, pre.sentry))
+		want := readFilters(t, stubTask(t, stub.sentry))
+		t.Logf("stub: variables %v and %v, %d filter(s) of %v instructions", vars, wantVars, len(got), lens(got))
+		compareFilters(t, got, want, vars, wantVars)
+	})
+}
+
+// What the patched Sentry logs for each of its stub programs (patch 0007).
+var (
+	stubPrecompiledLine = regexp.MustCompile(`Loaded precompiled stub seccomp program (\S+), using variables: map\[(.*)\]`)
+	stubCompiledLine    = regexp.MustCompile(`Compiling stub seccomp program (\S+), variables: map\[(.*)\]`)
+)
+
+// stubProgramNames are the stub programs a Sentry makes at its start.
+var stubProgramNames = []string{"systrap_stub_process", "systrap_sysmsg_thread", "systrap_sysmsg_syscall_notify"}
+
+// stubVariables returns the variables of every stub program that log says
+// was made the way line describes, and fails unless all of them were.
+func stubVariables(t *testing.T, log string, line *regexp.Regexp) map[string]uint32 {
+	t.Helper()
+	vars := map[string]uint32{}
+	seen := map[string]bool{}
+	for _, m := range line.FindAllStringSubmatch(log, -1) {
+		seen[m[1]] = true
+		for _, kv := range strings.Fields(m[2]) {
+			k, v, ok := strings.Cut(kv, ":")
+			n, err := strconv.ParseUint(v, 10, 32)
+			if !ok || err != nil {
+				t.Fatalf("cannot parse variable %q in %q", kv, m[0])
+			}
+			if old, dup := vars[k]; dup && old != uint32(n) {
+				t.Fatalf("variable %s is %d in one stub program and %d in another", k, old, n)
+			}
+			vars[k] = uint32(n)
+		}
+	}
+	for _, name := range stubProgramNames {
+		if !seen[name] {
+			t.Fatalf("no %q line for stub program %s; the log says:\n%s", line, name, grepSeccomp(log))
+		}
+	}
+	return vars
+}
+
+// stubTask returns the thread, among the processes the sentry started (its
+// systrap stubs), with the most seccomp filters: one that runs application
+// code has the stub process's and the sysmsg thread's.
+func stubTask(t *testing.T, sentry int) int {
+	t.Helper()
+	children := map[int][]int{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := statusField(fmt.Sprintf("/proc/%d/status", pid), "PPid:"); ok {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	best, most := 0, 0
+	queue := append([]int(nil), children[sentry]...)
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = append(queue[1:], children[pid]...)
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		for _, task := range tasks {
+			tid, err := strconv.Atoi(task.Name())
+			if err != nil {
+				continue
+			}
+			if n, ok := statusField(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid), "Seccomp_filters:"); ok && (n > most || n == most && tid < best) {
+				best, most = tid, n
+			}
+		}
+	}
+	if best == 0 {
+		t.Fatalf("sandbox process %d has no stub process with a seccomp filter", sentry)
+	}
+	return best
+}
+
+// statusField returns the number after name in a /proc status file.
+func statusField(path, name string) (int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == name {
+			n, err := strconv.Atoi(f[1])
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // compareFilters checks that got (precompiled, rendered with vars) and want
