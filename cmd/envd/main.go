@@ -1,4 +1,14 @@
 // Command envd is the daemon inside every sandbox (see internal/envd).
+//
+// Its Go runtime skips three things it would do under gVisor for nothing
+// (docs/design.md, "envd's start inside gVisor"): naming each anonymous
+// mapping (a prctl per mmap, which gVisor refuses), reading the cgroup's
+// CPU limit at start (gVisor already sizes the CPUs it shows to the
+// sandbox's quota), and reading it again every second afterwards.
+//
+//go:debug decoratemappings=0
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
 package main
 
 import (
