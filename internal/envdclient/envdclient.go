@@ -51,11 +51,10 @@ func (t Target) url(path string) string { return "http://" + t.Addr + path }
 // Client talks to the envd of any sandbox. Its zero value is not usable;
 // call New. It is safe for concurrent use.
 type Client struct {
-	// short serves the quick calls (init): a bound of shortTimeout, and no
-	// kept connections (an address passes to another sandbox after a kill).
-	short *http.Client
 	// long serves streams (files, commands): no overall timeout, the
-	// caller's context bounds them.
+	// caller's context bounds them; no kept connections (an address passes
+	// to another sandbox after a kill). Quick calls (health, init) use a
+	// connection of their own each.
 	long *http.Client
 	dial DialFunc
 	log  *slog.Logger
@@ -72,10 +71,9 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 	}
 	tr := &http.Transport{DisableKeepAlives: true, DialContext: dial}
 	return &Client{
-		short: &http.Client{Timeout: shortTimeout, Transport: tr},
-		long:  &http.Client{Transport: tr},
-		dial:  dial,
-		log:   log,
+		long: &http.Client{Transport: tr},
+		dial: dial,
+		log:  log,
 	}
 }
 
@@ -87,6 +85,15 @@ func New(dial DialFunc, log *slog.Logger) *Client {
 // answer: envd listens before its slow start-up (internal/envd/listener), so
 // the sandbox's network stack holds the connection until envd serves.
 func (c *Client) Wait(ctx context.Context, t Target) error {
+	return c.retry(ctx, t, "envd not answering yet", func(dialFor time.Duration) error {
+		return c.health(ctx, t, dialFor)
+	})
+}
+
+// retry calls try until it succeeds or ctx ends, with a short delay between
+// calls, each call's dial deadline growing (dialFor); the error then carries
+// the last failure, the first, and how many attempts failed.
+func (c *Client) retry(ctx context.Context, t Target, what string, try func(dialFor time.Duration) error) error {
 	delay := time.Millisecond
 	// Each connect gets a short deadline that grows: a SYN that reaches a
 	// sandbox still finishing its start (or restore) is dropped, and the
@@ -95,11 +102,11 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 	var first, last error
 	failed := 0
 	for {
-		err := c.health(ctx, t, dialFor)
+		err := try(dialFor)
 		if err == nil {
 			return nil
 		}
-		c.log.Debug("envd not answering yet", "addr", t.Addr, "attempt", dialFor, "err", err)
+		c.log.Debug(what, "addr", t.Addr, "attempt", dialFor, "err", err)
 		if dialFor < 2*time.Second {
 			dialFor *= 2
 		}
@@ -118,8 +125,37 @@ func (c *Client) Wait(ctx context.Context, t Target) error {
 	}
 }
 
-// shortTimeout bounds a quick call (a restored sandbox's /init). It takes
-// milliseconds, but it is not retried: a loaded host that stalls a freshly
+// dialWithin connects to envd within dialFor.
+func (c *Client) dialWithin(ctx context.Context, t Target, dialFor time.Duration) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialFor)
+	defer cancel()
+	return c.dial(dctx, "tcp", t.Addr)
+}
+
+// exchange sends req on conn and reads its answer, within answerFor (and
+// ctx); the caller closes conn.
+func exchange(ctx context.Context, conn net.Conn, req *http.Request, answerFor time.Duration) (*http.Response, error) {
+	deadline := time.Now().Add(answerFor)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	req.Close = true
+	if err := req.Write(conn); err != nil {
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body.Close()
+	return resp, nil
+}
+
+// shortTimeout bounds the answer to a quick call (a restored sandbox's
+// /init) once connected. It takes milliseconds, but it is not retried: a loaded host that stalls a freshly
 // restored sandbox for a few seconds must not fail the restore (the old
 // 2 s left no margin for that).
 const shortTimeout = 10 * time.Second
@@ -132,30 +168,16 @@ const healthAnswerTimeout = 2 * time.Second
 // health asks envd's /health once on a new connection (dialled within
 // dialFor), waiting up to healthAnswerTimeout for the answer.
 func (c *Client) health(ctx context.Context, t Target, dialFor time.Duration) error {
-	dctx, cancel := context.WithTimeout(ctx, dialFor)
-	conn, err := c.dial(dctx, "tcp", t.Addr)
-	cancel()
+	conn, err := c.dialWithin(ctx, t, dialFor)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(healthAnswerTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	conn.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
 	req, _ := http.NewRequest(http.MethodGet, t.url("/health"), nil)
-	req.Close = true
-	if err := req.Write(conn); err != nil {
-		return err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	resp, err := exchange(ctx, conn, req, healthAnswerTimeout)
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
@@ -163,20 +185,32 @@ func (c *Client) health(ctx context.Context, t Target, dialFor time.Duration) er
 }
 
 // Init gives envd a new access token and environment variables (a
-// restored sandbox's), authenticated with the token it has (t.Token).
+// restored sandbox's), authenticated with the token it has (t.Token). It
+// connects as Wait does (a refused or unanswered connect is tried again
+// until ctx ends), so a restored sandbox needs no /health first; once
+// connected it sends the request once and waits up to shortTimeout for the
+// answer (not retried: envd may have taken it).
 func (c *Client) Init(ctx context.Context, t Target, token string, envs map[string]string) error {
+	var conn net.Conn
+	err := c.retry(ctx, t, "envd not accepting /init yet", func(dialFor time.Duration) (err error) {
+		conn, err = c.dialWithin(ctx, t, dialFor)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set the access token of restored envd: %w", err)
+	}
+	defer conn.Close()
 	body, _ := jsonBody(map[string]any{"accessToken": token, "envVars": envs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url("/init"), body)
+	req, err := http.NewRequest(http.MethodPost, t.url("/init"), body)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("X-Access-Token", t.Token)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.short.Do(req)
+	resp, err := exchange(ctx, conn, req, shortTimeout)
 	if err != nil {
 		return fmt.Errorf("set the access token of restored envd: %w", err)
 	}
-	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("set the access token of restored envd: HTTP %d", resp.StatusCode)
 	}

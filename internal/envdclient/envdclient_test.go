@@ -89,3 +89,55 @@ func TestWaitHoldsAcceptedConnection(t *testing.T) {
 		t.Errorf("Wait sent %d requests, want 1 (on the connection held until envd served)", n)
 	}
 }
+
+// TestInitWaitsForEnvd: Init on a restored sandbox needs no Wait first: a
+// refused connect is tried again until envd listens, then the one request
+// is sent; with nothing listening it gives up with ctx and says why.
+func TestInitWaitsForEnvd(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused until the server below listens again
+	var requests atomic.Int32
+	handler := envd.New(envd.Config{AccessToken: "old"}).Handler()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		handler.ServeHTTP(w, r)
+	})}
+	t.Cleanup(func() { srv.Close() })
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("listen again on %s: %v", addr, err)
+			return
+		}
+		srv.Serve(ln)
+	}()
+	c := envdclient.New(nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Init(ctx, envdclient.Target{Addr: addr, Token: "old"}, "new", nil); err != nil {
+		t.Fatalf("Init while envd comes up: %v", err)
+	}
+	if n := requests.Load(); n != 1 {
+		t.Errorf("Init sent %d requests, want 1", n)
+	}
+	if err := c.Wait(ctx, envdclient.Target{Addr: addr, Token: "new"}); err != nil {
+		t.Errorf("Wait after Init: %v", err)
+	}
+	if err := c.Init(ctx, envdclient.Target{Addr: addr, Token: "new"}, "newer", nil); err != nil {
+		t.Errorf("Init with the new token: %v", err)
+	}
+
+	down, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	gone := ln2.Addr().String()
+	ln2.Close()
+	if err := c.Init(down, envdclient.Target{Addr: gone, Token: "x"}, "y", nil); err == nil || !strings.Contains(err.Error(), "attempts failed; the first: ") {
+		t.Errorf("Init on nothing: got %v, want an error with the last and first failures", err)
+	}
+}

@@ -513,10 +513,12 @@ var (
 )
 
 // restoreList is the steps of a restore: they differ by how long the
-// snapshot is held and what the restored envd is told.
+// snapshot is held and what the restored envd is told. There is no envd
+// step: the rekey waits for envd (envdclient.Init connects as Wait does)
+// and its answer is envd's first, which saves a request per restore.
 func restoreList(snap, rekey step) []step {
 	return []step{admitStep, tmplStep, snap, warmStep, slotStep, recStep, egStep,
-		{"restore", (*boot).restoreRuntime, true}, netStep, envdStep, rekey, runStep, watchStep}
+		{"restore", (*boot).restoreRuntime, true}, netStep, rekey, runStep, watchStep}
 }
 
 // bootSandbox runs a create's steps and returns the new sandbox.

@@ -48,7 +48,10 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 }
 
 // rekey sets a new access token in a restored sandbox's envd, which still
-// has oldToken.
+// has oldToken, waiting (at most 30 s, as waitEnvd) for envd to accept the
+// connection.
 func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string, envs map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	return m.envd.Init(ctx, envdclient.Target{Addr: sb.Addr(envd.Port), Token: oldToken}, sb.AccessToken, envs)
 }
