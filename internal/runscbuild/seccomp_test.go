@@ -148,15 +148,7 @@ func stubVariables(t *testing.T, log string, line *regexp.Regexp) map[string]uin
 func stubTask(t *testing.T, sentry int) int {
 	t.Helper()
 	children := map[int][]int{}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
+	for _, pid := range procPIDs(t) {
 		if ppid, ok := statusField(fmt.Sprintf("/proc/%d/status", pid), "PPid:"); ok {
 			children[ppid] = append(children[ppid], pid)
 		}
@@ -181,6 +173,22 @@ func stubTask(t *testing.T, sentry int) int {
 		t.Fatalf("sandbox process %d has no stub process with a seccomp filter", sentry)
 	}
 	return best
+}
+
+// procPIDs lists the host's processes.
+func procPIDs(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // statusField returns the number after name in a /proc status file.
@@ -290,16 +298,8 @@ func globalArgs(tb testing.TB, root string) []string {
 // their names (runsc renames them) and command lines.
 func processesOf(t *testing.T, id string) (sentry, gofer int) {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+	for _, pid := range procPIDs(t) {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err != nil {
 			continue
 		}
