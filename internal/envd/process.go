@@ -225,7 +225,7 @@ func keepalive(h interface{ Get(string) string }) time.Duration {
 
 // spawn prepares a process; run starts it.
 func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string, wantStdin bool, pty *pb.PTY) (*proc, error) {
-	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
+	cmd := exec.Command(commandPath(cfg.GetCmd()), cfg.GetArgs()...)
 	cmd.Env = ps.s.environ(acct, cfg.GetEnvs())
 	cmd.Dir = acct.Home
 	cwd := defaultWorkdir()

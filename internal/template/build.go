@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -324,13 +325,13 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 // user named "user" with a home, a world-writable /tmp. The tree may come
 // from a client: every path is resolved inside it (os.Root), so a symlink
 // such as home/user -> /victim fails the build instead of reaching the host.
-func prepareRootfs(rootfs, envd string) error {
+func prepareRootfs(rootfs, envdBin string) error {
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	if err := copyInto(root, envd, strings.TrimPrefix(EnvdPath, "/"), 0o755); err != nil {
+	if err := copyInto(root, envdBin, strings.TrimPrefix(EnvdPath, "/"), 0o755); err != nil {
 		return err
 	}
 	for _, d := range []string{"tmp", "proc", "dev", "sys", "etc", "root", "home/user", "bin"} {
@@ -344,7 +345,8 @@ func prepareRootfs(rootfs, envd string) error {
 	if _, err := root.Lstat("bin/bash"); errors.Is(err, os.ErrNotExist) {
 		// busybox has no bash applet: a script hands bash's arguments to sh,
 		// which accepts the SDK's `-l -c CMD`.
-		if err := root.WriteFile("bin/bash", []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n"), 0o755); err != nil {
+		// envd recognises it and starts sh itself (envd.BashShim).
+		if err := root.WriteFile("bin/bash", []byte(envd.BashShim), 0o755); err != nil {
 			return err
 		}
 	}
