@@ -98,8 +98,8 @@ func TestPrecompiledFilterIsCompiledProgram(t *testing.T) {
 		stubLog := readLog(t, stub.logDir, "boot.txt")
 		vars := stubVariables(t, preLog, stubPrecompiledLine)
 		wantVars := stubVariables(t, stubLog, stubCompiledLine)
-		got := readFilters(t, stubTask(t, pre.sentry))
-		want := readFilters(t, stubTask(t, stub.sentry))
+		got := readFilters(t, stubTask(t, pre.sentry, len(stubProgramNames)))
+		want := readFilters(t, stubTask(t, stub.sentry, len(stubProgramNames)))
 		t.Logf("stub: variables %v and %v, %d filter(s) of %v instructions", vars, wantVars, len(got), lens(got))
 		compareFilters(t, got, want, vars, wantVars)
 	})
@@ -144,8 +144,25 @@ func stubVariables(t *testing.T, log string, line *regexp.Regexp) map[string]uin
 
 // stubTask returns the thread, among the processes the sentry started (its
 // systrap stubs), with the most seccomp filters: one that runs application
-// code has the stub process's and the sysmsg thread's.
-func stubTask(t *testing.T, sentry int) int {
+// code has all the stub programs. It waits (up to 10 s) for one with want.
+func stubTask(t *testing.T, sentry, want int) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tid, n := mostFiltered(t, sentry)
+		if n >= want || time.Now().After(deadline) {
+			if tid == 0 {
+				t.Fatalf("sandbox process %d has no stub process with a seccomp filter", sentry)
+			}
+			return tid
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// mostFiltered returns the stub thread of sentry with the most seccomp
+// filters, and how many it has.
+func mostFiltered(t *testing.T, sentry int) (int, int) {
 	t.Helper()
 	children := map[int][]int{}
 	for _, pid := range procPIDs(t) {
@@ -169,10 +186,7 @@ func stubTask(t *testing.T, sentry int) int {
 			}
 		}
 	}
-	if best == 0 {
-		t.Fatalf("sandbox process %d has no stub process with a seccomp filter", sentry)
-	}
-	return best
+	return best, most
 }
 
 // procPIDs lists the host's processes.
