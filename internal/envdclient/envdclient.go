@@ -155,9 +155,9 @@ func exchange(ctx context.Context, conn net.Conn, req *http.Request, answerFor t
 }
 
 // shortTimeout bounds the answer to a quick call (a restored sandbox's
-// /init) once connected. It takes milliseconds, but it is not retried: a loaded host that stalls a freshly
-// restored sandbox for a few seconds must not fail the restore (the old
-// 2 s left no margin for that).
+// /init) once connected. It takes milliseconds, but it is not retried: a
+// loaded host that stalls a freshly restored sandbox for a few seconds
+// must not fail the restore (the old 2 s left no margin for that).
 const shortTimeout = 10 * time.Second
 
 // healthAnswerTimeout bounds the wait for /health's answer on an accepted
