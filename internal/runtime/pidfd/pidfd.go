@@ -47,16 +47,11 @@ func WatchFile(f *os.File, reap bool) (<-chan struct{}, error) {
 	go func() {
 		defer close(done)
 		defer f.Close()
-		first := true
 		// A pidfd becomes readable when the process exits; returning false
-		// parks this goroutine in the poller until then.
-		_ = rc.Read(func(uintptr) bool {
-			if first {
-				first = false
-				return false
-			}
-			return true
-		})
+		// parks this goroutine in the poller until then. Ask the pidfd
+		// itself each time: the poller's edge-triggered wake-up is lost
+		// when the process exited before this goroutine began to wait.
+		_ = rc.Read(exited)
 		if reap {
 			_ = rc.Control(func(fd uintptr) {
 				var info unix.Siginfo
@@ -70,4 +65,17 @@ func WatchFile(f *os.File, reap bool) (<-chan struct{}, error) {
 		}
 	}()
 	return done, nil
+}
+
+// exited reports whether the process of a pidfd has exited, without
+// blocking (on an error, no: the poller then wakes the watch).
+func exited(fd uintptr) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n > 0
+	}
 }
