@@ -348,14 +348,23 @@ func (f *Fake) Destroy(ctx context.Context, id string) error {
 		if err := freeze(ctx, pid); err != nil {
 			return err
 		}
+		// Gone means every thread of every process has exited: a killed
+		// Go process's leader shows as a zombie while its other threads
+		// still hold its files (envd's listening socket), and the caller
+		// hands the sandbox's address to the next one once this returns.
+		// A pidfd polls readable only when the whole thread group is gone.
+		var gone []<-chan struct{}
 		for _, p := range tree(pid) {
+			if done, err := pidfd.Watch(p, false); err == nil {
+				gone = append(gone, done)
+			}
 			syscall.Kill(p, syscall.SIGKILL)
 		}
-		for s := procState(pid); !dead(s); s = procState(pid) {
+		for _, done := range gone {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Millisecond):
+			case <-done:
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package fake_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +15,29 @@ import (
 	"github.com/agentenv/agentenv/internal/runtime/fake"
 	"github.com/agentenv/agentenv/internal/runtime/runtimetest"
 )
+
+// listenEnv makes the test binary a sandbox's init process that listens
+// on the address it names until killed: a Go process, with many threads,
+// as envd is.
+const listenEnv = "FAKE_TEST_LISTEN"
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(listenEnv); addr != "" {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				os.Exit(1)
+			}
+			c.Close()
+		}
+	}
+	os.Exit(m.Run())
+}
 
 // safeInit replaces the suite's init process: the fake runs it on the
 // host, where the suite's writes to /tmp would land. It has a child, so
@@ -110,4 +135,63 @@ func state(pid int) string {
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return f[0]
+}
+
+// Once Destroy returns, what the sandbox's processes held is free: the
+// address its init process listened on can be bound again at once (the
+// manager gives the sandbox's network slot, and so its address, to the
+// next sandbox right after the destroy).
+func TestDestroyReleasesTheListeningAddress(t *testing.T) {
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	f, err := fake.New(fake.Config{Root: filepath.Join(t.TempDir(), "state"), Command: func(runtime.Spec) ([]string, error) {
+		return []string{os.Args[0]}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	image := filepath.Join(dir, "image")
+	os.WriteFile(image, nil, 0o600)
+	// A killed process's threads exit one by one: one in a few destroys
+	// used to return while the socket was still open.
+	const rounds = 30
+	for i := range rounds {
+		s := runtime.Spec{ID: fmt.Sprintf("fake%016d", i), Dir: filepath.Join(dir, strconv.Itoa(i)), Image: image,
+			Env: []string{listenEnv + "=" + addr}}
+		if err := f.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		waitListening(t, addr)
+		if err := f.Destroy(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("round %d: listen on %s right after Destroy: got %v, want the address free", i, addr, err)
+		}
+		l.Close()
+	}
+}
+
+// waitListening polls until something accepts connections at addr.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s: %v", addr, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
