@@ -21,16 +21,35 @@ import (
 // watch follows one directory (optionally its subdirectories) with inotify.
 // Like every file operation, it runs as envd (root), as E2B's envd does;
 // the user only names the path's home.
+//
+// A goroutine moves what the kernel queues into pending, for WatchDir's
+// stream; GetWatcherEvents reads the kernel's queue itself before it
+// answers, so that every change made before the call is in its answer
+// (the kernel queues an event in the syscall that made the change), not
+// only those the goroutine has got to.
 type watch struct {
 	root         string
 	recursive    bool
 	includeEntry bool
-	fd           int
-	dirs         map[int]string
-	events       chan *pb.FilesystemEvent
-	stop         chan struct{}
-	once         sync.Once
+
+	// mu serializes reads of the inotify queue; it guards fd (-1 once
+	// closed), dirs and pending.
+	mu      sync.Mutex
+	fd      int
+	buf     []byte
+	dirs    map[int]string
+	pending []*pb.FilesystemEvent
+	// ready is signalled when pending gets events, room when they are
+	// taken (the goroutine stops reading at maxPending until then).
+	ready chan struct{}
+	room  chan struct{}
+	stop  chan struct{}
+	once  sync.Once
 }
+
+// maxPending bounds the events read and not yet taken: past it the kernel
+// keeps them (and drops what overflows its own queue).
+const maxPending = 1024
 
 // watchMask holds the inotify events E2B's envd (fsnotify) reports: no
 // IN_CLOSE_WRITE, so one write to a file is one write event.
@@ -43,7 +62,8 @@ func newWatch(acct account, root string, recursive, includeEntry, allowNetwork b
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("inotify: %w", err))
 	}
 	w := &watch{root: root, recursive: recursive, includeEntry: includeEntry, fd: fd,
-		dirs: map[int]string{}, events: make(chan *pb.FilesystemEvent, 1024), stop: make(chan struct{})}
+		buf: make([]byte, 64<<10), dirs: map[int]string{},
+		ready: make(chan struct{}, 1), room: make(chan struct{}, 1), stop: make(chan struct{})}
 	err = func() error {
 		st, err := os.Stat(root)
 		if err != nil {
@@ -67,7 +87,7 @@ func newWatch(acct account, root string, recursive, includeEntry, allowNetwork b
 
 // add watches dir and, when recursive, its subdirectories. Only the root
 // may be reached through a symlink: a subdirectory swapped for one between
-// its event and this call is not followed.
+// its event and this call is not followed. Callers hold w.mu (or own w).
 func (w *watch) add(dir string, root bool) error {
 	mask := uint32(watchMask)
 	if !root {
@@ -97,29 +117,59 @@ func (w *watch) close() {
 	w.once.Do(func() { close(w.stop) })
 }
 
+// loop reads the kernel's queue as events arrive, until the watch is
+// closed; then it closes the inotify descriptor.
 func (w *watch) loop() {
-	defer unix.Close(w.fd)
-	defer close(w.events)
-	buf := make([]byte, 64<<10)
+	defer func() {
+		w.mu.Lock()
+		unix.Close(w.fd)
+		w.fd = -1
+		w.mu.Unlock()
+	}()
 	for {
 		select {
 		case <-w.stop:
 			return
 		default:
 		}
+		w.mu.Lock()
+		full := len(w.pending) >= maxPending
+		w.mu.Unlock()
+		if full {
+			select {
+			case <-w.room:
+			case <-w.stop:
+				return
+			}
+			continue
+		}
 		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
 		if n, _ := unix.Poll(fds, 200); n <= 0 {
 			continue
 		}
-		n, err := unix.Read(w.fd, buf)
-		if err != nil || n <= 0 {
+		w.mu.Lock()
+		w.readLocked()
+		w.mu.Unlock()
+	}
+}
+
+// readLocked moves the events the kernel has queued into pending, until
+// the queue is empty (it then reports true) or pending is full. Callers
+// hold w.mu.
+func (w *watch) readLocked() bool {
+	for w.fd >= 0 && len(w.pending) < maxPending {
+		n, err := unix.Read(w.fd, w.buf)
+		if err == unix.EINTR {
 			continue
 		}
+		if err != nil || n <= 0 {
+			return true
+		}
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			raw := (*unix.InotifyEvent)(unsafe.Pointer(&w.buf[off]))
 			name := ""
 			if raw.Len > 0 {
-				b := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
+				b := w.buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
 				for i, c := range b {
 					if c == 0 {
 						b = b[:i]
@@ -132,8 +182,45 @@ func (w *watch) loop() {
 			w.handle(int(raw.Wd), raw.Mask, name)
 		}
 	}
+	return w.fd < 0
 }
 
+// take returns the events read and not yet taken.
+func (w *watch) take() []*pb.FilesystemEvent {
+	w.mu.Lock()
+	evs := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	w.signal(w.room)
+	return evs
+}
+
+// drain returns every event queued by now: those read already and what
+// the kernel still holds.
+func (w *watch) drain() []*pb.FilesystemEvent {
+	w.mu.Lock()
+	var evs []*pb.FilesystemEvent
+	for {
+		done := w.readLocked()
+		evs = append(evs, w.pending...)
+		w.pending = nil
+		if done {
+			break
+		}
+	}
+	w.mu.Unlock()
+	w.signal(w.room)
+	return evs
+}
+
+func (w *watch) signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// handle queues the events of one inotify record. Callers hold w.mu.
 func (w *watch) handle(wd int, mask uint32, name string) {
 	dir, ok := w.dirs[wd]
 	if !ok || name == "" {
@@ -150,12 +237,9 @@ func (w *watch) handle(wd int, mask uint32, name string) {
 		if w.includeEntry && carriesEntry(t) {
 			ev.Entry, _ = entryInfo(full)
 		}
-		select {
-		case w.events <- ev:
-		case <-w.stop:
-			return
-		}
+		w.pending = append(w.pending, ev)
 	}
+	w.signal(w.ready)
 }
 
 // eventTypes maps an inotify mask to E2B's event types the way fsnotify
@@ -235,12 +319,11 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 	defer tick.Stop()
 	for {
 		select {
-		case ev, ok := <-w.events:
-			if !ok {
-				return nil
-			}
-			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
-				return err
+		case <-w.ready:
+			for _, ev := range w.take() {
+				if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
+					return err
+				}
 			}
 		case <-tick.C:
 			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
@@ -291,19 +374,7 @@ func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 	if err != nil {
 		return nil, err
 	}
-	out := &pb.GetWatcherEventsResponse{}
-	for {
-		select {
-		case ev, ok := <-w.events:
-			if !ok {
-				return connect.NewResponse(out), nil
-			}
-			out.Events = append(out.Events, ev)
-			continue
-		default:
-		}
-		return connect.NewResponse(out), nil
-	}
+	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: w.drain()}), nil
 }
 
 func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
