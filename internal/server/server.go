@@ -284,7 +284,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 		return err
 	}
 	ptls := cfg.ProxyTLS
-	ptls.Domain = cfg.Domain
+	ptls.Domain, ptls.Log = cfg.Domain, log
 	if ptls.CADir == "" {
 		ptls.CADir = cfg.DataDir
 	}
