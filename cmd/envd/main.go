@@ -49,6 +49,8 @@ func main() {
 			envs[k] = v
 		}
 	}
+	// PID 1 of the sandbox: orphaned processes become envd's to reap.
+	envd.ReapOrphans()
 	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir, ChangesRoot: *changesRoot})
 	ln, err := listen(*addr, listener.Take())
 	if err != nil {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -131,4 +132,22 @@ func metricsIDs(vals []string) ([]string, error) {
 		return nil, errdefs.Invalid("sandbox_ids has %d IDs: give at most %d per request", len(ids), maxMetricsIDs)
 	}
 	return ids, nil
+}
+
+// Scrape serves h (the role's Prometheus /metrics) only to a key that sees
+// every tenant: the operator's, or the single key of a one-user server.
+// The series count every tenant's sandboxes by template, so neither a
+// keyless caller nor a named key may read them.
+func (s *Server) Scrape(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := s.caller(r)
+		if err == nil && !id.all() {
+			err = fmt.Errorf("/metrics counts every key's sandboxes and templates: scrape it with the operator key (or the server's single API key), not a named key: %w", errdefs.ErrPermissionDenied)
+		}
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -105,6 +105,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.DurationVar(&stopWait, "stop-timeout", 2*time.Minute, "with --stop: how long to wait for the server to exit")
 	f.StringVar(&h.cfg.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
+	f.BoolVar(&h.cfg.MetricsHideTemplates, "metrics-hide-templates", false, "leave template names (which any key may choose) out of /metrics' labels: sandboxes and pools are then counted by state and pool alone")
 	domainFlags(cmd, &h.cfg.Domain, &h.cfg.ProxyTLS)
 	sb := &h.cfg.StepBuilds
 	f.StringSliceVar(&sb.RegistryAllow, "registry-allow", nil, "registry hosts (HOST[:PORT], comma-separated) that E2B template builds' fromImage may pull from although they resolve to loopback, private or link-local addresses")

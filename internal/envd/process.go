@@ -283,7 +283,7 @@ func (ps *processService) spawn(cfg *pb.ProcessConfig, acct account, tag *string
 func (ps *processService) run(p *proc) error {
 	var wg sync.WaitGroup
 	if p.tty != nil {
-		err := p.cmd.Start()
+		err := startChild(p.cmd)
 		p.term.Close() // the process holds it now (or never will)
 		if err != nil {
 			p.tty.Close()
@@ -300,7 +300,7 @@ func (ps *processService) run(p *proc) error {
 		if err != nil {
 			return connect.NewError(connect.CodeInternal, err)
 		}
-		if err := p.cmd.Start(); err != nil {
+		if err := startChild(p.cmd); err != nil {
 			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", p.config.GetCmd(), err))
 		}
 		wg.Add(2)
@@ -314,7 +314,7 @@ func (ps *processService) run(p *proc) error {
 
 	go func() {
 		wg.Wait()
-		err := p.cmd.Wait()
+		err := waitChild(p.cmd)
 		end := &pb.ProcessEvent_EndEvent{Exited: true}
 		if st := p.cmd.ProcessState; st != nil {
 			ws := st.Sys().(syscall.WaitStatus)

@@ -123,7 +123,7 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		s.mu.Lock()
 		token := s.token
 		s.mu.Unlock()
-		if msg := refusal(r, token); msg != "" {
+		if msg := Refusal(r, token); msg != "" {
 			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}
@@ -131,8 +131,11 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	})
 }
 
-// refusal says why a request may not pass, "" when it may.
-func refusal(r *http.Request, token string) string {
+// Refusal says why a request to a route that needs envd's access token
+// may not pass, "" when it may: the token in X-Access-Token, or a signed
+// /files URL. The sandbox proxy asks it too, before traffic wakes a
+// paused sandbox.
+func Refusal(r *http.Request, token string) string {
 	if token == "" {
 		return ""
 	}

@@ -376,6 +376,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	backend := api.Metered(remote, reg)
 	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
 	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
-	apiH := server.WithMetrics(reg, api.New(acfg).Handler())
+	a := api.New(acfg)
+	apiH := server.WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, router.NewProxy(remote)), cfg.Ready)
 }

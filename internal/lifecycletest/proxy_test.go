@@ -15,7 +15,16 @@ import (
 // returns the status (0 if the request failed) and how long it took.
 func viaProxy(t *testing.T, proxyURL, id string, timeout time.Duration) (int, time.Duration) {
 	t.Helper()
+	return viaProxyWith(t, proxyURL, id, "", timeout)
+}
+
+// viaProxyWith is viaProxy with envd's access token (none if "").
+func viaProxyWith(t *testing.T, proxyURL, id, token string, timeout time.Duration) (int, time.Duration) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, proxyURL+"/health", nil)
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
 	req.Header.Set("E2b-Sandbox-Id", id)
 	req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(envd.Port))
 	start := time.Now()
@@ -28,8 +37,8 @@ func viaProxy(t *testing.T, proxyURL, id string, timeout time.Duration) (int, ti
 }
 
 // The proxy follows a sandbox through pause, resume and kill: it answers
-// while running, 502 while paused or gone, and traffic wakes a sandbox
-// created with autoResume.
+// while running, 502 while paused or gone, and traffic with envd's token
+// wakes a sandbox created with autoResume (keyless traffic gets 401).
 func TestUnprivilegedProxyFollowsState(t *testing.T) {
 	x := newHost(t)
 	p := x.proxy()
@@ -46,7 +55,15 @@ func TestUnprivilegedProxyFollowsState(t *testing.T) {
 	if code, took := viaProxy(t, p.URL, sb.ID, 5*time.Second); code != http.StatusBadGateway {
 		t.Errorf("paused sandbox through the proxy: %d after %v, want 502 at once", code, took)
 	}
-	if code, _ := viaProxy(t, p.URL, auto.ID, 5*time.Second); code/100 != 2 {
+	// Only traffic with envd's token wakes it: a keyless caller must not
+	// keep someone's sandbox running.
+	if code, _ := viaProxy(t, p.URL, auto.ID, 5*time.Second); code != http.StatusUnauthorized {
+		t.Errorf("paused autoResume sandbox through the proxy without envd's token: %d, want 401", code)
+	}
+	if got := x.state(auto.ID); got != "paused" {
+		t.Errorf("autoResume sandbox after keyless traffic: %s, want paused", got)
+	}
+	if code, _ := viaProxyWith(t, p.URL, auto.ID, auto.AccessToken, 5*time.Second); code/100 != 2 {
 		t.Errorf("paused autoResume sandbox through the proxy: %d, want 2xx (traffic resumes it)", code)
 	}
 	if got := x.state(auto.ID); got != "running" {

@@ -2,8 +2,9 @@
 // *.<domain>: an operator's wildcard certificate, or one issued by a local
 // certificate authority that the server creates once in its data dir
 // (ca.pem for clients to trust, ca-key.pem readable by root alone). The CA
-// is name-constrained to the domain, so a client that trusts it trusts it
-// for nothing else. It must not be used for anything but the proxy.
+// is name-constrained to the domain (DNS names under it; no IP address,
+// email address or URI at all), so a client that trusts it trusts it for
+// nothing else. It must not be used for anything but the proxy.
 package localca
 
 import (
@@ -17,6 +18,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -79,8 +81,12 @@ func CheckDomain(domain string) error {
 
 // LoadOrCreate returns the CA in dir, creating it (constrained to domain)
 // when dir holds none. A CA made for another domain is refused: its
-// clients would not accept certificates for this one.
-func LoadOrCreate(dir, domain string) (*CA, error) {
+// clients would not accept certificates for this one. A CA made before
+// its constraints covered IP addresses, emails and URIs is replaced by a
+// new one (its key could sign for any IP address): the server keeps
+// starting, log says so, and clients must trust the new ca.pem (and drop
+// the old one). log may be nil (slog's default).
+func LoadOrCreate(dir, domain string, log *slog.Logger) (*CA, error) {
 	if err := CheckDomain(domain); err != nil {
 		return nil, err
 	}
@@ -93,6 +99,21 @@ func LoadOrCreate(dir, domain string) (*CA, error) {
 	}
 	defer unlock()
 	ca, err := load(certPath, keyPath)
+	if err == nil && ca.Permits(domain) && !fullyConstrained(ca.cert) {
+		// Its key is removed with it: that is what could sign a
+		// certificate for an address.
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("the local CA could sign certificates for any IP address, email or URI; made a new one constrained to the domain: clients must trust the new ca.pem and remove the old one",
+			"ca", certPath, "domain", domain, "oldSerial", ca.cert.SerialNumber.Text(16))
+		for _, p := range []string{keyPath, certPath} {
+			if rerr := os.Remove(p); rerr != nil {
+				return nil, fmt.Errorf("replace the local CA in %s, made without IP, email and URI constraints: %w (remove %s and %s yourself, then give clients the new %s)", dir, rerr, CertFile, KeyFile, CertFile)
+			}
+		}
+		err = fmt.Errorf("replaced: %w", os.ErrNotExist)
+	}
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		if ca, err = create(certPath, keyPath, domain); err != nil {
@@ -187,6 +208,7 @@ func create(certPath, keyPath, domain string) (*CA, error) {
 		PermittedDNSDomainsCritical: true,
 		PermittedDNSDomains:         []string{domain},
 	}
+	constrain(tmpl)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
 		return nil, err
@@ -206,6 +228,38 @@ func create(certPath, keyPath, domain string) (*CA, error) {
 		return nil, err
 	}
 	return &CA{cert: cert, key: key, Path: certPath}, nil
+}
+
+// noName is a name under the reserved TLD .invalid (RFC 6761): the only
+// email domain and URI host the CA permits, so no usable one.
+const noName = "invalid"
+
+// constrain adds to a CA template what it may never sign beyond DNS
+// names: every IPv4 and IPv6 address is excluded, and emails and URIs are
+// permitted only under .invalid. Both ends are needed: Go and OpenSSL
+// read an excluded "" differently (all names / none), while a permitted
+// subtree that nothing real is in means the same to both.
+func constrain(c *x509.Certificate) {
+	c.ExcludedIPRanges = []*net.IPNet{
+		{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
+		{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
+	}
+	c.PermittedEmailAddresses = []string{noName}
+	c.PermittedURIDomains = []string{noName}
+}
+
+// fullyConstrained reports whether a CA certificate has what constrain
+// adds (a CA made before it had only the DNS constraint).
+func fullyConstrained(c *x509.Certificate) bool {
+	var v4, v6 bool
+	for _, r := range c.ExcludedIPRanges {
+		ones, bits := r.Mask.Size()
+		v4 = v4 || ones == 0 && bits == 32
+		v6 = v6 || ones == 0 && bits == 128
+	}
+	return v4 && v6 &&
+		len(c.PermittedEmailAddresses) == 1 && c.PermittedEmailAddresses[0] == noName &&
+		len(c.PermittedURIDomains) == 1 && c.PermittedURIDomains[0] == noName
 }
 
 func writeFile(path string, b []byte, mode os.FileMode) error {

@@ -1,6 +1,7 @@
 package localca
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,7 +9,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
+	"net"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -44,7 +49,7 @@ func verify(c *tls.Certificate, roots *x509.CertPool, name string) error {
 // only, and nothing it could sign for another name verifies.
 func TestLocalCA(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := LoadOrCreate(dir, "agentenv.localhost")
+	ca, err := LoadOrCreate(dir, "agentenv.localhost", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +62,14 @@ func TestLocalCA(t *testing.T) {
 			t.Errorf("%s: mode %o, want %o", name, got, want)
 		}
 	}
-	again, err := LoadOrCreate(dir, "agentenv.localhost")
+	again, err := LoadOrCreate(dir, "agentenv.localhost", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !again.cert.Equal(ca.cert) {
 		t.Error("a second start made a new CA; clients would have to trust it again")
 	}
-	if _, err := LoadOrCreate(dir, "other.test"); err == nil || !strings.Contains(err.Error(), "remove ca.pem") {
+	if _, err := LoadOrCreate(dir, "other.test", nil); err == nil || !strings.Contains(err.Error(), "remove ca.pem") {
 		t.Errorf("CA for another domain: err %v, want a refusal saying what to remove", err)
 	}
 
@@ -103,7 +108,7 @@ func TestLocalCA(t *testing.T) {
 
 // TestSourceRenews: the certificate is replaced 30 days before its end.
 func TestSourceRenews(t *testing.T) {
-	ca, err := LoadOrCreate(t.TempDir(), "agentenv.localhost")
+	ca, err := LoadOrCreate(t.TempDir(), "agentenv.localhost", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +132,7 @@ func TestSourceRenews(t *testing.T) {
 // TestFromFiles: an operator's certificate must cover *.domain.
 func TestFromFiles(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := LoadOrCreate(dir, "agentenv.localhost")
+	ca, err := LoadOrCreate(dir, "agentenv.localhost", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +183,7 @@ func TestConcurrentCreate(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cas[i], errs[i] = LoadOrCreate(dir, "agentenv.localhost")
+			cas[i], errs[i] = LoadOrCreate(dir, "agentenv.localhost", nil)
 		}()
 	}
 	wg.Wait()
@@ -193,5 +198,141 @@ func TestConcurrentCreate(t *testing.T) {
 		if !cas[i].cert.Equal(disk.cert) {
 			t.Errorf("start %d uses a CA that is not the one in %s", i, CertFile)
 		}
+	}
+}
+
+// signLeaf has the CA's key sign a leaf certificate for whatever names
+// tmpl carries, as anyone who read ca-key.pem could.
+func signLeaf(t *testing.T, ca *CA, tmpl *x509.Certificate) *x509.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageEmailProtection}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// opensslVerify runs `openssl verify` of leaf against caFile; ok is false
+// with openssl's output when it refuses.
+func opensslVerify(t *testing.T, caFile string, leaf *x509.Certificate) (ok bool, out string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "leaf.pem")
+	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := exec.Command("openssl", "verify", "-CAfile", caFile, f).CombinedOutput()
+	return err == nil, string(b)
+}
+
+// TestLocalCASignsNoAddresses: the CA's constraint covers every kind of
+// name a client checks, so its key cannot make a certificate a client
+// accepts for an IP address, an email address or a URI (a CA with only a
+// DNS constraint leaves those open). Checked with Go's verifier and, when
+// it is installed, openssl's.
+func TestLocalCASignsNoAddresses(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := LoadOrCreate(dir, "agentenv.localhost", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, CertFile)
+	roots := pool(t, caFile)
+	_, noOpenSSL := exec.LookPath("openssl")
+	mustURL := func(s string) *url.URL {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	in := "49983-i0123.agentenv.localhost"
+	for _, c := range []struct {
+		name string
+		tmpl x509.Certificate
+		ok   bool
+	}{
+		{"DNS name under the domain", x509.Certificate{DNSNames: []string{in}}, true},
+		{"IPv4 only", x509.Certificate{IPAddresses: []net.IP{net.ParseIP("10.0.0.1").To4()}}, false},
+		{"IPv4 as IPv6", x509.Certificate{IPAddresses: []net.IP{net.ParseIP("10.0.0.1").To16()}}, false},
+		{"IPv6 only", x509.Certificate{IPAddresses: []net.IP{net.ParseIP("::1")}}, false},
+		{"DNS name and IPv4", x509.Certificate{DNSNames: []string{in}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1").To4()}}, false},
+		{"email only", x509.Certificate{EmailAddresses: []string{"admin@example.com"}}, false},
+		{"email at the domain", x509.Certificate{EmailAddresses: []string{"admin@agentenv.localhost"}}, false},
+		{"URI only", x509.Certificate{URIs: []*url.URL{mustURL("https://example.com/")}}, false},
+		{"URI under the domain", x509.Certificate{URIs: []*url.URL{mustURL("spiffe://x.agentenv.localhost/y")}}, false},
+	} {
+		leaf := signLeaf(t, ca, &c.tmpl)
+		_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		if got := err == nil; got != c.ok {
+			t.Errorf("%s: Go verify err %v, want ok=%v", c.name, err, c.ok)
+		}
+		if noOpenSSL == nil {
+			if got, out := opensslVerify(t, caFile, leaf); got != c.ok {
+				t.Errorf("%s: openssl verify ok=%v, want %v: %s", c.name, got, c.ok, out)
+			}
+		}
+	}
+}
+
+// TestOldCAReplaced: a CA made with the DNS constraint alone is replaced
+// at start (the server keeps starting, and says clients must trust the
+// new ca.pem), its key is gone, and an IP certificate it signed does not
+// verify against the new one.
+func TestOldCAReplaced(t *testing.T) {
+	dir := t.TempDir()
+	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "old agentenv local CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true, MaxPathLenZero: true,
+		PermittedDNSDomainsCritical: true, PermittedDNSDomains: []string{"agentenv.localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalPKCS8PrivateKey(key)
+	os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
+	os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	old, err := load(certPath, keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue := signLeaf(t, old, &x509.Certificate{IPAddresses: []net.IP{net.ParseIP("10.0.0.1").To4()}})
+	if _, err := rogue.Verify(x509.VerifyOptions{Roots: pool(t, certPath)}); err != nil {
+		t.Fatalf("the old CA's IP certificate does not verify against it (%v): the test does not show what it means to", err)
+	}
+
+	var logged bytes.Buffer
+	ca, err := LoadOrCreate(dir, "agentenv.localhost", slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatalf("start with an old CA: %v", err)
+	}
+	if ca.cert.Equal(old.cert) || !fullyConstrained(ca.cert) {
+		t.Fatal("the old CA was kept")
+	}
+	if !strings.Contains(logged.String(), "clients must trust the new ca.pem") {
+		t.Errorf("log %q does not tell clients to trust the new ca.pem", logged.String())
+	}
+	kb, _ := os.ReadFile(keyPath)
+	if bytes.Equal(kb, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})) {
+		t.Error("the old key is still in ca-key.pem")
+	}
+	if _, err := rogue.Verify(x509.VerifyOptions{Roots: pool(t, certPath)}); err == nil {
+		t.Error("the old CA's IP certificate verifies against the new ca.pem")
+	}
+	logged.Reset()
+	again, err := LoadOrCreate(dir, "agentenv.localhost", slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil || !again.cert.Equal(ca.cert) || logged.Len() != 0 {
+		t.Errorf("second start: err %v, same CA %v, log %q; want the new CA kept quietly", err, err == nil && again.cert.Equal(ca.cert), logged.String())
 	}
 }

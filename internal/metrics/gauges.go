@@ -60,6 +60,16 @@ func (r *Registry) SetSandboxes(fn func() []SandboxCount) {
 	store(&r.states, fn)
 }
 
+// HideTemplateNames leaves template names (which tenants choose) out of
+// the template label of agentenv_sandboxes and agentenv_pool_sandboxes:
+// from then on every template's counts are summed under template="".
+func (r *Registry) HideTemplateNames() {
+	if r == nil {
+		return
+	}
+	r.hideTemplates.Store(true)
+}
+
 // SetPools sets the function that reports a host's pools and snapshot
 // store, exported as agentenv_pool_sandboxes{pool,template},
 // agentenv_snapshot_store_bytes and agentenv_sandboxes_reaped_total. It is
@@ -146,11 +156,19 @@ func (c *callbackCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	hide := c.r.hideTemplates.Load()
+	template := func(name string) string {
+		if hide {
+			return ""
+		}
+		return name
+	}
 	if fn := load(&c.r.states); fn != nil {
-		// Summed first: a pair sent twice would fail the whole gather.
+		// Summed first: a pair sent twice (or two templates hidden
+		// under one label) would fail the whole gather.
 		sum := map[[2]string]int{}
 		for _, sc := range fn() {
-			sum[[2]string{sc.State, sc.Template}] += sc.N
+			sum[[2]string{sc.State, template(sc.Template)}] += sc.N
 		}
 		for k, n := range sum {
 			gauge(sandboxesDesc, float64(n), k[0], k[1])
@@ -158,11 +176,17 @@ func (c *callbackCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if fn := load(&c.r.pools); fn != nil {
 		p := fn()
-		for t, n := range p.Warm {
-			gauge(poolDesc, float64(n), "warm", t)
-		}
-		for t, n := range p.Hot {
-			gauge(poolDesc, float64(n), "hot", t)
+		for _, pool := range []struct {
+			name string
+			n    map[string]int
+		}{{"warm", p.Warm}, {"hot", p.Hot}} {
+			sum := map[string]int{}
+			for t, n := range pool.n {
+				sum[template(t)] += n
+			}
+			for t, n := range sum {
+				gauge(poolDesc, float64(n), pool.name, t)
+			}
 		}
 		gauge(snapshotBytesDesc, float64(p.SnapshotBytes))
 		ch <- prometheus.MustNewConstMetric(reapedDesc, prometheus.CounterValue, float64(p.ReapedByTimeout))

@@ -84,6 +84,9 @@ type Registry struct {
 	pools    atomic.Pointer[func() Pools]
 	capacity atomic.Pointer[func() Capacity]
 	nodes    atomic.Pointer[func() []NodeInfo]
+
+	// hideTemplates: see HideTemplateNames.
+	hideTemplates atomic.Bool
 }
 
 // New returns a Registry for role ("serve", "node" or "api"), which every

@@ -512,3 +512,32 @@ func TestHostAndInFlight(t *testing.T) {
 		`agentenv_operation_errors_total{cause="error",op="create",role="serve"}`: "4",
 	})
 }
+
+// TestHideTemplateNames: with template names hidden, no series names a
+// template (tenants choose them) and every template's counts are summed
+// under template="".
+func TestHideTemplateNames(t *testing.T) {
+	reg := metrics.New("serve")
+	reg.SetSandboxes(func() []metrics.SandboxCount {
+		return []metrics.SandboxCount{{State: "running", Template: "alice-secret-project", N: 2}, {State: "running", Template: "bob-py", N: 3}, {State: "paused", Template: "bob-py", N: 1}}
+	})
+	reg.SetPools(func() metrics.Pools {
+		return metrics.Pools{Warm: map[string]int{"alice-secret-project": 1, "bob-py": 2}, Hot: map[string]int{"bob-py": 4}}
+	})
+	checkSamples(t, scrape(t, reg), map[string]string{
+		`agentenv_sandboxes{role="serve",state="running",template="bob-py"}`: "3",
+	})
+	reg.HideTemplateNames()
+	got := scrape(t, reg)
+	checkSamples(t, got, map[string]string{
+		`agentenv_sandboxes{role="serve",state="running",template=""}`:  "5",
+		`agentenv_sandboxes{role="serve",state="paused",template=""}`:   "1",
+		`agentenv_pool_sandboxes{pool="warm",role="serve",template=""}`: "3",
+		`agentenv_pool_sandboxes{pool="hot",role="serve",template=""}`:  "4",
+	})
+	for series := range got {
+		if strings.Contains(series, "alice") || strings.Contains(series, "bob") {
+			t.Errorf("series %s names a template", series)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 // Package proxy routes HTTP traffic to ports inside sandboxes: by the
 // E2b-Sandbox-Id / E2b-Sandbox-Port headers (what the E2B SDK sends when
 // E2B_SANDBOX_URL is set) or by a Host of the form <port>-<sandboxID>.<domain>.
-// It must not authenticate envd traffic itself: envd checks its own token.
+// It must not authenticate envd traffic to a running sandbox itself (envd
+// checks its own token), but a request must carry that token, or a valid
+// signature, before it wakes a paused one.
 // It knows sandboxes only through Sandboxes, asked once per request: it
 // must not know how they are stored, resumed or reached on the host.
 package proxy
@@ -253,15 +255,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		port = EnvdPort
 	}
-	// One look-up per request. The traffic token is checked on the route
-	// as found, before resolving may auto-resume a paused sandbox (the
+	// One look-up per request. The tokens are checked on the route as
+	// found, before resolving may auto-resume a paused sandbox (the
 	// request then waits for it): traffic without its token must not wake
 	// it.
-	route, err := p.boxes.Resolve(id, port, func(rt sandbox.Route) error { return checkToken(r, port, rt.Token) })
+	route, err := p.boxes.Resolve(id, port, func(rt sandbox.Route) error { return checkAccess(r, port, rt) })
 	if err != nil {
 		var te tokenError
 		if errors.As(err, &te) {
-			WriteError(w, id, http.StatusForbidden, te.msg, nil)
+			WriteError(w, id, te.status, te.msg, nil)
 			return
 		}
 		p.log.Debug("proxy: sandbox not routable", "sandbox", id, "port", port, "err", err)
@@ -290,23 +292,39 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// tokenError refuses a request without its sandbox's traffic token.
-type tokenError struct{ msg string }
+// tokenError refuses a request without the token its sandbox needs.
+type tokenError struct {
+	status int
+	msg    string
+}
 
 func (e tokenError) Error() string { return e.msg }
 
-// checkToken refuses a request to an exposed port (not envd, which checks
-// its own token) of a sandbox whose traffic token it does not carry.
-func checkToken(r *http.Request, port int, want string) error {
-	if want == "" || port == EnvdPort {
+// checkAccess refuses a request the route's sandbox would refuse, before
+// anything is done to the sandbox: one to an exposed port without the
+// sandbox's traffic token (403), and one to envd of a sandbox that traffic
+// would resume without envd's access token or a valid signature (401,
+// envd's answer). A running envd checks its own token, so a request that
+// wakes nothing is left to it (its /health is open).
+func checkAccess(r *http.Request, port int, rt sandbox.Route) error {
+	if port == EnvdPort {
+		if !rt.Wakes {
+			return nil
+		}
+		if msg := envd.Refusal(r, rt.EnvdToken); msg != "" {
+			return tokenError{http.StatusUnauthorized, msg}
+		}
+		return nil
+	}
+	if rt.Token == "" {
 		return nil
 	}
 	got, hdr := r.Header.Get(TrafficTokenHeader), strings.ToLower(TrafficTokenHeader)
 	switch {
 	case got == "":
-		return tokenError{fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", hdr)}
-	case subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1:
-		return tokenError{fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", hdr)}
+		return tokenError{http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", hdr)}
+	case subtle.ConstantTimeCompare([]byte(got), []byte(rt.Token)) != 1:
+		return tokenError{http.StatusForbidden, fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", hdr)}
 	}
 	return nil
 }

@@ -73,6 +73,8 @@ type fakeResolver struct {
 	boxes map[string]fakeBox
 	// boot is the boot of every sandbox (a test boots them again).
 	boot atomic.Uint64
+	// woken counts the resumes traffic made.
+	woken atomic.Int64
 }
 
 type fakeBox struct {
@@ -80,6 +82,10 @@ type fakeBox struct {
 	gone chan struct{}
 	// token is the traffic token ("" public).
 	token string
+	// asleep: paused, and traffic resumes it (once check passes);
+	// envdToken is envd's access token.
+	asleep    bool
+	envdToken string
 }
 
 func (f *fakeResolver) Resolve(id string, port int, check func(sandbox.Route) error) (sandbox.Route, error) {
@@ -98,11 +104,20 @@ func (f *fakeResolver) Resolve(id string, port int, check func(sandbox.Route) er
 	if !ok {
 		return sandbox.Route{}, fmt.Errorf("sandbox %q not found", id)
 	}
-	r := sandbox.Route{Addr: b.addr, Gone: b.gone, Boot: f.boot.Load(), Token: b.token, State: sandbox.StateRunning}
+	r := sandbox.Route{Addr: b.addr, Gone: b.gone, Boot: f.boot.Load(), Token: b.token, EnvdToken: b.envdToken, State: sandbox.StateRunning}
+	if b.asleep {
+		r.Addr, r.State, r.Wakes = "", sandbox.StatePaused, true
+	}
 	if check != nil {
 		if err := check(r); err != nil {
 			return r, err
 		}
+	}
+	if b.asleep {
+		b.asleep = false
+		f.boxes[id] = b
+		f.woken.Add(1)
+		r.Addr, r.State, r.Wakes = b.addr, sandbox.StateRunning, false
 	}
 	return r, nil
 }

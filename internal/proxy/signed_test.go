@@ -114,3 +114,87 @@ func TestSignedFileURLWithoutSandbox(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestNoWakeWithoutToken: traffic to envd of a paused sandbox that
+// resumes on traffic wakes it only when it carries envd's access token or
+// a valid signature; anything else gets envd's 401 and the sandbox stays
+// paused (a keyless caller could otherwise keep anyone's sandbox awake).
+func TestNoWakeWithoutToken(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(echoHandler))
+	defer be.Close()
+	const token = "envd-token-0123"
+	now := time.Now().Unix()
+	for _, tc := range []struct {
+		name string
+		req  func(base string) *http.Request
+		want int
+	}{
+		{"no token", func(base string) *http.Request {
+			r, _ := http.NewRequest("GET", base+"/health", nil)
+			return r
+		}, http.StatusUnauthorized},
+		{"wrong token", func(base string) *http.Request {
+			r, _ := http.NewRequest("POST", base+"/process.Process/List", nil)
+			r.Header.Set("X-Access-Token", "not-"+token)
+			return r
+		}, http.StatusUnauthorized},
+		{"the traffic token only", func(base string) *http.Request {
+			r, _ := http.NewRequest("GET", base+"/health", nil)
+			r.Header.Set(proxy.TrafficTokenHeader, "traffic-0123")
+			return r
+		}, http.StatusUnauthorized},
+		{"expired signature", func(base string) *http.Request {
+			r, _ := http.NewRequest("GET", signedURL(base, "/tmp/x", "read", "user", token, now-60), nil)
+			return r
+		}, http.StatusUnauthorized},
+		{"signature for another operation", func(base string) *http.Request {
+			r, _ := http.NewRequest("POST", signedURL(base, "/tmp/x", "read", "user", token, now+60), nil)
+			return r
+		}, http.StatusUnauthorized},
+		{"its token", func(base string) *http.Request {
+			r, _ := http.NewRequest("GET", base+"/health", nil)
+			r.Header.Set("X-Access-Token", token)
+			return r
+		}, http.StatusOK},
+		{"a valid signature", func(base string) *http.Request {
+			r, _ := http.NewRequest("GET", signedURL(base, "/tmp/x", "read", "user", token, now+60), nil)
+			return r
+		}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &tokenResolver{
+				fakeResolver: fakeResolver{boxes: map[string]fakeBox{
+					"sleepy": {addr: be.Listener.Addr().String(), gone: make(chan struct{}), token: "traffic-0123", asleep: true, envdToken: token},
+				}},
+				tokens: map[string]string{"sleepy": token},
+			}
+			ps := httptest.NewServer(proxy.New(r, slog.New(slog.NewTextHandler(io.Discard, nil))))
+			defer ps.Close()
+			for _, how := range []string{"host", "headers"} {
+				req := tc.req(ps.URL)
+				if how == "host" {
+					req.Host = "49983-sleepy.example.com"
+				} else {
+					req.Header.Set("E2b-Sandbox-Id", "sleepy")
+					req.Header.Set("E2b-Sandbox-Port", "49983")
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != tc.want {
+					t.Errorf("by %s: got HTTP %d, want %d", how, resp.StatusCode, tc.want)
+				}
+				woke := r.woken.Load() > 0
+				if woke != (tc.want == http.StatusOK) {
+					t.Errorf("by %s: sandbox resumed %v, want %v", how, woke, tc.want == http.StatusOK)
+				}
+				if tc.want == http.StatusOK {
+					break // awake now: the second way proves nothing more
+				}
+			}
+		})
+	}
+}

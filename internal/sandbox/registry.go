@@ -143,12 +143,17 @@ type Route struct {
 	// Token is what requests to the sandbox's exposed ports (not envd)
 	// must carry; "" when they are public.
 	Token string
-	State State
+	// EnvdToken is envd's access token ("" when envd takes any request).
+	EnvdToken string
+	State     State
+	// Wakes says Resolve resumes the sandbox once check passes: it is
+	// paused and resumes on traffic.
+	Wakes bool
 }
 
 // routeLocked reads e's route to port. Callers hold e.mu.
 func routeLocked(e *entry, port int) Route {
-	r := Route{Boot: e.boot, Gone: e.gone, Token: e.sb.TrafficToken, State: e.sb.State}
+	r := Route{Boot: e.boot, Gone: e.gone, Token: e.sb.TrafficToken, EnvdToken: e.sb.AccessToken, State: e.sb.State}
 	if r.State == StateRunning {
 		r.Addr = e.sb.Addr(port)
 	}
@@ -169,6 +174,7 @@ func (m *Manager) Resolve(id string, port int, check func(Route) error) (Route, 
 	}
 	e.mu.Lock()
 	r, wake := routeLocked(e, port), e.sb.wakesOnTraffic()
+	r.Wakes = wake
 	e.mu.Unlock()
 	if check != nil {
 		if err := check(r); err != nil {

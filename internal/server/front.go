@@ -43,6 +43,8 @@ type ProxyTLS struct {
 	CertFile, KeyFile string
 	// CADir holds the local CA (ca.pem, ca-key.pem), made there once.
 	CADir string
+	// Log is told when an old local CA is replaced (nil: slog's default).
+	Log *slog.Logger
 }
 
 // certSource returns where the HTTPS listener's certificate comes from.
@@ -57,7 +59,7 @@ func (t ProxyTLS) certSource() (src *localca.Source, caFile string, err error) {
 	if t.CADir == "" {
 		return nil, "", fmt.Errorf("--domain %s needs a certificate for *.%s: give --proxy-tls-cert and --proxy-tls-key, or --ca-dir for a local CA", t.Domain, t.Domain)
 	}
-	ca, err := localca.LoadOrCreate(t.CADir, t.Domain)
+	ca, err := localca.LoadOrCreate(t.CADir, t.Domain, t.Log)
 	if err != nil {
 		return nil, "", err
 	}

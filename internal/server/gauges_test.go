@@ -16,7 +16,9 @@ import (
 // scrapeMetrics reads the server's /metrics as series → value.
 func (e *env) scrapeMetrics(t *testing.T) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(e.api + "/metrics")
+	req, _ := http.NewRequest("GET", e.api+"/metrics", nil)
+	req.Header.Set("X-API-Key", e.key)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,16 @@ import (
 // SDK does (E2b-Sandbox-Id / -Port headers).
 func (e *env) proxyGet(t *testing.T, id, path string) (int, map[string]any) {
 	t.Helper()
+	return e.proxyGetWith(t, id, path, "")
+}
+
+// proxyGetWith is proxyGet with envd's access token (none if "").
+func (e *env) proxyGetWith(t *testing.T, id, path, token string) (int, map[string]any) {
+	t.Helper()
 	req, _ := http.NewRequest("GET", e.proxy+path, nil)
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
 	req.Header.Set("E2b-Sandbox-Id", id)
 	req.Header.Set("E2b-Sandbox-Port", "49983")
 	resp, err := http.DefaultClient.Do(req)
@@ -114,11 +123,21 @@ func TestAutoResumeByTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitState(t, sb.SandboxID, "paused")
+	// Traffic without envd's token (or with another's) is refused before
+	// it wakes the sandbox: anyone who knows its ID could keep it awake.
+	for _, tok := range []string{"", "not-its-token"} {
+		if status, out := e.proxyGetWith(t, sb.SandboxID, "/health", tok); status != http.StatusUnauthorized {
+			t.Errorf("request with token %q to a paused auto-resume sandbox: %d %v, want 401", tok, status, out)
+		}
+	}
+	if got, _ := e.client.GetSandbox(context.Background(), sb.SandboxID); got.State != "paused" {
+		t.Fatalf("state %q after traffic without envd's token, want paused", got.State)
+	}
 	// 20 requests at once: one resume, every request answered.
 	var wg sync.WaitGroup
 	statuses := make([]int, 20)
 	for i := range statuses {
-		wg.Go(func() { statuses[i], _ = e.proxyGet(t, sb.SandboxID, "/health") })
+		wg.Go(func() { statuses[i], _ = e.proxyGetWith(t, sb.SandboxID, "/health", sb.EnvdAccessToken) })
 	}
 	wg.Wait()
 	for i, s := range statuses {

@@ -24,13 +24,22 @@ func NewMetrics(role string) *metrics.Registry {
 	return reg
 }
 
-// WithMetrics serves /metrics beside h (without the API key: nothing in
-// it is secret) and records every request's route and latency.
+// WithMetrics serves /metrics beside h to whoever reaches the listener,
+// and records every request's route and latency: for a fleet node's port,
+// which only the cluster network reaches. An API's listener uses
+// WithKeyedMetrics.
 func WithMetrics(reg *metrics.Registry, h http.Handler) http.Handler {
+	return WithKeyedMetrics(reg, h, reg.Handler())
+}
+
+// WithKeyedMetrics serves /metrics beside h through scrape (reg's handler
+// behind a key check: the series count every tenant's sandboxes by
+// template) and records every request's route and latency.
+func WithKeyedMetrics(reg *metrics.Registry, h, scrape http.Handler) http.Handler {
 	inner := reg.HTTPMiddleware(h, nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" && r.Header.Get("E2b-Sandbox-Id") == "" {
-			reg.Handler().ServeHTTP(w, r)
+			scrape.ServeHTTP(w, r)
 			return
 		}
 		inner.ServeHTTP(w, r)

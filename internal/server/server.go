@@ -94,7 +94,10 @@ type Config struct {
 	// node's port (idle and header timeouts, header size, connections
 	// per source).
 	HTTP HTTPLimits
-	Log  *slog.Logger
+	// MetricsHideTemplates leaves template names, which tenants choose,
+	// out of /metrics' labels.
+	MetricsHideTemplates bool
+	Log                  *slog.Logger
 
 	// Network is "namespaces" (the default: a namespace, veths and
 	// firewall rules per sandbox) or "none": no network and no isolation,
@@ -284,7 +287,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 		return err
 	}
 	ptls := cfg.ProxyTLS
-	ptls.Domain = cfg.Domain
+	ptls.Domain, ptls.Log = cfg.Domain, log
 	if ptls.CADir == "" {
 		ptls.CADir = cfg.DataDir
 	}
@@ -309,6 +312,9 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	front.Limits = cfg.HTTP
 	reg := NewMetrics("serve")
+	if cfg.MetricsHideTemplates {
+		reg.HideTemplateNames()
+	}
 	WatchHost(reg, h)
 	backend := api.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
@@ -320,7 +326,8 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	// Before the host closes: a build's sandboxes and slots go first.
 	defer builds.Close()
 	acfg.TemplateBuilds = builds
-	apiH := WithMetrics(reg, api.New(acfg).Handler())
+	a := api.New(acfg)
+	apiH := WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
 	log.Info("shutting down; running sandboxes stay up and are adopted at the next start")

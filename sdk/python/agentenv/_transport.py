@@ -21,6 +21,11 @@ from . import exceptions as exc
 ENVD_PORT = 49983
 _CHUNK = 1 << 16
 
+# MAX_MESSAGE_BYTES bounds one Connect-RPC message from envd (a stream
+# envelope or a unary answer). A length is what the peer claims: read as
+# sent, a broken or hostile envd could make the SDK allocate gigabytes.
+MAX_MESSAGE_BYTES = 64 << 20
+
 Body = Union[None, bytes, BinaryIO, Iterator[bytes]]
 
 
@@ -68,21 +73,34 @@ class Response:
         self.headers = resp.headers
         self._resp, self._conn, self._pool = resp, conn, pool
 
-    def read(self) -> bytes:
-        """Reads the whole body and releases the connection."""
+    def read(self, limit: Optional[int] = None, what: str = "response") -> bytes:
+        """Reads the whole body and releases the connection; more than
+        ``limit`` bytes (if given) raise SandboxException."""
         try:
-            return self._resp.read()
+            if limit is None:
+                return self._resp.read()
+            buf = bytearray()
+            while True:
+                chunk = self._resp.read(_CHUNK)
+                if not chunk:
+                    return bytes(buf)
+                buf += chunk
+                if len(buf) > limit:
+                    raise exc.SandboxException(
+                        f"{what}: the answer is larger than {limit} bytes (max_message_bytes); it was dropped")
         finally:
             self.close()
 
     def readexactly(self, n: int) -> bytes:
-        buf = b""
+        # In pieces: http.client allocates what one read asks for, before
+        # anything arrives.
+        buf = bytearray()
         while len(buf) < n:
-            chunk = self._resp.read(n - len(buf))
+            chunk = self._resp.read(min(n - len(buf), _CHUNK))
             if not chunk:
                 raise exc.SandboxException("the server closed the stream in the middle of a message")
             buf += chunk
-        return buf
+        return bytes(buf)
 
     def iter_chunks(self, size: int = _CHUNK) -> Iterator[bytes]:
         try:
@@ -108,10 +126,12 @@ class Response:
 class Transport:
     """Sends requests to one API server and its sandbox proxy."""
 
-    def __init__(self, pool_size: int = 128):
+    def __init__(self, pool_size: int = 128, max_message_bytes: int = MAX_MESSAGE_BYTES):
         self._pools: Dict[Tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
         self._pool_size = pool_size
+        # The largest Connect-RPC message taken from envd (see MAX_MESSAGE_BYTES).
+        self.max_message_bytes = max_message_bytes
 
     def _pool(self, url: urllib.parse.SplitResult) -> _Pool:
         scheme = url.scheme or "http"
@@ -259,15 +279,18 @@ def connect_unary(t: Transport, base: str, headers: Dict[str, str], method: str,
     if timeout:
         h["Connect-Timeout-Ms"] = str(int(timeout * 1000))
     resp = t.request("POST", base + "/" + method, h, json.dumps(msg).encode(), timeout=timeout or None)
-    out = read_json(resp, method)
-    return out or {}
+    raw = resp.read(t.max_message_bytes, method)
+    if resp.status >= 300:
+        raise error_from_http(resp.status, raw, method)
+    return (json.loads(raw) if raw else None) or {}
 
 
 class ServerStream:
     """Messages of a server-streaming call (5-byte envelopes, JSON payloads)."""
 
-    def __init__(self, resp: Response, method: str):
+    def __init__(self, resp: Response, method: str, max_message_bytes: int = MAX_MESSAGE_BYTES):
         self._resp, self._method = resp, method
+        self._max = max_message_bytes
         self.closed = False
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -275,6 +298,10 @@ class ServerStream:
             while True:
                 head = self._resp.readexactly(5)
                 flags, n = struct.unpack(">BI", head)
+                if n > self._max:
+                    raise exc.SandboxException(
+                        f"{self._method}: the sandbox sent a message of {n} bytes, more than the limit of "
+                        f"{self._max} (Transport max_message_bytes); the stream was closed")
                 payload = json.loads(self._resp.readexactly(n)) if n else {}
                 if flags & 0x02:
                     # End of stream: an error, or none when the call succeeded.
@@ -308,7 +335,7 @@ def connect_stream(t: Transport, base: str, headers: Dict[str, str], method: str
     resp = t.request("POST", base + "/" + method, h, struct.pack(">BI", 0, len(data)) + data, timeout=read_timeout)
     if resp.status != 200:
         raise error_from_http(resp.status, resp.read(), method)
-    return ServerStream(resp, method)
+    return ServerStream(resp, method, t.max_message_bytes)
 
 
 def basic_user(user: Optional[str]) -> Dict[str, str]:
