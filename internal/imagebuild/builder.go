@@ -41,7 +41,9 @@ type Config struct {
 	// MaxCacheBytes bounds the bases and layers kept (0: 16 GiB); least
 	// recently used ones no build holds go first.
 	MaxCacheBytes int64
-	Log           *slog.Logger
+	// Limits bound every build sandbox (zero fields: DefaultLimits').
+	Limits Limits
+	Log    *slog.Logger
 }
 
 // DefaultMaxCacheBytes is the cache bound when Config sets none.
@@ -73,6 +75,7 @@ func New(cfg Config) (*Builder, error) {
 		return nil, fmt.Errorf("runsc not found (%s): run `make setup` to install the pinned build: %w", cfg.Runsc, errdefs.ErrUnavailable)
 	}
 	cfg.Runsc = p
+	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.MaxCacheBytes <= 0 {
 		cfg.MaxCacheBytes = DefaultMaxCacheBytes
 	}
@@ -142,7 +145,9 @@ type build struct {
 	baseKey string
 	st      state
 	label   string
-	undo    []func() error
+	limits  sandboxLimits
+
+	undo []func() error
 }
 
 func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
@@ -176,11 +181,15 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 	if err := checkSpec(spec); err != nil {
 		return template.BuildRequest{}, nil, err
 	}
+	limits, err := b.limitsFor(spec)
+	if err != nil {
+		return template.BuildRequest{}, nil, err
+	}
 	scratch, err := os.MkdirTemp(filepath.Join(b.cfg.Dir, "scratch"), "b-")
 	if err != nil {
 		return template.BuildRequest{}, nil, err
 	}
-	bd := &build{b: b, spec: spec, log: log, scratch: scratch}
+	bd := &build{b: b, spec: spec, log: log, scratch: scratch, limits: limits}
 	bd.push(func() error { return os.RemoveAll(scratch) })
 	defer func() {
 		// Held cache entries are released in any case; a failure also

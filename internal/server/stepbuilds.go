@@ -22,6 +22,11 @@ type StepBuilds struct {
 	MaxUploadMB int64
 	// MaxConcurrent is how many builds run at once (0: 2).
 	MaxConcurrent int
+	// Sandbox bounds every build sandbox: CPUs and memory of a build that
+	// asks for none, and the process cap (zero fields: imagebuild's
+	// defaults; the most memory a build may ask for is the sandboxes'
+	// maximum).
+	Sandbox imagebuild.Limits
 }
 
 // newStepBuilds makes the template-in-code build service of h: the step
@@ -38,8 +43,12 @@ func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 		if cfg.Network != "none" {
 			network = h.Manager.BuildNetwork
 		}
+		limits := cfg.StepBuilds.Sandbox
+		if limits.MaxMemoryMB == 0 {
+			limits.MaxMemoryMB = max(cfg.Limits.MaxMemMB, limits.MemoryMB)
+		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
-			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Log: cfg.Log})
+			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log})
 		if err != nil {
 			return nil, err
 		}
