@@ -27,6 +27,9 @@ type StepBuilds struct {
 	// defaults; the most memory a build may ask for is the sandboxes'
 	// maximum).
 	Sandbox imagebuild.Limits
+	// LogMB bounds one build's log and LogsTotalMB all builds' logs
+	// together, in memory (0: the API's defaults).
+	LogMB, LogsTotalMB int64
 }
 
 // newStepBuilds makes the template-in-code build service of h: the step
@@ -37,7 +40,8 @@ type StepBuilds struct {
 // the routes answer 503.
 func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 	bc := api.TemplateBuildsConfig{FilesDir: filepath.Join(cfg.DataDir, "template-files"),
-		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent, Log: cfg.Log}
+		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent,
+		MaxLogBytes: cfg.StepBuilds.LogMB << 20, MaxLogBytesTotal: cfg.StepBuilds.LogsTotalMB << 20, Log: cfg.Log}
 	if !cfg.unprivileged() {
 		var network func(ctx context.Context) (string, func(), error)
 		if cfg.Network != "none" {
