@@ -91,10 +91,8 @@ func New(cfg Config) (*Builder, error) {
 	if err := b.recover(); err != nil {
 		return nil, fmt.Errorf("build cache %s: %w", dir, err)
 	}
-	for _, d := range []string{"bases", "layers", "tmp", "scratch", "trees"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-			return nil, err
-		}
+	if err := makePrivate(dir); err != nil {
+		return nil, err
 	}
 	if err := runscbin.MkSharedRoot(); err != nil {
 		return nil, err

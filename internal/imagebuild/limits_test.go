@@ -17,6 +17,13 @@ func (e *env) withLimits(l imagebuild.Limits) {
 	e.t.Helper()
 	cfg := e.cfg
 	cfg.Limits = l
+	e.reopen(cfg)
+}
+
+// reopen replaces e's builder by a new one over the same cache (as a
+// restarted server makes).
+func (e *env) reopen(cfg imagebuild.Config) {
+	e.t.Helper()
 	b, err := imagebuild.New(cfg)
 	if err != nil {
 		e.t.Fatalf("New: %v", err)
