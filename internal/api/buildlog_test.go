@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/internal/imagebuild"
@@ -125,5 +126,53 @@ func TestStepBuildLogsTotalBounded(t *testing.T) {
 	e.builds.mu.Unlock()
 	if used, _ := e.builds.logs.stats(); used > perBuild+16<<10 {
 		t.Errorf("one build remembered: the log store holds %d bytes, want at most one build's", used)
+	}
+}
+
+// The log store's edges: a long line is cut on a character boundary, a
+// line larger than the ring is dropped (and counted), a running build's
+// log is never discarded, and what a log held goes back to the budget.
+func TestBuildLogEdges(t *testing.T) {
+	budget := &logBudget{max: 1 << 20}
+	l := newBuildLog(64<<10, budget)
+	long := strings.Repeat("é", maxEntryBytes) // 2 bytes each
+	l.add(wire.BuildLogEntry{Level: "info", Message: long})
+	got := l.shown[0].Message
+	if !utf8.ValidString(got) || len(got) > maxEntryBytes+64 || !strings.Contains(got, "bytes of this line cut") {
+		t.Errorf("a %d-byte line became %d bytes (valid UTF-8: %v), want it cut to about %d with a note", len(long), len(got), utf8.ValidString(got), maxEntryBytes)
+	}
+	for i := 0; !l.held; i++ {
+		l.add(wire.BuildLogEntry{Level: "info", Message: fmt.Sprintf("line %d", i)})
+	}
+	l.add(wire.BuildLogEntry{Level: "info", Message: strings.Repeat("z", maxEntryBytes)}) // fits the 16 KiB ring
+	l.discard()
+	if l.discarded {
+		t.Errorf("a running build's log was discarded")
+	}
+	if !l.end(wire.BuildLogEntry{Level: "info", Message: "end"}) || l.end(wire.BuildLogEntry{Message: "again"}) {
+		t.Errorf("end: want true once, then false")
+	}
+	if last := l.shown[len(l.shown)-1].Message; last != "end" {
+		t.Errorf("last line %q, want end", last)
+	}
+	if used, _ := budget.stats(); used != l.bytes() {
+		t.Errorf("budget counts %d bytes, the log holds %d", used, l.bytes())
+	}
+	l.discard()
+	if len(l.shown) != 1 || !strings.Contains(l.shown[0].Message, "discarded") {
+		t.Errorf("after discard: %d lines, want one saying so", len(l.shown))
+	}
+	l.release()
+	if used, _ := budget.stats(); used != 0 {
+		t.Errorf("after release the budget counts %d bytes, want 0", used)
+	}
+
+	// A ring smaller than a line: the line is dropped and counted.
+	small := newBuildLog(8<<10, &logBudget{max: 1 << 20})
+	small.add(wire.BuildLogEntry{Message: "first"})
+	small.add(wire.BuildLogEntry{Message: strings.Repeat("w", 7<<10)})
+	small.add(wire.BuildLogEntry{Message: strings.Repeat("v", 4<<10)})
+	if small.dropped == 0 || !small.held {
+		t.Errorf("lines larger than a 2 KiB ring: dropped %d, held %v; want them dropped", small.dropped, small.held)
 	}
 }
