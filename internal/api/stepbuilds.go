@@ -44,16 +44,19 @@ type TemplateBuildsConfig struct {
 	// MaxRecords bounds the builds remembered (0: 200): the oldest
 	// finished (or never started) ones are forgotten first.
 	MaxRecords int
-	Log        *slog.Logger
+	// MaxLogBytes bounds one build's log (0: DefaultMaxLogBytes): past
+	// it, the middle of the log is dropped, and the log says so.
+	MaxLogBytes int64
+	// MaxLogBytesTotal bounds all builds' logs together (0:
+	// DefaultMaxLogBytesTotal): the oldest finished builds' logs are
+	// discarded first.
+	MaxLogBytesTotal int64
+	Log              *slog.Logger
 }
 
 // DefaultMaxUploadBytes caps one COPY archive unless the operator says
 // otherwise (serve --max-copy-upload).
 const DefaultMaxUploadBytes = 2 << 30
-
-// maxLogEntries bounds one build's log; later lines are dropped (one line
-// says so), the final status line is always kept.
-const maxLogEntries = 20000
 
 // Build statuses, as E2B's SDKs read them.
 const (
@@ -74,6 +77,7 @@ type TemplateBuilds struct {
 	ctx     context.Context
 	stop    context.CancelFunc
 	running sync.WaitGroup
+	logs    *logBudget
 
 	mu      sync.Mutex
 	builds  map[string]*stepBuild // by build ID
@@ -96,6 +100,12 @@ func NewTemplateBuilds(cfg TemplateBuildsConfig) (*TemplateBuilds, error) {
 	if cfg.MaxRecords <= 0 {
 		cfg.MaxRecords = 200
 	}
+	if cfg.MaxLogBytes <= 0 {
+		cfg.MaxLogBytes = DefaultMaxLogBytes
+	}
+	if cfg.MaxLogBytesTotal <= 0 {
+		cfg.MaxLogBytesTotal = DefaultMaxLogBytesTotal
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -105,6 +115,7 @@ func NewTemplateBuilds(cfg TemplateBuildsConfig) (*TemplateBuilds, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &TemplateBuilds{cfg: cfg, files: files, slots: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, stop: stop,
+		logs:   &logBudget{max: cfg.MaxLogBytesTotal},
 		builds: map[string]*stepBuild{}, current: map[string]*stepBuild{}}, nil
 }
 
@@ -125,8 +136,7 @@ type stepBuild struct {
 	status   string
 	started  bool
 	finished bool
-	log      []wire.BuildLogEntry
-	dropped  bool
+	log      *buildLog
 	lastStep string
 	reason   *wire.BuildStatusReason
 	cancel   context.CancelCauseFunc
@@ -144,7 +154,7 @@ func newBuildID() string {
 // create records a new build of templateID in status waiting.
 func (tb *TemplateBuilds) create(templateID string, tags []string, cpus, memoryMB int) *stepBuild {
 	b := &stepBuild{templateID: templateID, buildID: newBuildID(), tags: tags, cpus: cpus, memoryMB: memoryMB,
-		created: time.Now(), status: statusWaiting}
+		created: time.Now(), status: statusWaiting, log: newBuildLog(tb.cfg.MaxLogBytes, tb.logs)}
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	tb.builds[b.buildID] = b
@@ -166,6 +176,10 @@ func (tb *TemplateBuilds) trimLocked() {
 			continue
 		}
 		delete(tb.builds, b.buildID)
+		b.mu.Lock()
+		b.log.release()
+		b.mu.Unlock()
+		tb.logs.forget(b)
 		if tb.current[b.templateID] == b {
 			delete(tb.current, b.templateID)
 		}
@@ -252,8 +266,11 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 		from = "template " + spec.FromTemplate
 	}
 	b.add(wire.BuildLogEntry{Level: "info", Message: fmt.Sprintf("Building template %s (build %s) from %s, %d step(s)", b.templateID, b.buildID, from, len(spec.Steps))})
+	// Each line may discard finished builds' logs, never this one's.
+	defer tb.logs.reclaim()
 	req, cleanup, err := tb.cfg.Steps.Prepare(ctx, spec, func(e imagebuild.LogEntry) {
 		b.add(wire.BuildLogEntry{Timestamp: e.Time, Level: e.Level, Message: e.Message, Step: e.Step})
+		tb.logs.reclaim()
 	})
 	if err != nil {
 		b.fail(causeOf(ctx, err), "")
@@ -331,14 +348,13 @@ func (b *stepBuild) appendLocked(e wire.BuildLogEntry, final bool) {
 	if e.Step != "" {
 		b.lastStep = e.Step
 	}
-	if len(b.log) >= maxLogEntries && !final {
-		if !b.dropped {
-			b.dropped = true
-			b.log = append(b.log, wire.BuildLogEntry{Timestamp: e.Timestamp, Level: "warn", Message: fmt.Sprintf("log truncated after %d lines", maxLogEntries)})
-		}
+	if !final {
+		b.log.add(e)
 		return
 	}
-	b.log = append(b.log, e)
+	if b.log.end(e) {
+		b.log.budget.finished(b)
+	}
 }
 
 // fail ends b with err. A failed step names its number; otherwise step
@@ -356,13 +372,28 @@ func (b *stepBuild) fail(err error, step string) {
 	msg := err.Error()
 	b.status, b.finished = statusError, true
 	b.reason = &wire.BuildStatusReason{Message: msg, Step: step}
-	for _, e := range b.log {
+	b.log.each(func(e wire.BuildLogEntry) {
 		if e.Step == step && step != "" && (e.Level == "warn" || e.Level == "error") {
 			b.reason.LogEntries = append(b.reason.LogEntries, e)
 		}
+	})
+	// Every status answer carries the reason: its last lines are enough
+	// (and they stay when the log is discarded).
+	n, size := len(b.reason.LogEntries), 0
+	for n > 0 && len(b.reason.LogEntries)-n < maxReasonEntries && size+len(b.reason.LogEntries[n-1].Message) <= maxReasonBytes {
+		size += len(b.reason.LogEntries[n-1].Message)
+		n--
 	}
+	b.reason.LogEntries = b.reason.LogEntries[n:]
 	b.appendLocked(wire.BuildLogEntry{Level: "error", Message: "Build failed: " + msg, Step: step}, true)
 }
+
+// maxReasonEntries and maxReasonBytes bound the log lines a failed
+// build's reason repeats.
+const (
+	maxReasonEntries = 50
+	maxReasonBytes   = 32 << 10
+)
 
 // info is the build's status with its log from offset on: at most limit
 // entries at or above level ("" for all).
@@ -372,9 +403,10 @@ func (b *stepBuild) info(offset, limit int, level string) wire.TemplateBuildInfo
 	out := wire.TemplateBuildInfo{TemplateID: b.templateID, BuildID: b.buildID, Status: b.status,
 		LogEntries: []wire.BuildLogEntry{}, Logs: []string{}, Reason: b.reason}
 	min := levelRank(level)
-	for i := offset; i < len(b.log) && len(out.LogEntries) < limit; i++ {
-		if levelRank(b.log[i].Level) >= min {
-			out.LogEntries = append(out.LogEntries, b.log[i])
+	shown := b.log.shown
+	for i := offset; i < len(shown) && len(out.LogEntries) < limit; i++ {
+		if levelRank(shown[i].Level) >= min {
+			out.LogEntries = append(out.LogEntries, shown[i])
 		}
 	}
 	return out
@@ -400,13 +432,14 @@ func (b *stepBuild) logsFrom(cursor int64, backward bool, limit int, level strin
 	defer b.mu.Unlock()
 	out := []wire.BuildLogEntry{}
 	min := levelRank(level)
-	for i := range b.log {
+	n := b.log.count()
+	for i := range n {
 		if len(out) >= limit {
 			break
 		}
-		e := b.log[i]
+		e := b.log.at(i)
 		if backward {
-			e = b.log[len(b.log)-1-i]
+			e = b.log.at(n - 1 - i)
 		}
 		ms := e.Timestamp.UnixMilli()
 		if cursor >= 0 && (!backward && ms < cursor || backward && ms > cursor) {

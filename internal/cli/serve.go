@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/template"
@@ -112,6 +114,11 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&sb.RegistryMirror, "registry-mirror", "", "registry host (HOST[:PORT]) that E2B template builds pull Docker Hub images through")
 	f.Int64Var(&sb.MaxUploadMB, "max-copy-upload-mb", 2048, "largest archive, in MiB, one copy() step of an E2B template build may upload")
 	f.IntVar(&sb.MaxConcurrent, "max-template-builds", 2, "E2B template builds run at once (more wait)")
+	f.IntVar(&sb.Sandbox.CPUs, "build-cpus", imagebuild.DefaultLimits.CPUs, "CPU quota, in cores, of an E2B template build's sandbox when the build gives no cpuCount")
+	f.IntVar(&sb.Sandbox.MemoryMB, "build-memory-mb", imagebuild.DefaultLimits.MemoryMB, "memory limit, in MiB, of an E2B template build's sandbox when the build gives no memoryMB (its /dev/shm holds half of it)")
+	f.IntVar(&sb.Sandbox.Pids, "build-pids", imagebuild.DefaultLimits.Pids, "most processes in an E2B template build's sandbox (lowered for small memory limits)")
+	f.Int64Var(&sb.LogMB, "build-log-mb", api.DefaultMaxLogBytes>>20, "most of one E2B template build's log the server keeps, in MiB: past it the log's middle is dropped (its first and last lines stay, and a line says what was dropped)")
+	f.Int64Var(&sb.LogsTotalMB, "build-logs-total-mb", api.DefaultMaxLogBytesTotal>>20, "most of all E2B template builds' logs the server keeps together, in MiB: the oldest finished builds' logs are discarded first")
 	keys.add(cmd, "it sees and controls every key's sandboxes and snapshots")
 	h.add(cmd)
 	return cmd

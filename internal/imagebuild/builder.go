@@ -41,7 +41,9 @@ type Config struct {
 	// MaxCacheBytes bounds the bases and layers kept (0: 16 GiB); least
 	// recently used ones no build holds go first.
 	MaxCacheBytes int64
-	Log           *slog.Logger
+	// Limits bound every build sandbox (zero fields: DefaultLimits').
+	Limits Limits
+	Log    *slog.Logger
 }
 
 // DefaultMaxCacheBytes is the cache bound when Config sets none.
@@ -73,6 +75,7 @@ func New(cfg Config) (*Builder, error) {
 		return nil, fmt.Errorf("runsc not found (%s): run `make setup` to install the pinned build: %w", cfg.Runsc, errdefs.ErrUnavailable)
 	}
 	cfg.Runsc = p
+	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.MaxCacheBytes <= 0 {
 		cfg.MaxCacheBytes = DefaultMaxCacheBytes
 	}
@@ -88,10 +91,8 @@ func New(cfg Config) (*Builder, error) {
 	if err := b.recover(); err != nil {
 		return nil, fmt.Errorf("build cache %s: %w", dir, err)
 	}
-	for _, d := range []string{"bases", "layers", "tmp", "scratch", "trees"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-			return nil, err
-		}
+	if err := makePrivate(dir); err != nil {
+		return nil, err
 	}
 	if err := runscbin.MkSharedRoot(); err != nil {
 		return nil, err
@@ -142,7 +143,9 @@ type build struct {
 	baseKey string
 	st      state
 	label   string
-	undo    []func() error
+	limits  sandboxLimits
+
+	undo []func() error
 }
 
 func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
@@ -176,11 +179,15 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 	if err := checkSpec(spec); err != nil {
 		return template.BuildRequest{}, nil, err
 	}
+	limits, err := b.limitsFor(spec)
+	if err != nil {
+		return template.BuildRequest{}, nil, err
+	}
 	scratch, err := os.MkdirTemp(filepath.Join(b.cfg.Dir, "scratch"), "b-")
 	if err != nil {
 		return template.BuildRequest{}, nil, err
 	}
-	bd := &build{b: b, spec: spec, log: log, scratch: scratch}
+	bd := &build{b: b, spec: spec, log: log, scratch: scratch, limits: limits}
 	bd.push(func() error { return os.RemoveAll(scratch) })
 	defer func() {
 		// Held cache entries are released in any case; a failure also

@@ -22,7 +22,7 @@ import (
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// cgroupParent holds build sandboxes' cgroups (when a build sets limits).
+// cgroupParent holds build sandboxes' cgroups.
 const cgroupParent = "agentenv-build"
 
 // outputFileMax is how large a RUN's output file grows before it is
@@ -132,7 +132,6 @@ type sandbox struct {
 	id, runRoot, dir string
 	spec             *specs.Spec
 	network          string // runsc --network
-	limited          bool   // cgroup limits set (else --ignore-cgroups)
 	undo             []func()
 }
 
@@ -145,7 +144,7 @@ func (sb *sandbox) close() {
 
 // sandboxSpec fills sb's OCI spec: the process, the tree as a writable
 // root, the network Config.Network lends (else none) and the build's
-// cgroup limits.
+// limits.
 func (bd *build) sandboxSpec(ctx context.Context, sb *sandbox, proc *specs.Process, merged string) error {
 	sb.spec = &specs.Spec{
 		Version:  specs.Version,
@@ -188,27 +187,16 @@ func (bd *build) sandboxSpec(ctx context.Context, sb *sandbox, proc *specs.Proce
 		}
 	}
 	spec.Linux.Namespaces = append(spec.Linux.Namespaces, netns)
-	if bd.spec.CPUs > 0 || bd.spec.MemoryMB > 0 {
-		sb.limited = true
-		r := &specs.LinuxResources{}
-		if bd.spec.MemoryMB > 0 {
-			limit := int64(bd.spec.MemoryMB) << 20
-			r.Memory = &specs.LinuxMemory{Limit: &limit}
+	// Every build sandbox has limits, whether or not the build asked
+	// for any: a step runs the template author's code.
+	bd.limits.apply(spec)
+	spec.Linux.CgroupsPath = "/" + cgroupParent + "/" + sb.id
+	id, log := sb.id, bd.b.log
+	sb.undo = append(sb.undo, func() {
+		if err := cgroups.Remove(cgroupParent, id); err != nil {
+			log.Warn("build sandbox cgroups", "id", id, "err", err)
 		}
-		if bd.spec.CPUs > 0 {
-			period := uint64(100000)
-			quota := int64(bd.spec.CPUs) * int64(period)
-			r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
-		}
-		spec.Linux.Resources = r
-		spec.Linux.CgroupsPath = "/" + cgroupParent + "/" + sb.id
-		id, log := sb.id, bd.b.log
-		sb.undo = append(sb.undo, func() {
-			if err := cgroups.Remove(cgroupParent, id); err != nil {
-				log.Warn("build sandbox cgroups", "id", id, "err", err)
-			}
-		})
-	}
+	})
 	return nil
 }
 
@@ -240,11 +228,7 @@ func (bd *build) execute(ctx context.Context, n int, sb *sandbox) (string, error
 	}
 	defer in.Close()
 	args := []string{"--root", sb.runRoot, "--shared-root", runscbin.SharedRoot, "--platform", "systrap",
-		"--network", sb.network, "--overlay2=none", "--allow-suid"}
-	if !sb.limited {
-		args = append(args, "--ignore-cgroups")
-	}
-	args = append(args, "run", "--bundle", bundle, sb.id)
+		"--network", sb.network, "--overlay2=none", "--allow-suid", "run", "--bundle", bundle, sb.id}
 	cmd := exec.Command(bd.b.cfg.Runsc, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Dir = sb.dir

@@ -102,3 +102,34 @@ func TestMirror(t *testing.T) {
 }
 
 func hex64() string { return strings.Repeat("ab", 32) }
+
+// A build's sandboxes get the server's limits unless it asks for its
+// own; more memory than the server gives is refused.
+func TestLimitsFor(t *testing.T) {
+	b := &Builder{cfg: Config{Limits: Limits{Pids: 1024}.withDefaults()}}
+	cases := []struct {
+		spec     Spec
+		cpus, mb int
+		pids     int64
+		err      bool
+	}{
+		{Spec{}, DefaultLimits.CPUs, DefaultLimits.MemoryMB, 1024, false},
+		{Spec{CPUs: 4, MemoryMB: 4096}, 4, 4096, 1024, false},
+		// Small memory lowers the process cap, to 32 at least.
+		{Spec{MemoryMB: 128}, DefaultLimits.CPUs, 128, 124, false},
+		{Spec{MemoryMB: 16}, DefaultLimits.CPUs, 16, 32, false},
+		{Spec{MemoryMB: DefaultLimits.MaxMemoryMB + 1}, 0, 0, 0, true},
+	}
+	for _, c := range cases {
+		got, err := b.limitsFor(c.spec)
+		if c.err {
+			if err == nil {
+				t.Errorf("limitsFor(%+v): got %+v, want an error", c.spec, got)
+			}
+			continue
+		}
+		if err != nil || got.cpus != c.cpus || got.memoryMB != c.mb || got.pids != c.pids {
+			t.Errorf("limitsFor(cpus %d, memory %d) = %+v, %v; want cpus %d, memory %d, pids %d", c.spec.CPUs, c.spec.MemoryMB, got, err, c.cpus, c.mb, c.pids)
+		}
+	}
+}

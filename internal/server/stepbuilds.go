@@ -22,6 +22,14 @@ type StepBuilds struct {
 	MaxUploadMB int64
 	// MaxConcurrent is how many builds run at once (0: 2).
 	MaxConcurrent int
+	// Sandbox bounds every build sandbox: CPUs and memory of a build that
+	// asks for none, and the process cap (zero fields: imagebuild's
+	// defaults; the most memory a build may ask for is the sandboxes'
+	// maximum).
+	Sandbox imagebuild.Limits
+	// LogMB bounds one build's log and LogsTotalMB all builds' logs
+	// together, in memory (0: the API's defaults).
+	LogMB, LogsTotalMB int64
 }
 
 // newStepBuilds makes the template-in-code build service of h: the step
@@ -32,14 +40,19 @@ type StepBuilds struct {
 // the routes answer 503.
 func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 	bc := api.TemplateBuildsConfig{FilesDir: filepath.Join(cfg.DataDir, "template-files"),
-		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent, Log: cfg.Log}
+		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent,
+		MaxLogBytes: cfg.StepBuilds.LogMB << 20, MaxLogBytesTotal: cfg.StepBuilds.LogsTotalMB << 20, Log: cfg.Log}
 	if !cfg.unprivileged() {
 		var network func(ctx context.Context) (string, func(), error)
 		if cfg.Network != "none" {
 			network = h.Manager.BuildNetwork
 		}
+		limits := cfg.StepBuilds.Sandbox
+		if limits.MaxMemoryMB == 0 {
+			limits.MaxMemoryMB = max(cfg.Limits.MaxMemMB, limits.MemoryMB)
+		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
-			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Log: cfg.Log})
+			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log})
 		if err != nil {
 			return nil, err
 		}
