@@ -107,12 +107,15 @@ func (n *Node) peerGet(ctx context.Context, peer store.NodeRecord, path string, 
 	if err != nil {
 		return nil, err
 	}
-	n.auth.Sign(req)
 	if sparse {
 		req.Header.Set(sparseHeader, "1")
 	}
 	if offset > 0 {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	}
+	// Last: the MAC covers the range and encoding asked for.
+	if err := n.auth.Sign(req); err != nil {
+		return nil, err
 	}
 	resp, err := n.http.Do(req)
 	if err != nil {
