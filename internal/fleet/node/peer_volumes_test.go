@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/fleet/fleettest"
+	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/volume"
 )
 
@@ -20,10 +22,29 @@ import (
 // peer named: "/", a symlink out of the volume), the owner is the
 // request's; a volume this node does not hold for that owner, a volume
 // directory that leads out of the store, or a key asking for another's
-// snapshot is refused and stores nothing.
+// snapshot is refused and stores nothing. The lying peer is found as a
+// create finds it: through its records in etcd.
 func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd")
+	}
 	ps := newPeerSetup(t)
 	ctx := context.Background()
+	want := ps.snaps[1]
+	cli := fleettest.Etcd(t)
+	ps.node.cli = cli
+	for key, v := range map[string]any{
+		store.NodesPrefix + ps.rec.Name:                ps.rec,
+		store.SnapPrefix + want.ID + "/" + ps.rec.Name: store.SnapshotOf(want),
+	} {
+		sealed, err := ps.node.seal.Seal(key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, key, sealed); err != nil {
+			t.Fatal(err)
+		}
+	}
 	vols, err := volume.Open(volume.Config{Dir: filepath.Join(t.TempDir(), "volumes")})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +78,6 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 	}
 	wantSrc, _ := filepath.EvalSymlinks(vols.DataDir(alices.ID))
 
-	want := ps.snaps[1]
 	lie := func(owner string, mounts ...volume.Mount) func(string) any {
 		return func(string) any {
 			sn := want
@@ -94,7 +114,7 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ps.peer.mu.Lock()
-			ps.peer.manifest = tc.manifest
+			ps.peer.manifest, ps.peer.asked = tc.manifest, map[string]int{}
 			ps.peer.mu.Unlock()
 			if ps.node.host.Snapshots.Has(want.ID) {
 				if err := ps.node.host.Snapshots.Delete(want.ID); err != nil {
@@ -102,7 +122,10 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 				}
 			}
 			before := files(t, ps.root)
-			err := ps.node.copySnapshot(ctx, ps.rec, want.ID, tc.owner)
+			err := ps.node.ensure(ctx, want.ID, tc.owner)
+			if n := ps.peer.requests("snapshots/" + want.ID); n != 1 {
+				t.Fatalf("the peer was asked for the description %d times, want 1 (found through etcd)", n)
+			}
 			if tc.class != nil {
 				if !errors.Is(err, tc.class) {
 					t.Fatalf("copy: got %v, want an error of class %v", err, tc.class)
