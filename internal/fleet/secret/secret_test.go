@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,5 +239,40 @@ func TestReplayCacheBounded(t *testing.T) {
 	}
 	if v.n != 1 {
 		t.Fatalf("the cache holds %d nonces, want 1 (the expired ones dropped)", v.n)
+	}
+}
+
+// Many callers at once: each signed request, sent by two goroutines at
+// the same time, is accepted exactly once and refused as a replay once.
+func TestVerifierConcurrent(t *testing.T) {
+	a, v := NewAuth(testSecret), NewVerifier(testSecret)
+	const workers, each = 8, 50
+	raws := make([][]byte, workers*each)
+	for i := range raws {
+		raws[i] = signed(t, a, http.MethodPost, "http://node/fleet/v1/x", strings.NewReader("body"), time.Now())
+	}
+	var accepted, replays [workers * each]atomic.Int32
+	var wg sync.WaitGroup
+	for w := range 2 * workers {
+		wg.Go(func() {
+			// Workers w and w+workers send the same requests.
+			for i := (w % workers) * each; i < (w%workers+1)*each; i++ {
+				r, _ := http.ReadRequest(bufio.NewReader(bytes.NewReader(raws[i])))
+				switch err := v.Verify(r); {
+				case err == nil:
+					accepted[i].Add(1)
+				case errors.Is(err, errdefs.ErrUnauthenticated):
+					replays[i].Add(1)
+				default:
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range raws {
+		if a, r := accepted[i].Load(), replays[i].Load(); a != 1 || r != 1 {
+			t.Fatalf("request %d: accepted %d times, refused %d, want once each", i, a, r)
+		}
 	}
 }
