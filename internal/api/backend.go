@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -127,6 +128,11 @@ func (l *Local) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.
 			return sandbox.Sandbox{}, err
 		}
 	}
+	if l.hasSnapshot(req.Template) {
+		if err := l.checkSnapshotMounts(req.Template); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+	}
 	if len(req.Volumes) == 0 {
 		return l.Manager.Create(ctx, req)
 	}
@@ -150,9 +156,38 @@ func (l *Local) mounts(ms []volume.Mount) (release func(), err error) {
 	ids := make([]string, len(ms))
 	for i := range ms {
 		ids[i] = ms[i].ID
-		ms[i].Source = l.Volumes.DataDir(ms[i].ID)
+		if ms[i].Source, err = l.Volumes.BindSource(ms[i].ID); err != nil {
+			return nil, err
+		}
 	}
 	return l.Volumes.Hold(ids...)
+}
+
+// checkSnapshotMounts refuses to restore snapshot id when a volume it
+// mounts would bind anything but that volume's directory in this host's
+// store (a description written elsewhere, or before sources were
+// checked): the restore binds what the snapshot recorded.
+func (l *Local) checkSnapshotMounts(id string) error {
+	sn, err := l.SnapshotStore.Get(id)
+	if err != nil || len(sn.Volumes) == 0 {
+		return nil // the restore says what is wrong with it
+	}
+	for _, m := range sn.Volumes {
+		if l.Volumes == nil {
+			return errdefs.Invalid("snapshot %s mounts volume '%s', and this server keeps no volumes", id, m.Name)
+		}
+		if _, err := l.Volumes.Get("", m.ID); err != nil {
+			return errdefs.NotFound("volume '%s' that snapshot %s mounted at %s was deleted: the snapshot cannot be restored without it", m.Name, id, m.Path)
+		}
+		got, err := l.Volumes.CheckBindSource(m.Source)
+		if err == nil && got != m.ID {
+			err = fmt.Errorf("it binds volume %s's directory: %w", got, errdefs.ErrPermissionDenied)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot %s: volume '%s' (%s) at %s: not restored: %w", id, m.Name, m.ID, m.Path, err)
+		}
+	}
+	return nil
 }
 
 func (l *Local) List(ctx context.Context, f sandbox.Filter) ([]sandbox.Sandbox, error) {

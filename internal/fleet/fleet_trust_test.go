@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentenv/agentenv/client"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
 )
 
 // op is a client with the operator's key on the newest API server.
@@ -152,6 +155,55 @@ func (f *fleetEnv) trustChecks(t *testing.T) {
 		nodes, _ := nodeCounts(ctx, c)
 		if _, ok := nodes["evil"]; ok {
 			t.Fatal("the forged node is listed")
+		}
+	})
+
+	t.Run("a captured node request is good once, for itself", func(t *testing.T) {
+		auth := secret.NewAuth(f.secret)
+		// signed is a node RPC on sandbox id, signed with the cluster
+		// secret and captured on the way.
+		signed := func(addr, method, id string) *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/agentenv.node.v1.NodeService/"+method, strings.NewReader(fmt.Sprintf(`{"id":%q}`, id)))
+			r.Header.Set("Content-Type", "application/json")
+			if err := auth.Sign(r); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		send := func(r *http.Request, body string) int {
+			t.Helper()
+			o := r.Clone(ctx)
+			o.Body, o.ContentLength = io.NopCloser(strings.NewReader(body)), int64(len(body))
+			resp, err := f.certHTTP.Do(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		get := fmt.Sprintf(`{"id":%q}`, sb.SandboxID)
+		home := ""
+		for _, addr := range []string{"10.231.0.11:3100", "10.231.0.12:3100", "10.231.0.13:3100"} {
+			r := signed(addr, "Get", sb.SandboxID)
+			if send(r, get) == http.StatusOK {
+				home = addr
+				if got := send(r, get); got != http.StatusUnauthorized {
+					t.Errorf("the same Get replayed to %s: HTTP %d, want 401", addr, got)
+				}
+			}
+		}
+		if home == "" {
+			t.Fatalf("no node answered a signed Get of sandbox %s", sb.SandboxID)
+		}
+		// A Kill of a sandbox that does not exist, its body swapped for
+		// one naming the live sandbox.
+		kill := signed(home, "Kill", "i00000000000000000000")
+		if got := send(kill, get); got != http.StatusUnauthorized {
+			t.Errorf("a signed Kill with another body: HTTP %d, want 401", got)
+		}
+		if out, err := execOut(ctx, c, sb, "echo alive"); err != nil || out != "alive" {
+			t.Fatalf("sandbox %s after a Kill with a swapped body: %q, %v; want it alive", sb.SandboxID, out, err)
 		}
 	})
 

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -417,4 +418,92 @@ type Mount struct {
 	Name   string `json:"name"`
 	Path   string `json:"path"`
 	Source string `json:"source"`
+}
+
+// BindSource returns the host directory a sandbox mounting volume id
+// binds: its data directory, after symlinks are resolved, which must be
+// that directory of this store and nothing else (a symlink put in its
+// place must not bind another part of the host into a sandbox). Every
+// bind of a volume should come from here, never from a path someone
+// handed over.
+func (s *Store) BindSource(id string) (string, error) {
+	if err := CheckID(id); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	_, ok := s.vols[id]
+	s.mu.Unlock()
+	if !ok {
+		return "", errdefs.NotFound("volume %s not found on this host", id)
+	}
+	return s.checkBind(id, s.DataDir(id))
+}
+
+// CheckBindSource returns the volume whose data directory p is, after
+// symlinks are resolved; any other path (outside the store, another of
+// its files, a symlink leading out of it) is refused.
+func (s *Store) CheckBindSource(p string) (id string, err error) {
+	if !filepath.IsAbs(p) {
+		return "", errdefs.Invalid("volume bind source %q is not an absolute path: refused", p)
+	}
+	root, err := filepath.EvalSymlinks(s.cfg.Dir)
+	if err != nil {
+		return "", err
+	}
+	// The volume ID is the path's component below the store's directory,
+	// whether p names the store by its resolved path or not.
+	for _, dir := range []string{root, filepath.Clean(s.cfg.Dir)} {
+		if rel, err := filepath.Rel(dir, filepath.Clean(p)); err == nil {
+			if id, rest, _ := strings.Cut(rel, string(filepath.Separator)); rest == "data" && CheckID(id) == nil {
+				s.mu.Lock()
+				_, ok := s.vols[id]
+				s.mu.Unlock()
+				if ok {
+					_, err := s.checkBind(id, p)
+					return id, err
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("%s is not the data directory of a volume of this host (%s): refused as a volume bind source: %w", p, s.cfg.Dir, errdefs.ErrPermissionDenied)
+}
+
+// checkBind resolves p and checks that it is volume id's data directory
+// in this store, a directory.
+func (s *Store) checkBind(id, p string) (string, error) {
+	root, err := filepath.EvalSymlinks(s.cfg.Dir)
+	if err != nil {
+		return "", err
+	}
+	want := filepath.Join(root, id, "data")
+	got, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: its data directory: %w", id, err)
+	}
+	if got != want {
+		return "", fmt.Errorf("volume %s: its data directory %s leads to %s, outside its place in the volume store (%s): not mounted; "+
+			"the host's volume directory was changed, check it: %w", id, p, got, want, errdefs.ErrPermissionDenied)
+	}
+	if st, err := os.Lstat(got); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("volume %s: its data directory %s is not a directory: not mounted: %w", id, got, errdefs.ErrPermissionDenied)
+	}
+	return got, nil
+}
+
+// CheckMountPath checks where in a sandbox a volume is mounted: an
+// absolute, clean path that is not the sandbox's own (/, /proc, /sys,
+// /dev and below).
+func CheckMountPath(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/") || path.Clean(p) != p:
+		return errdefs.Invalid("volume mount path %q: give an absolute path without '.' or '..' components", p)
+	case p == "/":
+		return errdefs.Invalid("volume mount path / is the sandbox's root: mount the volume elsewhere, such as /mnt/data")
+	}
+	for _, sys := range []string{"/proc", "/sys", "/dev"} {
+		if p == sys || strings.HasPrefix(p, sys+"/") {
+			return errdefs.Invalid("volume mount path %s is the sandbox's own (%s and what is under it): mount the volume elsewhere, such as /mnt/data", p, sys)
+		}
+	}
+	return nil
 }

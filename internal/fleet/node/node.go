@@ -64,14 +64,15 @@ type Config struct {
 // Node is a node agent: this host's sandbox stack, published in etcd and
 // served to API servers over the node RPC.
 type Node struct {
-	cfg  Config
-	host *server.Host
-	cli  *clientv3.Client
-	log  *slog.Logger
-	px   *proxy.Proxy
-	http *http.Client
-	seal *secret.Sealer
-	auth secret.Auth
+	cfg      Config
+	host     *server.Host
+	cli      *clientv3.Client
+	log      *slog.Logger
+	px       *proxy.Proxy
+	http     *http.Client
+	seal     *secret.Sealer
+	auth     secret.Auth
+	verifier *secret.Verifier
 	// claimed: this agent has held its name in etcd at least once (a
 	// name held by another live node at the first try ends Run).
 	claimed atomic.Bool
@@ -113,7 +114,7 @@ func New(cfg Config) *Node {
 	seal := secret.NewSealer(cfg.Secret)
 	return &Node{cfg: cfg, cli: cfg.Etcd, log: cfg.Log, dirty: map[string]bool{}, kick: make(chan struct{}, 1),
 		published: map[string]string{}, http: &http.Client{Transport: nodepb.NewTransport(cfg.PeerTLS)}, started: time.Now().UTC(),
-		seal: seal, auth: secret.NewAuth(cfg.Secret), tombs: store.NewTombstones(cfg.Etcd, seal)}
+		seal: seal, auth: secret.NewAuth(cfg.Secret), verifier: secret.NewVerifier(cfg.Secret), tombs: store.NewTombstones(cfg.Etcd, seal)}
 }
 
 // Changed is told of every persisted sandbox state; the record in etcd
@@ -648,8 +649,11 @@ func (n *Node) Handler() http.Handler {
 			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: callers need a client certificate of the fleet's CA (mutual TLS): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		if !n.auth.Verify(r) {
-			nodepb.WriteHTTPError(w, fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it (and their clocks must agree within %s): %w", secret.Skew, errdefs.ErrUnauthenticated))
+		if err := n.verifier.Verify(r); err != nil {
+			if errors.Is(err, errdefs.ErrUnauthenticated) {
+				err = fmt.Errorf("this is a fleet node: only API servers and nodes with the cluster secret may call it, each request once, with clocks that agree within %s: %w", secret.Skew, err)
+			}
+			nodepb.WriteHTTPError(w, err)
 			return
 		}
 		r.Header.Del(secret.AuthHeader)

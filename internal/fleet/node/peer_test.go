@@ -181,7 +181,7 @@ func TestCopySnapshotFromLyingPeer(t *testing.T) {
 	ps := newPeerSetup(t)
 	ctx := context.Background()
 	held, want := ps.snaps[0], ps.snaps[1]
-	if err := ps.node.copySnapshot(ctx, ps.rec, held.ID); err != nil {
+	if err := ps.node.copySnapshot(ctx, ps.rec, held.ID, ""); err != nil {
 		t.Fatalf("copy from an honest peer: %v", err)
 	}
 	heldMeta, _ := ps.node.host.Snapshots.Get(held.ID)
@@ -248,7 +248,7 @@ func TestCopySnapshotFromLyingPeer(t *testing.T) {
 			ps.peer.manifest, ps.peer.chunk, ps.peer.asked = tc.manifest, tc.chunk, map[string]int{}
 			ps.peer.mu.Unlock()
 			before := files(t, ps.root)
-			err := ps.node.copySnapshot(ctx, ps.rec, tc.ask)
+			err := ps.node.copySnapshot(ctx, ps.rec, tc.ask, "")
 			if !errors.Is(err, tc.class) {
 				t.Fatalf("copy: got %v, want an error of class %v", err, tc.class)
 			}
@@ -272,7 +272,7 @@ func TestCopySnapshotFromLyingPeer(t *testing.T) {
 	ps.peer.mu.Lock()
 	ps.peer.manifest, ps.peer.chunk = nil, nil
 	ps.peer.mu.Unlock()
-	if err := ps.node.copySnapshot(ctx, ps.rec, want.ID); err != nil {
+	if err := ps.node.copySnapshot(ctx, ps.rec, want.ID, ""); err != nil {
 		t.Fatalf("copy from the peer once honest: %v", err)
 	}
 }

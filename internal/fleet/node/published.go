@@ -20,7 +20,7 @@ type published struct {
 func (p *published) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	// A copy from a peer may take long: outside the gate, so that a
 	// reconcile never waits for it.
-	if err := p.n.ensure(ctx, req.Template); err != nil {
+	if err := p.n.ensure(ctx, req.Template, req.Owner); err != nil {
 		return sandbox.Sandbox{}, err
 	}
 	p.n.gate.RLock()

@@ -73,7 +73,7 @@ func TestSparseChunkCopy(t *testing.T) {
 	var calls, wire atomic.Int64
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !secret.NewAuth(clusterSecret).Verify(r) {
+		if secret.NewVerifier(clusterSecret).Verify(r) != nil {
 			http.Error(w, "no secret", http.StatusUnauthorized)
 			return
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
+	"github.com/agentenv/agentenv/internal/volume"
 )
 
 // Data moves between nodes on demand: a create on a node that lacks its
@@ -36,17 +37,18 @@ import (
 const fetchAttempts = 4
 
 // ensure makes name (a template or snapshot, "" for the default) present
-// on this node, copying it from a peer if it is not.
-func (n *Node) ensure(ctx context.Context, name string) error {
+// on this node, copying it from a peer if it is not; a snapshot copied
+// for owner (the key the request is for, "" the operator) is owner's.
+func (n *Node) ensure(ctx context.Context, name, owner string) error {
 	if name == "" || n.host.Snapshots.Has(name) {
 		return nil
 	}
 	if _, err := n.host.Templates.Get(name); err == nil {
 		return nil
 	}
-	// One copy per name, whoever asks; a caller that gives up stops
-	// waiting (the copy goes on for the others).
-	ch := n.fetch.DoChan(name, func() (any, error) { return nil, n.copyIn(context.WithoutCancel(ctx), name) })
+	// One copy per name and owner; a caller that gives up stops waiting
+	// (the copy goes on for the others).
+	ch := n.fetch.DoChan(owner+"\x00"+name, func() (any, error) { return nil, n.copyIn(context.WithoutCancel(ctx), name, owner) })
 	select {
 	case res := <-ch:
 		return res.Err
@@ -56,7 +58,7 @@ func (n *Node) ensure(ctx context.Context, name string) error {
 }
 
 // copyIn copies name from a live peer that holds it.
-func (n *Node) copyIn(ctx context.Context, name string) error {
+func (n *Node) copyIn(ctx context.Context, name, owner string) error {
 	for _, kind := range []string{store.SnapPrefix, store.TemplatePrefix} {
 		peer, ok, err := n.peerHolding(ctx, kind, name)
 		if err != nil {
@@ -66,7 +68,7 @@ func (n *Node) copyIn(ctx context.Context, name string) error {
 			continue
 		}
 		if kind == store.SnapPrefix {
-			return n.copySnapshot(ctx, peer, name)
+			return n.copySnapshot(ctx, peer, name, owner)
 		}
 		return n.copyTemplate(ctx, peer, name)
 	}
@@ -107,12 +109,15 @@ func (n *Node) peerGet(ctx context.Context, peer store.NodeRecord, path string, 
 	if err != nil {
 		return nil, err
 	}
-	n.auth.Sign(req)
 	if sparse {
 		req.Header.Set(sparseHeader, "1")
 	}
 	if offset > 0 {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	}
+	// Last: the MAC covers the range and encoding asked for.
+	if err := n.auth.Sign(req); err != nil {
+		return nil, err
 	}
 	resp, err := n.http.Do(req)
 	if err != nil {
@@ -211,12 +216,13 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 	return n.publishNow(ctx)
 }
 
-// copySnapshot copies snapshot id from a peer: its description (checked:
-// the ID asked for, chunks named by their content with declared sizes,
-// see snapshot.CheckManifest), its template if this node lacks it, then
-// the chunks this node lacks, each bounded by its declared size and
-// checked against its name before the store uses it.
-func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id string) error {
+// copySnapshot copies snapshot id from a peer for owner: its description
+// (checked: the ID asked for, chunks named by their content with declared
+// sizes, see snapshot.CheckManifest; made this node's by localize), its
+// template if this node lacks it, then the chunks this node lacks, each
+// bounded by its declared size and checked against its name before the
+// store uses it.
+func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id, owner string) error {
 	if err := snapshot.ValidID(id); err != nil {
 		return err
 	}
@@ -229,22 +235,67 @@ func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id strin
 	if err := snapshot.CheckManifest(id, sn); err != nil {
 		return fromPeer(peer, what, err)
 	}
+	sn, err := n.localize(sn, owner)
+	if err != nil {
+		return fromPeer(peer, what, err)
+	}
 	// A restore needs the snapshot's template too.
 	if sn.Template != "" {
 		if err := template.ValidName(sn.Template); err != nil {
 			return fromPeer(peer, what, err)
 		}
 	}
-	if err := n.ensure(ctx, sn.Template); err != nil {
+	if err := n.ensure(ctx, sn.Template, owner); err != nil {
 		return err
 	}
-	_, err := n.host.Snapshots.Import(id, sn, func(chunk string, size int64, dst string) error {
+	_, err = n.host.Snapshots.Import(id, sn, func(chunk string, size int64, dst string) error {
 		return n.copyChunk(ctx, peer, id, chunk, size, dst)
 	})
 	if err != nil {
 		return fromPeer(peer, what, err)
 	}
 	return n.publishNow(ctx)
+}
+
+// localize makes a peer's description of a snapshot this node's: its
+// owner is the one the request is for (a key's request for a snapshot the
+// peer says is another's is refused: to that key it does not exist), and
+// each volume it mounted is found again by its ID in this node's volume
+// store, which gives the host directory to bind and the volume's name;
+// the peer's source paths and names are dropped. So nothing a peer sends
+// becomes a mount source or an owner.
+func (n *Node) localize(sn snapshot.Snapshot, owner string) (snapshot.Snapshot, error) {
+	if owner != "" && sn.Owner != owner {
+		return snapshot.Snapshot{}, errdefs.NotFound("snapshot %s does not exist", sn.ID)
+	}
+	sn.Owner = owner
+	if len(sn.Volumes) == 0 {
+		sn.Volumes = nil
+		return sn, nil
+	}
+	mounts := make([]volume.Mount, 0, len(sn.Volumes))
+	for _, m := range sn.Volumes {
+		if err := volume.CheckID(m.ID); err != nil {
+			return snapshot.Snapshot{}, err
+		}
+		if err := volume.CheckMountPath(m.Path); err != nil {
+			return snapshot.Snapshot{}, err
+		}
+		if n.host.Volumes == nil {
+			return snapshot.Snapshot{}, errdefs.NotFound("snapshot %s mounted volume %s, and this node keeps no volumes: restore it on the volume's node", sn.ID, m.ID)
+		}
+		v, err := n.host.Volumes.Get(owner, m.ID)
+		if err != nil {
+			return snapshot.Snapshot{}, errdefs.NotFound("snapshot %s mounted volume %s, which is not on this node: restore it on the volume's node", sn.ID, m.ID)
+		}
+		src, err := n.host.Volumes.BindSource(v.ID)
+		if err != nil {
+			return snapshot.Snapshot{}, err
+		}
+		mounts = append(mounts, volume.Mount{ID: v.ID, Name: v.Name, Path: m.Path, Source: src})
+	}
+	sn.Volumes = mounts
+	return sn, nil
 }
 
 // copyChunk downloads one chunk of a snapshot, of the size its

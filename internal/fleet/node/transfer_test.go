@@ -29,7 +29,7 @@ func flakyPeer(t *testing.T, data []byte, clusterSecret string, corrupt bool) (*
 	var calls atomic.Int32
 	var lastRange atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !secret.NewAuth(clusterSecret).Verify(r) {
+		if secret.NewVerifier(clusterSecret).Verify(r) != nil {
 			nodepb.WriteHTTPError(w, fmt.Errorf("no secret: %w", errdefs.ErrUnauthenticated))
 			return
 		}

@@ -56,7 +56,9 @@ type signer struct {
 
 func (s signer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	s.auth.Sign(r)
+	if err := s.auth.Sign(r); err != nil {
+		return nil, err
+	}
 	next := s.next
 	if next == nil {
 		next = http.DefaultTransport
@@ -187,10 +189,12 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	if err != nil {
 		return api.TemplateInfo{}, err
 	}
-	c.auth.Sign(r)
 	r.Header.Set("X-Agentenv-Build", base64.StdEncoding.EncodeToString(hdr))
 	if req.Upload != nil {
 		r.Header.Set("X-Agentenv-Upload", "1")
+	}
+	if err := c.auth.Sign(r); err != nil {
+		return api.TemplateInfo{}, err
 	}
 	// A build takes minutes: no client timeout beyond ctx.
 	resp, err := c.http.Do(r)

@@ -69,7 +69,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	u, _ := url.Parse(c.base)
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
-	c.auth.Sign(r)
+	if err := c.auth.Sign(r); err != nil {
+		writeProxyError(w, id, http.StatusBadGateway, err.Error())
+		return
+	}
 	serveUntilLost(w, r, c.gone(), p.rp)
 }
 

@@ -124,6 +124,15 @@ func (r *Remote) notFound(ctx context.Context, id string) error {
 // Create places the sandbox: nodes ranked by free room and locality; a
 // node that is full or failing is skipped for the next.
 func (r *Remote) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	if req.Owner == "" {
+		// The operator restoring a key's snapshot makes that key's
+		// sandbox (as on one host). Said in the request: a node that
+		// copies the snapshot takes its owner from here, not from the
+		// peer it copies from.
+		if owner, ok := r.cache.SnapshotOwner(req.Template); ok {
+			req.Owner = owner
+		}
+	}
 	if len(req.Volumes) > 0 {
 		return r.createWithVolumes(ctx, req, req.Volumes)
 	}
@@ -398,7 +407,7 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			res[i].Sandbox, res[i].Err = r.Create(ctx, sandbox.CreateRequest{Template: sn.ID, Timeout: d, Metadata: metadata, Network: &network})
+			res[i].Sandbox, res[i].Err = r.Create(ctx, sandbox.CreateRequest{Template: sn.ID, Timeout: d, Metadata: metadata, Network: &network, Owner: rec.Sandbox.Owner})
 		})
 	}
 	wg.Wait()

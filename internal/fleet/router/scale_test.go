@@ -360,7 +360,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 	mux := http.NewServeMux()
 	path, svc := node.ServiceHandler(n)
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !secret.NewAuth(scaleSecret).Verify(r) {
+		if secret.NewVerifier(scaleSecret).Verify(r) != nil {
 			nodepb.WriteHTTPError(w, fmt.Errorf("fake node %s: wrong cluster secret: %w", name, errdefs.ErrUnauthenticated))
 			return
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -196,7 +197,11 @@ func (r *Remote) VolumeContent(w http.ResponseWriter, req *http.Request, id stri
 			u := *target
 			u.RawQuery = pr.In.URL.RawQuery
 			pr.Out.URL, pr.Out.Host = &u, u.Host
-			c.auth.Sign(pr.Out)
+			if err := c.auth.Sign(pr.Out); err != nil {
+				// The client's body could not be read (it went away):
+				// unsigned, the node refuses the request.
+				pr.Out.Header.Del(secret.AuthHeader)
+			}
 		},
 		Transport:     r.http.Transport,
 		FlushInterval: -1,

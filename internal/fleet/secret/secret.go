@@ -7,17 +7,13 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
-	"time"
 )
 
 // Keys derived from the cluster secret. The secret itself never leaves
@@ -112,46 +108,4 @@ func (s *Sealer) OpenBytes(key string, val []byte) ([]byte, error) {
 		return nil, fmt.Errorf("record %s: %w", key, ErrUnsealed)
 	}
 	return plain, nil
-}
-
-// AuthHeader carries a node RPC's proof of the cluster secret: a time and
-// a MAC over it, the method and the path. The secret never travels, so a
-// captured request gives no one the key to etcd's records; requests are
-// accepted for Skew either side of the node's clock.
-const AuthHeader = "X-Agentenv-Fleet-Auth"
-
-const Skew = 5 * time.Minute
-
-// Auth makes and checks AuthHeader values.
-type Auth struct{ key []byte }
-
-func NewAuth(secret string) Auth { return Auth{key: deriveKey(secret, rpcKeyInfo)} }
-
-func (a Auth) MAC(ts, method, path string) []byte {
-	h := hmac.New(sha256.New, a.key)
-	h.Write([]byte(ts + "\n" + method + "\n" + path))
-	return h.Sum(nil)
-}
-
-// sign sets r's AuthHeader.
-func (a Auth) Sign(r *http.Request) {
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	r.Header.Set(AuthHeader, ts+"."+base64.RawURLEncoding.EncodeToString(a.MAC(ts, r.Method, r.URL.Path)))
-}
-
-// verify reports whether r carries a valid AuthHeader made now.
-func (a Auth) Verify(r *http.Request) bool {
-	ts, sig, ok := strings.Cut(r.Header.Get(AuthHeader), ".")
-	if !ok {
-		return false
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return false
-	}
-	if d := time.Since(time.Unix(sec, 0)); d > Skew || d < -Skew {
-		return false
-	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	return err == nil && hmac.Equal(got, a.MAC(ts, r.Method, r.URL.Path))
 }

@@ -746,6 +746,21 @@ func (c *Cache) SnapshotVolumes(id string) []volume.Mount {
 	return nil
 }
 
+// SnapshotOwner returns the owner of snapshot id as the nodes holding it
+// published it; ok is false for an unknown ID or when they disagree.
+func (c *Cache) SnapshotOwner(id string) (owner string, ok bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	first := true
+	for _, sn := range c.snaps[id] {
+		if !first && sn.Owner != owner {
+			return "", false
+		}
+		owner, first = sn.Owner, false
+	}
+	return owner, !first
+}
+
 // isSnapshot reports whether name is a snapshot ID some node published.
 func (c *Cache) IsSnapshot(name string) bool {
 	c.mu.RLock()
