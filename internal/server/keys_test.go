@@ -98,6 +98,25 @@ func TestNamedKeys(t *testing.T) {
 	if sb, err := bob.GetSandbox(ctx, b.SandboxID); err != nil || sb.State != "running" {
 		t.Fatalf("bob's sandbox after alice's attempts: %+v, %v; want it running", sb, err)
 	}
+	// Connect hands out the envd token and resumes a paused sandbox: not
+	// to another key, running or paused.
+	day := int64(86400)
+	for _, paused := range []bool{false, true} {
+		if paused {
+			if err := bob.PauseSandbox(ctx, b.SandboxID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if sb, err := alice.ConnectSandbox(ctx, b.SandboxID, client.ConnectRequest{Timeout: &day}); status(err) != http.StatusNotFound || sb.EnvdAccessToken != "" {
+			t.Errorf("alice connects to bob's sandbox (paused %v): got token %q, %v; want 404", paused, sb.EnvdAccessToken, err)
+		}
+	}
+	if sb, err := bob.GetSandbox(ctx, b.SandboxID); err != nil || sb.State != "paused" {
+		t.Fatalf("bob's paused sandbox after alice's connect: %+v, %v; want it still paused", sb, err)
+	}
+	if _, err := bob.ConnectSandbox(ctx, b.SandboxID, client.ConnectRequest{}); err != nil {
+		t.Fatalf("bob connects to (resumes) his sandbox: %v", err)
+	}
 	if ms, err := alice.SandboxesMetrics(ctx, []string{a.SandboxID, b.SandboxID}); err != nil || len(ms) != 1 {
 		t.Errorf("alice's metrics of both: got %d samples (%v), want hers only", len(ms), err)
 	}
