@@ -184,7 +184,10 @@ func TestOwnedChecksEveryMethod(t *testing.T) {
 		// reach is what the backend must have seen (nil: nothing).
 		reach []string
 	}{
-		"Create":     {func(o Backend) error { _, err := o.Create(ctx, sandbox.CreateRequest{Template: aliceSnapshot}); return err }, nil, []string{"Create for bob"}},
+		"Create": {func(o Backend) error {
+			_, err := o.Create(ctx, sandbox.CreateRequest{Template: aliceSnapshot})
+			return err
+		}, nil, []string{"Create for bob"}},
 		"List":       {func(o Backend) error { _, err := o.List(ctx, sandbox.Filter{Owner: "alice"}); return err }, nil, []string{"List for bob"}},
 		"Get":        {func(o Backend) error { _, err := o.Get(ctx, aliceSandbox); return err }, errdefs.ErrNotFound, nil},
 		"Kill":       {func(o Backend) error { return o.Kill(ctx, aliceSandbox) }, errdefs.ErrNotFound, nil},
