@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -203,5 +204,66 @@ func TestStepBuildsPerOwnerCancelAndSlots(t *testing.T) {
 	e.doAs(aliceStepKey, "GET", fmt.Sprintf("/templates/one/builds/%s/status", one.BuildID), nil, &info)
 	if info.Reason == nil || !strings.Contains(info.Reason.Message, "cancelled") {
 		t.Errorf("alice's replaced build: reason %+v, want cancelled", info.Reason)
+	}
+}
+
+// Concurrent uploads of one hash: exactly one stores it; the others are
+// accepted only with the same bytes, and the stored archive and its
+// SHA-256 are the first's, whole.
+func TestBuildFilesStoreConcurrent(t *testing.T) {
+	f, err := openBuildFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	type result struct {
+		body    string
+		created bool
+		err     error
+	}
+	results := make(chan result, n)
+	for i := range n {
+		body := "same bytes"
+		if i%2 == 1 {
+			body = fmt.Sprintf("other bytes %d", i)
+		}
+		go func() {
+			_, created, err := f.store("alice", "app", hashA, strings.NewReader(body), 1<<20, "")
+			results <- result{body, created, err}
+		}()
+	}
+	var stored string
+	created := 0
+	var all []result
+	for range n {
+		r := <-results
+		all = append(all, r)
+		if r.created {
+			created++
+			stored = r.body
+		}
+	}
+	if created != 1 {
+		t.Fatalf("%d uploads stored the hash, want 1: %+v", created, all)
+	}
+	for _, r := range all {
+		if r.created {
+			continue
+		}
+		if wantOK := r.body == stored; wantOK != (r.err == nil) {
+			t.Errorf("upload of %q after %q was stored: got %v, want ok %v", r.body, stored, r.err, wantOK)
+		}
+	}
+	rc, err := f.open("alice", "app", hashA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	buf := new(strings.Builder)
+	if _, err := io.Copy(buf, rc); err != nil || buf.String() != stored {
+		t.Errorf("stored archive %q, %v; want %q", buf.String(), err, stored)
+	}
+	if d, err := f.digest("alice", "app", hashA); err != nil || d != sha256Hex(stored) {
+		t.Errorf("digest %s, %v; want %s", d, err, sha256Hex(stored))
 	}
 }
