@@ -16,8 +16,9 @@ import (
 
 // Who a request's key says the caller is. One API key (the default) is one
 // user, who sees everything; named keys (--api-keys-file) each see and
-// control only their own sandboxes and snapshots (templates are shared);
-// the operator key sees all, and alone may change the fleet.
+// control only their own sandboxes, snapshots, volumes, template builds
+// and build inputs, and may use every template but change only their own;
+// the operator key sees and changes all, and alone may change the fleet.
 type identity struct {
 	// Name is a named key's name; "" for the single key and the operator.
 	Name     string

@@ -292,7 +292,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	want := map[string]bool{}
 	for _, err := range []error{
 		errdefs.ErrNotFound, errdefs.ErrInvalid, errdefs.ErrConflict, errdefs.ErrUnavailable,
-		errdefs.ErrResourceExhausted, errdefs.ErrUnauthenticated, errdefs.ErrTooLarge, errdefs.ErrInsufficientStorage,
+		errdefs.ErrResourceExhausted, errdefs.ErrUnauthenticated, errdefs.ErrPermissionDenied, errdefs.ErrTooLarge, errdefs.ErrInsufficientStorage,
 		errors.New("no class"),
 	} {
 		_, code := errdefs.HTTPStatus(err)

@@ -1,6 +1,10 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -120,20 +124,46 @@ func (s *Server) createStepBuild(w http.ResponseWriter, r *http.Request) {
 	if len(tags) == 0 {
 		tags = []string{"default"}
 	}
-	b := tb.create(alias, tags, req.CPUCount, req.MemoryMB)
+	if err := s.mayBuild(r, tb, alias); err != nil {
+		writeError(w, err)
+		return
+	}
+	b := tb.create(identityOf(r.Context()).Name, alias, tags, req.CPUCount, req.MemoryMB)
 	writeJSON(w, http.StatusAccepted, wire.TemplateRequestResponseV3{TemplateID: alias, BuildID: b.buildID,
 		Names: []string{alias}, Tags: tags, Aliases: []string{alias}})
 }
 
-// knownTemplate reports whether templateID has a build here or exists.
+// mayBuild refuses the caller's build of templateID (and so uploads for
+// it) when the name is another key's: a template of another owner, or
+// another key's build of it running.
+func (s *Server) mayBuild(r *http.Request, tb *TemplateBuilds, templateID string) error {
+	id := identityOf(r.Context())
+	t, err := s.backend(r).GetTemplate(r.Context(), templateID)
+	switch {
+	case err == nil:
+		if err := t.ChangeableBy(id.Name); err != nil {
+			return err
+		}
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return err
+	}
+	return tb.checkBuilder(id.Name, templateID)
+}
+
+// knownTemplate reports whether templateID has a build of the caller's
+// here or exists, and is the caller's to build.
 func (s *Server) knownTemplate(r *http.Request, tb *TemplateBuilds, templateID string) error {
 	if err := template.ValidName(templateID); err != nil {
 		return err
 	}
+	if err := s.mayBuild(r, tb, templateID); err != nil {
+		return err
+	}
+	id := identityOf(r.Context())
 	tb.mu.Lock()
 	known := false
 	for _, b := range tb.order {
-		known = known || b.templateID == templateID
+		known = known || b.templateID == templateID && (id.all() || b.owner == id.Name)
 	}
 	tb.mu.Unlock()
 	if known {
@@ -165,33 +195,60 @@ func (s *Server) buildFileUpload(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
+	owner := identityOf(r.Context()).Name
 	u := url.URL{Scheme: scheme, Host: r.Host, Path: "/templates/" + tid + "/files/" + hash,
-		RawQuery: url.Values{"token": {tb.files.token(tid, hash, time.Now().Add(uploadTTL))}}.Encode()}
-	writeJSON(w, http.StatusCreated, wire.TemplateBuildFileUpload{Present: tb.files.present(tid, hash), URL: u.String()})
+		RawQuery: url.Values{"token": {tb.files.token(owner, tid, hash, time.Now().Add(uploadTTL))}}.Encode()}
+	writeJSON(w, http.StatusCreated, wire.TemplateBuildFileUpload{Present: tb.files.present(owner, tid, hash), URL: u.String()})
 }
 
-// putBuildFile stores an uploaded archive (no API key: the URL's token).
+// contentDigest reads RFC 9530's Content-Digest header for sha-256 (the
+// SDKs send none; other clients may), as hex; "" when absent.
+func contentDigest(r *http.Request) (string, error) {
+	h := r.Header.Get("Content-Digest")
+	if h == "" {
+		return "", nil
+	}
+	for _, item := range strings.Split(h, ",") {
+		alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok || !strings.EqualFold(alg, "sha-256") {
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
+		if err != nil || len(b) != sha256.Size {
+			return "", errdefs.Invalid("Content-Digest %q: give sha-256=:BASE64 OF THE 32-BYTE DIGEST:", h)
+		}
+		return hex.EncodeToString(b), nil
+	}
+	return "", nil
+}
+
+// putBuildFile stores an uploaded archive (no API key: the URL's token,
+// which says whose it is).
 func (s *Server) putBuildFile(w http.ResponseWriter, r *http.Request) {
 	tb := s.templateBuilds(w)
 	if tb == nil {
 		return
 	}
 	tid, hash := r.PathValue("templateID"), r.PathValue("hash")
+	var owner, want string
 	err := template.ValidName(tid)
 	if err == nil {
 		err = checkFilesHash(hash)
 	}
 	if err == nil {
-		err = tb.files.checkToken(tid, hash, r.URL.Query().Get("token"), time.Now())
+		owner, err = tb.files.checkToken(tid, hash, r.URL.Query().Get("token"), time.Now())
 	}
 	if err == nil && r.ContentLength > tb.cfg.MaxUploadBytes {
 		err = fmt.Errorf("the archive (%d bytes) is larger than this server's limit of %d bytes (serve --max-copy-upload-mb): copy fewer files: %w", r.ContentLength, tb.cfg.MaxUploadBytes, errdefs.ErrTooLarge)
+	}
+	if err == nil {
+		want, err = contentDigest(r)
 	}
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	created, err := tb.files.store(tid, hash, r.Body, tb.cfg.MaxUploadBytes)
+	_, created, err := tb.files.store(owner, tid, hash, r.Body, tb.cfg.MaxUploadBytes, want)
 	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		writeError(w, err)
@@ -209,7 +266,7 @@ func (s *Server) startStepBuild(w http.ResponseWriter, r *http.Request) {
 	if tb == nil {
 		return
 	}
-	b, err := tb.get(r.PathValue("templateID"), r.PathValue("buildID"))
+	b, err := tb.get(identityOf(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -219,7 +276,12 @@ func (s *Server) startStepBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	spec, err := s.buildSpec(r, tb, b, req)
+	// The name may have become another key's since the build was made.
+	err = s.mayBuild(r, tb, b.templateID)
+	var spec imagebuild.Spec
+	if err == nil {
+		spec, err = s.buildSpec(r, tb, b, req)
+	}
 	if err == nil {
 		err = s.notInUse(r, b.templateID)
 	}
@@ -249,7 +311,7 @@ const maxSteps = 512
 // buildSpec checks a start request's shape and turns it into the
 // builder's Spec. What a step does is the builder's to check.
 func (s *Server) buildSpec(r *http.Request, tb *TemplateBuilds, b *stepBuild, req wire.TemplateBuildStartV2) (imagebuild.Spec, error) {
-	spec := imagebuild.Spec{Name: b.templateID, FromImage: strings.TrimSpace(req.FromImage), Force: req.Force,
+	spec := imagebuild.Spec{Name: b.templateID, Owner: b.owner, FromImage: strings.TrimSpace(req.FromImage), Force: req.Force,
 		StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, CPUs: b.cpus, MemoryMB: b.memoryMB}
 	from := strings.TrimSpace(req.FromTemplate)
 	if (spec.FromImage == "") == (from == "") {
@@ -279,18 +341,35 @@ func (s *Server) buildSpec(r *http.Request, tb *TemplateBuilds, b *stepBuild, re
 	if len(req.Steps) > maxSteps {
 		return spec, errdefs.Invalid("%d steps: at most %d per build", len(req.Steps), maxSteps)
 	}
+	// The builder sees a COPY step's files by the server's hash of their
+	// bytes (what its layer cache is keyed by), never the client's.
+	byDigest := map[string]string{}
 	for i, st := range req.Steps {
-		if err := checkStep(tb, b.templateID, st); err != nil {
+		if err := checkStep(tb, b.owner, b.templateID, st); err != nil {
 			return spec, fmt.Errorf("step %d (%s): %w", i+1, st.Type, err)
 		}
-		spec.Steps = append(spec.Steps, imagebuild.Step{Type: st.Type, Args: st.Args, FilesHash: st.FilesHash, Force: st.Force})
+		files := st.FilesHash
+		if st.Type == "COPY" {
+			d, err := tb.files.digest(b.owner, b.templateID, st.FilesHash)
+			if err != nil {
+				return spec, fmt.Errorf("step %d (COPY): %w", i+1, err)
+			}
+			byDigest[d], files = st.FilesHash, d
+		}
+		spec.Steps = append(spec.Steps, imagebuild.Step{Type: st.Type, Args: st.Args, FilesHash: files, Force: st.Force})
 	}
-	tid := b.templateID
-	spec.Files = func(hash string) (io.ReadCloser, error) { return tb.files.open(tid, hash) }
+	owner, tid := b.owner, b.templateID
+	spec.Files = func(digest string) (io.ReadCloser, error) {
+		hash, ok := byDigest[digest]
+		if !ok {
+			return nil, errdefs.Invalid("no COPY step of this build has files of SHA-256 %s", digest)
+		}
+		return tb.files.open(owner, tid, hash)
+	}
 	return spec, nil
 }
 
-func checkStep(tb *TemplateBuilds, templateID string, st wire.TemplateStep) error {
+func checkStep(tb *TemplateBuilds, owner, templateID string, st wire.TemplateStep) error {
 	n := len(st.Args)
 	switch st.Type {
 	case "RUN":
@@ -309,7 +388,7 @@ func checkStep(tb *TemplateBuilds, templateID string, st wire.TemplateStep) erro
 		if err := checkFilesHash(st.FilesHash); err != nil {
 			return err
 		}
-		if !tb.files.present(templateID, st.FilesHash) {
+		if !tb.files.present(owner, templateID, st.FilesHash) {
 			return errdefs.Invalid("the files of %q (hash %s) were not uploaded: GET /templates/%s/files/%s gives the URL to PUT them to", st.Args[0], st.FilesHash, templateID, st.FilesHash)
 		}
 	case "ENV":
@@ -336,7 +415,7 @@ func (s *Server) stepBuildStatus(w http.ResponseWriter, r *http.Request) {
 	if tb == nil {
 		return
 	}
-	b, err := tb.get(r.PathValue("templateID"), r.PathValue("buildID"))
+	b, err := tb.get(identityOf(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -374,7 +453,7 @@ func (s *Server) stepBuildLogs(w http.ResponseWriter, r *http.Request) {
 	if tb == nil {
 		return
 	}
-	b, err := tb.get(r.PathValue("templateID"), r.PathValue("buildID"))
+	b, err := tb.get(identityOf(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -449,6 +528,9 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		t, err = s.backend(r).GetTemplate(r.Context(), alias)
 	}
+	if err == nil {
+		err = t.ChangeableBy(identityOf(r.Context()).Name)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -484,6 +566,13 @@ func (s *Server) deleteTags(w http.ResponseWriter, r *http.Request) {
 	alias, _, err := parseName(req.Name)
 	if err == nil {
 		err = checkTags(req.Tags, "delete")
+	}
+	var t TemplateInfo
+	if err == nil {
+		t, err = s.backend(r).GetTemplate(r.Context(), alias)
+	}
+	if err == nil {
+		err = t.ChangeableBy(identityOf(r.Context()).Name)
 	}
 	if err == nil {
 		err = tb.files.deleteTags(alias, req.Tags)

@@ -38,8 +38,13 @@ type TemplateBuildsConfig struct {
 	MaxUploadBytes int64
 	// MaxConcurrent is how many builds run at once; more wait (0: 2).
 	MaxConcurrent int
+	// MaxPerKey is how many of those slots one named key's builds hold at
+	// once, so that another key still gets one (0: MaxConcurrent-1, at
+	// least 1). The operator and the single key have only MaxConcurrent.
+	MaxPerKey int
 	// MaxQueued caps builds started but waiting for a slot (0: 16); more
-	// are refused with 429.
+	// are refused with 429. One named key may have at most half of them
+	// waiting (at least 1).
 	MaxQueued int
 	// MaxRecords bounds the builds remembered (0: 200): the oldest
 	// finished (or never started) ones are forgotten first.
@@ -68,8 +73,11 @@ const (
 
 // TemplateBuilds runs E2B's template-in-code builds and remembers them
 // in memory (a restarted server forgets them; the templates they made
-// stay). One build runs per template at a time: starting a new one
-// cancels the one running, as E2B does.
+// stay). One build runs per template at a time: a new one of the same
+// owner cancels the one running, as E2B does; another key's is refused
+// (the name is the running build's owner's). Builds are their owner's:
+// another key finds none of them, and a named key holds at most its share
+// of the slots and of the queue.
 type TemplateBuilds struct {
 	cfg     TemplateBuildsConfig
 	files   *buildFiles
@@ -79,11 +87,13 @@ type TemplateBuilds struct {
 	running sync.WaitGroup
 	logs    *logBudget
 
-	mu      sync.Mutex
-	builds  map[string]*stepBuild // by build ID
-	order   []*stepBuild          // oldest first
-	current map[string]*stepBuild // per template: the last build started
-	queued  int
+	mu       sync.Mutex
+	builds   map[string]*stepBuild // by build ID
+	order    []*stepBuild          // oldest first
+	current  map[string]*stepBuild // per template: the last build started
+	queued   int
+	queuedBy map[string]int           // per named key
+	keySlots map[string]chan struct{} // per named key, MaxPerKey each
 }
 
 // NewTemplateBuilds returns the build service; Close stops its builds.
@@ -93,6 +103,9 @@ func NewTemplateBuilds(cfg TemplateBuildsConfig) (*TemplateBuilds, error) {
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 2
+	}
+	if cfg.MaxPerKey <= 0 {
+		cfg.MaxPerKey = max(cfg.MaxConcurrent-1, 1)
 	}
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = 16
@@ -116,7 +129,7 @@ func NewTemplateBuilds(cfg TemplateBuildsConfig) (*TemplateBuilds, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	return &TemplateBuilds{cfg: cfg, files: files, slots: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, stop: stop,
 		logs:   &logBudget{max: cfg.MaxLogBytesTotal},
-		builds: map[string]*stepBuild{}, current: map[string]*stepBuild{}}, nil
+		builds: map[string]*stepBuild{}, current: map[string]*stepBuild{}, queuedBy: map[string]int{}, keySlots: map[string]chan struct{}{}}, nil
 }
 
 // Close cancels the running builds and waits for them to end.
@@ -127,6 +140,8 @@ func (tb *TemplateBuilds) Close() {
 
 // stepBuild is one build: its record and log.
 type stepBuild struct {
+	// owner is the key name the build is for ("": the operator).
+	owner               string
 	templateID, buildID string
 	tags                []string
 	cpus, memoryMB      int
@@ -151,9 +166,9 @@ func newBuildID() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// create records a new build of templateID in status waiting.
-func (tb *TemplateBuilds) create(templateID string, tags []string, cpus, memoryMB int) *stepBuild {
-	b := &stepBuild{templateID: templateID, buildID: newBuildID(), tags: tags, cpus: cpus, memoryMB: memoryMB,
+// create records a new build of templateID for owner in status waiting.
+func (tb *TemplateBuilds) create(owner, templateID string, tags []string, cpus, memoryMB int) *stepBuild {
+	b := &stepBuild{owner: owner, templateID: templateID, buildID: newBuildID(), tags: tags, cpus: cpus, memoryMB: memoryMB,
 		created: time.Now(), status: statusWaiting, log: newBuildLog(tb.cfg.MaxLogBytes, tb.logs)}
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
@@ -187,47 +202,102 @@ func (tb *TemplateBuilds) trimLocked() {
 	}
 }
 
-// get returns the build buildID of templateID.
-func (tb *TemplateBuilds) get(templateID, buildID string) (*stepBuild, error) {
+// get returns the build buildID of templateID if it is the caller's.
+func (tb *TemplateBuilds) get(id identity, templateID, buildID string) (*stepBuild, error) {
 	tb.mu.Lock()
 	b := tb.builds[buildID]
 	tb.mu.Unlock()
-	if b == nil || b.templateID != templateID {
+	if b == nil || b.templateID != templateID || !id.all() && b.owner != id.Name {
 		return nil, errdefs.NotFound("build %q of template %q not found (builds are kept in memory: a restarted server forgets them; start a new build with POST /v3/templates)", buildID, templateID)
 	}
 	return b, nil
 }
 
+// unfinished reports whether b was started and has not ended.
+func (b *stepBuild) unfinished() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.started && !b.finished
+}
+
+// buildingLocked returns the owner of templateID's build that is started
+// and not ended, if any.
+func (tb *TemplateBuilds) buildingLocked(templateID string) (owner string, ok bool) {
+	if b := tb.current[templateID]; b != nil && b.unfinished() {
+		return b.owner, true
+	}
+	return "", false
+}
+
+// checkBuilder refuses owner's build of templateID while another key's
+// build of it runs.
+func (tb *TemplateBuilds) checkBuilder(owner, templateID string) error {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return tb.builderLocked(owner, templateID)
+}
+
+func (tb *TemplateBuilds) builderLocked(owner, templateID string) error {
+	if by, ok := tb.buildingLocked(templateID); ok && by != owner {
+		return fmt.Errorf("template %q is being built by another API key: a build of it can neither start beside nor cancel that one; build your own under another name: %w", templateID, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// perKeyQueue is how many builds one named key may have waiting.
+func (tb *TemplateBuilds) perKeyQueue() int { return max(tb.cfg.MaxQueued/2, 1) }
+
 // start runs b with spec in the background through backend. It cancels
-// the template's running build, if any, and waits for it before starting.
+// the template's running build of the same owner, if any, and waits for
+// it before starting; another owner's is not touched (refused).
 func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, backend Backend) error {
 	if tb.ctx.Err() != nil {
 		return errdefs.Unavailable("the server is shutting down")
 	}
-	ctx, cancel := context.WithCancelCause(tb.ctx)
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if err := tb.builderLocked(b.owner, b.templateID); err != nil {
+		return err
+	}
+	if tb.queued >= tb.cfg.MaxQueued {
+		return fmt.Errorf("%d template builds are waiting for one of %d build slots: try again later: %w", tb.queued, tb.cfg.MaxConcurrent, errdefs.ErrResourceExhausted)
+	}
+	if b.owner != "" && tb.queuedBy[b.owner] >= tb.perKeyQueue() {
+		return fmt.Errorf("%d builds of this API key are waiting for a build slot, its most at once: wait for one to start: %w", tb.queuedBy[b.owner], errdefs.ErrResourceExhausted)
+	}
 	b.mu.Lock()
 	if b.started {
 		b.mu.Unlock()
-		cancel(nil)
 		return errdefs.Invalid("build %q was already started (status %s): request a new build with POST /v3/templates", b.buildID, b.status)
 	}
-	tb.mu.Lock()
-	if tb.queued >= tb.cfg.MaxQueued {
-		tb.mu.Unlock()
-		b.mu.Unlock()
-		cancel(nil)
-		return fmt.Errorf("%d template builds are waiting for one of %d build slots: try again later: %w", tb.queued, tb.cfg.MaxConcurrent, errdefs.ErrResourceExhausted)
-	}
-	tb.queued++
-	prev := tb.current[b.templateID]
-	tb.current[b.templateID] = b
-	tb.mu.Unlock()
+	ctx, cancel := context.WithCancelCause(tb.ctx)
 	b.started, b.cancel, b.done = true, cancel, make(chan struct{})
 	b.mu.Unlock()
+	tb.queued++
+	if b.owner != "" {
+		tb.queuedBy[b.owner]++
+	}
+	prev := tb.current[b.templateID]
+	tb.current[b.templateID] = b
 
 	tb.running.Add(1)
 	go tb.run(ctx, b, prev, spec, backend)
 	return nil
+}
+
+// keySlot is owner's share of the build slots (nil for the operator).
+func (tb *TemplateBuilds) keySlot(owner string) chan struct{} {
+	if owner == "" {
+		return nil
+	}
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	ks := tb.keySlots[owner]
+	if ks == nil {
+		ks = make(chan struct{}, tb.cfg.MaxPerKey)
+		tb.keySlots[owner] = ks
+	}
+	return ks
 }
 
 func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild, spec imagebuild.Spec, backend Backend) {
@@ -238,6 +308,11 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 		if queued {
 			tb.mu.Lock()
 			tb.queued--
+			if b.owner != "" {
+				if tb.queuedBy[b.owner]--; tb.queuedBy[b.owner] <= 0 {
+					delete(tb.queuedBy, b.owner)
+				}
+			}
 			tb.mu.Unlock()
 			queued = false
 		}
@@ -245,6 +320,17 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 	defer unqueue()
 	if prev != nil {
 		prev.cancelBy(b.buildID)
+	}
+	// The key's share first: waiting for it holds none of the slots
+	// other keys' builds take.
+	if ks := tb.keySlot(b.owner); ks != nil {
+		select {
+		case ks <- struct{}{}:
+		case <-ctx.Done():
+			b.fail(context.Cause(ctx), "")
+			return
+		}
+		defer func() { <-ks }()
 	}
 	select {
 	case tb.slots <- struct{}{}:

@@ -3,6 +3,8 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,7 +101,7 @@ func (b *stepBackend) BuildTemplate(ctx context.Context, req template.BuildReque
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.built = append(b.built, req)
-	t := TemplateInfo{Template: template.Template{Name: req.Name, EnvdHash: "h"}}
+	t := TemplateInfo{Template: template.Template{Name: req.Name, EnvdHash: "h", Owner: req.Owner}}
 	b.templates[req.Name] = t
 	return t, nil
 }
@@ -126,14 +128,26 @@ func newStepEnv(t *testing.T, steps *fakeSteps, change func(*TemplateBuildsConfi
 	}
 	t.Cleanup(tb.Close)
 	be := &stepBackend{templates: map[string]TemplateInfo{"base": {Template: template.Template{Name: "base"}}}}
-	srv := httptest.NewServer(New(Config{APIKey: "k", Backend: be, TemplateBuilds: tb}).Handler())
+	srv := httptest.NewServer(New(Config{APIKey: "k", APIKeys: map[string]string{aliceStepKey: "alice", bobStepKey: "bob"}, Backend: be, TemplateBuilds: tb}).Handler())
 	t.Cleanup(srv.Close)
 	return &stepEnv{t: t, srv: srv, steps: steps, backend: be, builds: tb}
 }
 
-// do sends a request with the API key (unless url is absolute) and decodes
-// a JSON answer into out; it returns the status and the raw body.
+// Named keys of the step build tests.
+const (
+	aliceStepKey = "alice-key-0123456789"
+	bobStepKey   = "bob-key-0123456789ab"
+)
+
+// do sends a request with the single API key (unless url is absolute) and
+// decodes a JSON answer into out; it returns the status and the raw body.
 func (e *stepEnv) do(method, path string, body any, out any) (int, string) {
+	e.t.Helper()
+	return e.doAs("k", method, path, body, out)
+}
+
+// doAs is do with the API key key.
+func (e *stepEnv) doAs(key, method, path string, body any, out any) (int, string) {
 	e.t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
@@ -150,7 +164,7 @@ func (e *stepEnv) do(method, path string, body any, out any) (int, string) {
 	}
 	req, _ := http.NewRequest(method, url, rd)
 	if !strings.HasPrefix(path, "http") {
-		req.Header.Set("X-API-Key", "k")
+		req.Header.Set("X-API-Key", key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -231,6 +245,11 @@ func (e *stepEnv) wait(templateID, buildID string) (wire.TemplateBuildInfo, []wi
 	return wire.TemplateBuildInfo{}, nil
 }
 
+func sha256Hex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
 var (
 	hashA = strings.Repeat("a", 64)
 	hashB = strings.Repeat("b", 64)
@@ -270,8 +289,9 @@ func TestStepBuildEndToEnd(t *testing.T) {
 	if spec.Name != "app" || spec.FromImage != start.FromImage || len(spec.Steps) != 5 || spec.StartCmd != "run" || spec.ReadyCmd != "[ -f /r ]" {
 		t.Errorf("builder got %+v", spec)
 	}
-	if got := e.steps.copied[hashA]; got != "archive-a" {
-		t.Errorf("COPY archive read through Spec.Files = %q, want the uploaded bytes", got)
+	// The builder sees the files by the server's hash of their bytes.
+	if got := e.steps.copied[sha256Hex("archive-a")]; got != "archive-a" {
+		t.Errorf("COPY archive read through Spec.Files by its SHA-256 = %q, want the uploaded bytes (read: %v)", got, e.steps.copied)
 	}
 	if len(e.backend.built) != 1 || e.backend.built[0].StartCmd != "run" || e.steps.cleaned != 1 {
 		t.Errorf("template built %d times (want 1, with the start command) and cleanups %d (want 1)", len(e.backend.built), e.steps.cleaned)
@@ -443,7 +463,7 @@ func TestStepBuildBadInput(t *testing.T) {
 	if code, _ := e.do("PUT", fu.URL, "more than ten bytes", nil); code != 413 {
 		t.Errorf("PUT above the limit: HTTP %d, want 413", code)
 	}
-	if e.builds.files.present("in", hashA) {
+	if e.builds.files.present("", "in", hashA) {
 		t.Errorf("a refused upload left the archive present")
 	}
 	cases := []struct {

@@ -136,17 +136,21 @@ func (bd *build) useBase(key string, st state, release func()) {
 }
 
 // importedTemplate finds a template imported from the image FromImage
-// names (template build --oci or --image): used without any network.
+// names (template build --oci or --image): used without any network. Only
+// the build's owner's own import or the operator's count (the owner's
+// first): an import's image is a label its uploader chose.
 func (bd *build) importedTemplate() (template.Template, bool) {
 	if bd.spec.FromImage == "" {
 		return template.Template{}, false
 	}
+	var found template.Template
+	ok := false
 	for _, t := range bd.b.cfg.Templates.List() {
-		if t.Source == "oci:"+bd.spec.FromImage {
-			return t, true
+		if t.UsableByImage(bd.spec.FromImage, bd.spec.Owner) && (!ok || t.Owner != "") {
+			found, ok = t, true
 		}
 	}
-	return template.Template{}, false
+	return found, ok
 }
 
 func (bd *build) pull(ctx context.Context) (v1.Image, error) {

@@ -219,6 +219,7 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 	bd.logf("finalize", "info", "build steps done in %s", time.Since(start).Round(time.Millisecond))
 	req = template.BuildRequest{
 		Name:  spec.Name,
+		Owner: spec.Owner,
 		Tree:  tree,
 		Image: bd.label,
 		Defaults: template.Defaults{

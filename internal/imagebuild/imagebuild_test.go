@@ -627,3 +627,69 @@ func TestFromBusyboxTemplate(t *testing.T) {
 		t.Errorf("/work/out = %q, want the new user's uid and the workdir", got)
 	}
 }
+
+// An import stands for its image reference only in its owner's builds and,
+// when the operator's, in everyone's: another key's upload labelled with a
+// reference must not become what a build FROM that reference runs. Layers
+// are cached per owner.
+func TestImportedImageAndCacheOwners(t *testing.T) {
+	e := newEnv(t, false) // the registry is not reachable
+	ctx := context.Background()
+	ref := "registry.invalid/library/python:3.12"
+	upload := func(name, owner string) {
+		t.Helper()
+		root := t.TempDir()
+		testenv.GNURootfs(t, root)
+		os.WriteFile(filepath.Join(root, "who"), []byte(name+"\n"), 0o644)
+		var tarball bytes.Buffer
+		if err := template.WriteTar(ctx, &tarball, root); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.Build(ctx, template.BuildRequest{Name: name, Owner: owner, Upload: &tarball, Image: ref}, func(template.Progress) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	who := func(owner string) (string, error) {
+		t.Helper()
+		req, lines, err := e.prepare(ctx, imagebuild.Spec{Name: "app-" + owner, Owner: owner, FromImage: ref, Steps: []imagebuild.Step{
+			{Type: "RUN", Args: []string{"cat /who > /seen", "root"}},
+		}})
+		if err != nil {
+			return strings.Join(lines, "\n"), err
+		}
+		return readTree(t, req.Tree, "seen"), nil
+	}
+	upload("bobs-innocent", "bob")
+	if got, err := who("alice"); err == nil {
+		t.Errorf("alice's FROM %s used bob's upload labelled with it: /seen = %q", ref, got)
+	}
+	if got, err := who("bob"); err != nil || got != "bobs-innocent" {
+		t.Errorf("bob's FROM his own import: /seen = %q, %v; want bobs-innocent", got, err)
+	}
+	upload("operator-py", "")
+	for owner, want := range map[string]string{"alice": "operator-py", "": "operator-py", "bob": "bobs-innocent"} {
+		if got, err := who(owner); err != nil || got != want {
+			t.Errorf("%q's FROM %s: /seen = %q, %v; want %s", owner, ref, got, err, want)
+		}
+	}
+
+	// The same step on the same (shared) base: cached for the key that ran
+	// it, run again for another.
+	stamp := func(owner string) (string, bool) {
+		t.Helper()
+		req, lines, err := e.prepare(ctx, imagebuild.Spec{Name: "stamp", Owner: owner, FromTemplate: "operator-py", Steps: []imagebuild.Step{
+			{Type: "RUN", Args: []string{"cat /proc/sys/kernel/random/uuid > /by", "root"}},
+		}})
+		if err != nil {
+			t.Fatalf("%s's build: %v\n%s", owner, err, strings.Join(lines, "\n"))
+		}
+		return readTree(t, req.Tree, "by"), strings.Contains(strings.Join(lines, "\n"), "CACHED [builder")
+	}
+	first, _ := stamp("alice")
+	if got, cached := stamp("bob"); cached || got == first {
+		t.Errorf("bob's build of the step alice ran: cached %v, /by %q (alice's %q); want his own run", cached, got, first)
+	}
+	if got, cached := stamp("alice"); !cached || got != first {
+		t.Errorf("alice's second build: cached %v, /by %q; want her cached layer %q", cached, got, first)
+	}
+}

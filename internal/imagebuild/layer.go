@@ -52,10 +52,13 @@ func (s state) clone() state {
 	return c
 }
 
-// layerKey is a step's cache key: its parent's key, type, arguments and
-// files, as E2B's orchestrator keys its layers.
-func layerKey(parent string, st Step) string {
-	return hashKey(parent, st.Type, strings.Join(st.Args, " "), st.FilesHash)
+// layerKey is a step's cache key: its owner, its parent's key, type,
+// arguments and files (named by the server's hash of their bytes), as
+// E2B's orchestrator keys its layers. The owner keeps one key's layers
+// from serving another: what a RUN step wrote depends on more than its
+// command (the network it reached, the time it ran).
+func layerKey(owner, parent string, st Step) string {
+	return hashKey("owner", owner, parent, st.Type, strings.Join(st.Args, " "), st.FilesHash)
 }
 
 func hashKey(parts ...string) string {

@@ -23,6 +23,10 @@ import (
 type Spec struct {
 	// Name is the template the build makes (an agentenv template name).
 	Name string
+	// Owner is the API key name the build is for ("": the operator). Its
+	// layers are cached for it alone, and only its own or the operator's
+	// imported templates stand for a fromImage reference.
+	Owner string
 	// Exactly one of FromImage (an image reference, pulled on the server)
 	// and FromTemplate (an existing template's name) is set.
 	FromImage    string
@@ -40,7 +44,9 @@ type Spec struct {
 	CPUs     int
 	MemoryMB int
 	// Files opens the archive (tar, plain or gzip) a COPY step's FilesHash
-	// names. It is not called for other steps.
+	// names. It is not called for other steps. FilesHash is what the cache
+	// is keyed by, so it must name the archive's bytes as the server
+	// hashed them, not a hash a client claims.
 	Files func(hash string) (io.ReadCloser, error)
 }
 

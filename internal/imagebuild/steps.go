@@ -23,7 +23,7 @@ import (
 // step writes one layer: an overlayfs upper dir over the base and the
 // layers before it.
 func (bd *build) step(ctx context.Context, n int, st Step, parent string, forced bool) (string, error) {
-	key := layerKey(parent, st)
+	key := layerKey(bd.spec.Owner, parent, st)
 	dir := bd.b.layerDir(key)
 	line := fmt.Sprintf("[builder %d/%d] %s", n, len(bd.spec.Steps), describe(st))
 	stepName := strconv.Itoa(n)

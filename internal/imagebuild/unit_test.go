@@ -29,18 +29,19 @@ func TestStaticPrefix(t *testing.T) {
 }
 
 func TestLayerKey(t *testing.T) {
-	base := layerKey("p", Step{Type: "RUN", Args: []string{"echo a"}})
+	base := layerKey("o", "p", Step{Type: "RUN", Args: []string{"echo a"}})
 	for name, other := range map[string]string{
-		"parent": layerKey("q", Step{Type: "RUN", Args: []string{"echo a"}}),
-		"type":   layerKey("p", Step{Type: "ENV", Args: []string{"echo a"}}),
-		"args":   layerKey("p", Step{Type: "RUN", Args: []string{"echo b"}}),
-		"files":  layerKey("p", Step{Type: "RUN", Args: []string{"echo a"}, FilesHash: "h"}),
+		"parent": layerKey("o", "q", Step{Type: "RUN", Args: []string{"echo a"}}),
+		"type":   layerKey("o", "p", Step{Type: "ENV", Args: []string{"echo a"}}),
+		"args":   layerKey("o", "p", Step{Type: "RUN", Args: []string{"echo b"}}),
+		"files":  layerKey("o", "p", Step{Type: "RUN", Args: []string{"echo a"}, FilesHash: "h"}),
+		"owner":  layerKey("", "p", Step{Type: "RUN", Args: []string{"echo a"}}),
 	} {
 		if other == base {
 			t.Errorf("a different %s gives the same key", name)
 		}
 	}
-	if layerKey("p", Step{Type: "RUN", Args: []string{"echo a"}, Force: true}) != base {
+	if layerKey("o", "p", Step{Type: "RUN", Args: []string{"echo a"}, Force: true}) != base {
 		t.Error("Force changed the key")
 	}
 }

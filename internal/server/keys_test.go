@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/agentenv/agentenv/client"
@@ -98,6 +99,25 @@ func TestNamedKeys(t *testing.T) {
 	if sb, err := bob.GetSandbox(ctx, b.SandboxID); err != nil || sb.State != "running" {
 		t.Fatalf("bob's sandbox after alice's attempts: %+v, %v; want it running", sb, err)
 	}
+	// Connect hands out the envd token and resumes a paused sandbox: not
+	// to another key, running or paused.
+	day := int64(86400)
+	for _, paused := range []bool{false, true} {
+		if paused {
+			if err := bob.PauseSandbox(ctx, b.SandboxID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if sb, err := alice.ConnectSandbox(ctx, b.SandboxID, client.ConnectRequest{Timeout: &day}); status(err) != http.StatusNotFound || sb.EnvdAccessToken != "" {
+			t.Errorf("alice connects to bob's sandbox (paused %v): got token %q, %v; want 404", paused, sb.EnvdAccessToken, err)
+		}
+	}
+	if sb, err := bob.GetSandbox(ctx, b.SandboxID); err != nil || sb.State != "paused" {
+		t.Fatalf("bob's paused sandbox after alice's connect: %+v, %v; want it still paused", sb, err)
+	}
+	if _, err := bob.ConnectSandbox(ctx, b.SandboxID, client.ConnectRequest{}); err != nil {
+		t.Fatalf("bob connects to (resumes) his sandbox: %v", err)
+	}
 	if ms, err := alice.SandboxesMetrics(ctx, []string{a.SandboxID, b.SandboxID}); err != nil || len(ms) != 1 {
 		t.Errorf("alice's metrics of both: got %d samples (%v), want hers only", len(ms), err)
 	}
@@ -169,5 +189,52 @@ func TestNamedKeys(t *testing.T) {
 	}
 	if _, err := client.New(e.api, e.proxy, "alice-key-0123456788").ListSandboxes(ctx, nil); status(err) != http.StatusUnauthorized {
 		t.Errorf("a wrong key: got %v, want 401", err)
+	}
+}
+
+// TestNamedKeysTemplates: a template is its builder's. Bob may list alice's
+// template and start sandboxes from it, but not rebuild it (by either
+// build route) nor delete it: 403, and it is untouched. A new name is his
+// to build, and the operator may delete anyone's.
+func TestNamedKeysTemplates(t *testing.T) {
+	e := sharedServer(t)
+	ctx := context.Background()
+	alice, bob := client.New(e.api, e.proxy, aliceKey), client.New(e.api, e.proxy, bobKey)
+	op := client.New(e.api, e.proxy, operatorKey)
+	name := fmt.Sprintf("alice-py-%d", os.Getpid())
+	built, err := alice.BuildTemplate(ctx, client.BuildRequest{Name: name, Busybox: true}, func(client.BuildProgress) {})
+	if err != nil {
+		t.Fatalf("alice builds %s: %v", name, err)
+	}
+	t.Cleanup(func() { op.DeleteTemplate(context.Background(), name) })
+
+	if _, err := bob.BuildTemplate(ctx, client.BuildRequest{Name: name, Busybox: true}, func(client.BuildProgress) {}); status(err) != http.StatusForbidden {
+		t.Errorf("bob rebuilds alice's template: got %v, want 403", err)
+	}
+	if _, err := bob.UploadTemplateWith(ctx, client.BuildRequest{Name: name, Image: "python:3.12"}, strings.NewReader("not read"), func(client.BuildProgress) {}); status(err) != http.StatusForbidden {
+		t.Errorf("bob uploads a rootfs over alice's template: got %v, want 403", err)
+	}
+	if err := bob.DeleteTemplate(ctx, name); status(err) != http.StatusForbidden {
+		t.Errorf("bob deletes alice's template: got %v, want 403", err)
+	}
+	if err := bob.DeleteTemplate(ctx, "busybox"); status(err) != http.StatusForbidden {
+		t.Errorf("bob deletes the operator's busybox: got %v, want 403", err)
+	}
+	if got, err := bob.GetTemplate(ctx, name); err != nil || got.BuildID != built.BuildID || !got.CreatedAt.Equal(built.CreatedAt) {
+		t.Errorf("alice's template after bob's attempts: %+v, %v; want her build untouched", got, err)
+	}
+	list, err := bob.ListTemplates(ctx)
+	if err != nil || !slices.ContainsFunc(list, func(tp client.Template) bool { return tp.TemplateID == name }) {
+		t.Errorf("bob's template list (%v) lacks alice's %s: every key may use it", err, name)
+	}
+	sb, err := bob.CreateSandbox(ctx, client.CreateRequest{TemplateID: name})
+	if err != nil {
+		t.Fatalf("bob creates a sandbox from alice's template: %v", err)
+	}
+	if err := bob.KillSandbox(ctx, sb.SandboxID); err != nil {
+		t.Error(err)
+	}
+	if err := op.DeleteTemplate(ctx, name); err != nil {
+		t.Errorf("the operator deletes alice's template: %v", err)
 	}
 }

@@ -36,7 +36,18 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err != nil {
 		return Template{}, err
 	}
+	owner := req.Owner
 	release, err := s.claim(req.Name, func() error {
+		// Checked under the lock that makes the build the name's only
+		// one: a name is its owner's from the first build on.
+		if prev, ok := s.templates[req.Name]; ok {
+			if err := prev.ChangeableBy(req.Owner); err != nil {
+				return err
+			}
+			if req.Owner == "" {
+				owner = prev.Owner // the operator's rebuild keeps it the key's
+			}
+		}
 		if err := s.inUse(req.Name); err != nil {
 			return err
 		}
@@ -93,7 +104,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		return Template{}, err
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
-		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB}
+		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}

@@ -369,3 +369,39 @@ func TestBusyboxImageIsReproducible(t *testing.T) {
 		t.Fatalf("two busybox builds: images %s and %s, want the same bytes", sums[0], sums[1])
 	}
 }
+
+// A template is its builder's: another key's rebuild is refused before
+// anything is written, the operator's keeps the owner, and the owner
+// survives a reopened store.
+func TestBuildOwner(t *testing.T) {
+	s, dir, envdBin := newStore(t)
+	testenv.NeedCommand(t, "busybox", "the busybox template copies the host's busybox-static")
+	ctx := context.Background()
+	build := func(owner string) (template.Template, error) {
+		return s.Build(ctx, template.BuildRequest{Name: "alice-py", Busybox: true, Owner: owner}, noProgress)
+	}
+	first, err := build("alice")
+	if err != nil || first.Owner != "alice" {
+		t.Fatalf("alice's build: owner %q, %v; want alice", first.Owner, err)
+	}
+	if _, err := build("bob"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("bob rebuilds alice's template: got %v, want permission denied", err)
+	}
+	if got, _ := s.Get("alice-py"); !got.CreatedAt.Equal(first.CreatedAt) || got.Owner != "alice" {
+		t.Errorf("after bob's attempt: %+v, want alice's first build untouched", got)
+	}
+	if got, err := build(""); err != nil || got.Owner != "alice" {
+		t.Errorf("the operator's rebuild: owner %q, %v; want it kept alice's", got.Owner, err)
+	}
+	if _, err := build("alice"); err != nil {
+		t.Errorf("alice rebuilds her own: %v", err)
+	}
+	noStaging(t, dir)
+	s2, err := template.Open(dir, envdBin, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s2.Get("alice-py"); got.Owner != "alice" {
+		t.Errorf("reopened store: owner %q, want alice", got.Owner)
+	}
+}

@@ -42,8 +42,36 @@ type Template struct {
 	// DiskMB is the write-layer size of the template's sandboxes (0: the
 	// server's default).
 	DiskMB int `json:"diskMB,omitempty"`
+	// Owner is the name of the API key that built the template; "" for
+	// the operator's (and the single key's), which every key shares. Any
+	// key may start sandboxes from a template; only its owner (or the
+	// operator) may rebuild, retag or delete it.
+	Owner string `json:"owner,omitempty"`
 	// InUse is the number of sandboxes using the template (not persisted).
 	InUse int `json:"inUse"`
+}
+
+// ChangeableBy says whether the caller a key name stands for may rebuild,
+// retag or delete t: the operator and the single key ("") may change any
+// template, a named key only its own. The refusal is ErrPermissionDenied:
+// the template is visible and usable to every key, so a 404 would lie.
+func (t Template) ChangeableBy(owner string) error {
+	if owner == "" || t.Owner == owner {
+		return nil
+	}
+	whose := "another API key"
+	if t.Owner == "" {
+		whose = "the server's operator"
+	}
+	return fmt.Errorf("template %q belongs to %s: you may start sandboxes from it (or build from it with fromTemplate), but not rebuild, retag or delete it; build your own under another name: %w", t.Name, whose, errdefs.ErrPermissionDenied)
+}
+
+// UsableByImage says whether t may stand for the image ref in a build by
+// owner's key (fromImage): only a template imported by the operator, or
+// by owner itself, does. A label is whatever its uploader typed, so
+// another key's label never names an image for someone else.
+func (t Template) UsableByImage(ref, owner string) bool {
+	return t.Source == "oci:"+ref && (t.Owner == "" || t.Owner == owner)
 }
 
 // Progress is one step of a template build.
@@ -86,6 +114,11 @@ type BuildRequest struct {
 	// DiskMB is the write-layer size of the template's sandboxes in MiB
 	// (0: the server's default).
 	DiskMB int `json:"diskMB,omitempty"`
+	// Owner is the API key name the build is for ("": the operator).
+	// The server sets it from the caller's key, never from a client's
+	// body; a named key's build of a name another key owns is refused.
+	// The operator's rebuild keeps the template's owner.
+	Owner string `json:"owner,omitempty"`
 }
 
 // MaxDiskMB bounds any write layer (1 TiB), the operator's --disk-mb and

@@ -225,7 +225,7 @@ func FromTemplate(t api.TemplateInfo) *Template {
 	return &Template{
 		Name: t.Name, Source: t.Source, Packages: t.Packages, CreatedAt: ts(t.CreatedAt), ImageSize: t.ImageSize, EnvdHash: t.EnvdHash,
 		Env: t.Env, Workdir: t.Workdir, User: t.User, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: int32(t.ReadyTimeout),
-		DiskMb: int32(t.DiskMB), InUse: int32(t.InUse), Ready: t.Ready,
+		DiskMb: int32(t.DiskMB), InUse: int32(t.InUse), Ready: t.Ready, Owner: t.Owner,
 	}
 }
 
@@ -235,7 +235,7 @@ func ToTemplate(p *Template) api.TemplateInfo {
 		Name: p.GetName(), Source: p.GetSource(), Packages: p.GetPackages(), CreatedAt: fromTS(p.GetCreatedAt()), ImageSize: p.GetImageSize(),
 		EnvdHash: p.GetEnvdHash(), Defaults: template.Defaults{Env: p.GetEnv(), Workdir: p.GetWorkdir(), User: p.GetUser()},
 		Start:  template.Start{StartCmd: p.GetStartCmd(), ReadyCmd: p.GetReadyCmd(), ReadyTimeout: int(p.GetReadyTimeout())},
-		DiskMB: int(p.GetDiskMb()), InUse: int(p.GetInUse()),
+		DiskMB: int(p.GetDiskMb()), InUse: int(p.GetInUse()), Owner: p.GetOwner(),
 	}}
 }
 

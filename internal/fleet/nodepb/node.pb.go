@@ -1762,22 +1762,24 @@ func (x *ChildError) GetDetail() *ErrorDetail {
 }
 
 type Template struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
-	Packages      []string               `protobuf:"bytes,3,rep,name=packages,proto3" json:"packages,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	ImageSize     int64                  `protobuf:"varint,5,opt,name=image_size,json=imageSize,proto3" json:"image_size,omitempty"`
-	EnvdHash      string                 `protobuf:"bytes,6,opt,name=envd_hash,json=envdHash,proto3" json:"envd_hash,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Workdir       string                 `protobuf:"bytes,8,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	User          string                 `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
-	StartCmd      string                 `protobuf:"bytes,10,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
-	ReadyCmd      string                 `protobuf:"bytes,11,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
-	ReadyTimeout  int32                  `protobuf:"varint,12,opt,name=ready_timeout,json=readyTimeout,proto3" json:"ready_timeout,omitempty"`
-	DiskMb        int32                  `protobuf:"varint,13,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
-	InUse         int32                  `protobuf:"varint,14,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
-	Ready         bool                   `protobuf:"varint,15,opt,name=ready,proto3" json:"ready,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Source       string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Packages     []string               `protobuf:"bytes,3,rep,name=packages,proto3" json:"packages,omitempty"`
+	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ImageSize    int64                  `protobuf:"varint,5,opt,name=image_size,json=imageSize,proto3" json:"image_size,omitempty"`
+	EnvdHash     string                 `protobuf:"bytes,6,opt,name=envd_hash,json=envdHash,proto3" json:"envd_hash,omitempty"`
+	Env          map[string]string      `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir      string                 `protobuf:"bytes,8,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	User         string                 `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+	StartCmd     string                 `protobuf:"bytes,10,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	ReadyCmd     string                 `protobuf:"bytes,11,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
+	ReadyTimeout int32                  `protobuf:"varint,12,opt,name=ready_timeout,json=readyTimeout,proto3" json:"ready_timeout,omitempty"`
+	DiskMb       int32                  `protobuf:"varint,13,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	InUse        int32                  `protobuf:"varint,14,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	Ready        bool                   `protobuf:"varint,15,opt,name=ready,proto3" json:"ready,omitempty"`
+	// The API key name that built it ("": the operator's, shared).
+	Owner         string `protobuf:"bytes,16,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1915,6 +1917,13 @@ func (x *Template) GetReady() bool {
 		return x.Ready
 	}
 	return false
+}
+
+func (x *Template) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type TemplateRef struct {
@@ -2500,7 +2509,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"ChildError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x125\n" +
-	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\x8b\x04\n" +
+	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\xa1\x04\n" +
 	"\bTemplate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -2519,7 +2528,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\rready_timeout\x18\f \x01(\x05R\freadyTimeout\x12\x17\n" +
 	"\adisk_mb\x18\r \x01(\x05R\x06diskMb\x12\x15\n" +
 	"\x06in_use\x18\x0e \x01(\x05R\x05inUse\x12\x14\n" +
-	"\x05ready\x18\x0f \x01(\bR\x05ready\x1a6\n" +
+	"\x05ready\x18\x0f \x01(\bR\x05ready\x12\x14\n" +
+	"\x05owner\x18\x10 \x01(\tR\x05owner\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
