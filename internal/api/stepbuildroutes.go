@@ -12,6 +12,7 @@ import (
 	"time"
 
 	wire "github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/template"
@@ -191,7 +192,11 @@ func (s *Server) putBuildFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	created, err := tb.files.store(tid, hash, r.Body, tb.cfg.MaxUploadBytes)
+	// Charged as it arrives: an upload the host's disk cannot take stops
+	// at the chunk that does not fit, and store removes what it wrote.
+	meter := tb.cfg.Meter.Start(fmt.Sprintf("an upload of COPY files for template %q", tid))
+	created, err := tb.files.store(tid, hash, diskmeter.Reader(r.Body, meter), tb.cfg.MaxUploadBytes)
+	meter.Close()
 	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		writeError(w, err)

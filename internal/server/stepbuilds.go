@@ -6,6 +6,8 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // StepBuilds are the operator's choices for E2B's template-in-code builds
@@ -32,17 +34,19 @@ type StepBuilds struct {
 // the routes answer 503.
 func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 	bc := api.TemplateBuildsConfig{FilesDir: filepath.Join(cfg.DataDir, "template-files"),
-		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent, Log: cfg.Log}
+		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent, Log: cfg.Log, Meter: h.Disk.Opener()}
+	h.Disk.AddSource(sandbox.DiskSource{Name: "uploaded build files", Bytes: func() int64 { return template.DiskUsage(bc.FilesDir) }})
 	if !cfg.unprivileged() {
 		var network func(ctx context.Context) (string, func(), error)
 		if cfg.Network != "none" {
 			network = h.Manager.BuildNetwork
 		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
-			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Log: cfg.Log})
+			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Log: cfg.Log, Meter: h.Disk.Opener()})
 		if err != nil {
 			return nil, err
 		}
+		h.Disk.AddSource(sandbox.DiskSource{Name: "build cache", Bytes: b.DiskBytes})
 		bc.Steps = b
 	}
 	return api.NewTemplateBuilds(bc)
