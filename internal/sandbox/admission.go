@@ -19,8 +19,11 @@ import (
 //   - templates, snapshots, the build cache, uploaded build files and
 //     volumes count what they take (sources);
 //   - work about to write holds a reservation (a create's first layer
-//     blocks, a checkpoint), and a stream being written charges a meter
-//     chunk by chunk (uploads, unpacking, build steps, volume writes).
+//     blocks, a checkpoint); a stream being written charges a meter chunk
+//     by chunk (uploads, unpacking, build steps, volume writes), each
+//     chunk reserved until the next, by when the filesystem and the
+//     source that measures where it went count it; a template build
+//     charges what it wrote until its template counts (Charge).
 //
 // New work is admitted while the data filesystem keeps its reserve free
 // (statfs, less the reservations, plus the layers being freed), and while
@@ -61,7 +64,7 @@ type DiskUse struct {
 	Other []NamedBytes
 	// Pending: reservations of work about to write (creates, checkpoints).
 	Pending int64
-	// Writing: what streams in progress have written (meters).
+	// Writing: what template builds in progress have written (Charge).
 	Writing int64
 	// Free is what ordinary writers may still write on the filesystem
 	// (-1: not measured); Freeing, the layers of sandboxes being torn
@@ -313,7 +316,8 @@ func (d *Disk) fits(bytes int64, what string) error {
 // write; a stream overshoots its refusal by less than this.
 const meterChunk = 4 << 20
 
-// Meter starts a meter for a stream that writes to the data filesystem.
+// Meter starts a meter for a stream that writes to the data filesystem,
+// into a directory a source measures (or the templates' store).
 func (d *Disk) Meter(what string) diskmeter.Meter {
 	if d == nil {
 		return diskmeter.Open(nil).Start(what)
@@ -337,10 +341,10 @@ type meter struct {
 	used    int64 // charged by the stream
 	granted int64 // admitted in all
 	// out is the last chunk admitted, held as a reservation (in
-	// d.pending) until the stream asks for more, by when it is written
-	// and counts in the free space; the chunks before it are in
-	// d.writing. So streams at once never share one stretch of free
-	// space.
+	// d.pending) until the stream asks for more, by when it is written:
+	// then the filesystem's free space and the source that measures where
+	// it went count it. So streams at once never share one stretch of
+	// free space, and nothing is counted twice.
 	out     int64
 	refused error
 }
@@ -361,9 +365,7 @@ func (m *meter) Charge(n int64) error {
 	grant := max(m.used-m.granted, meterChunk)
 	d := m.d
 	d.mu.Lock()
-	// The chunk before is written by now.
-	d.pending -= m.out
-	d.writing += m.out
+	d.pending -= m.out // written by now
 	m.out = 0
 	err := d.checkLocked(grant, fmt.Sprintf("%s (%s written so far)", m.what, FormatBytes(m.used-n)))
 	if err == nil {
@@ -384,7 +386,6 @@ func (m *meter) Close() {
 	defer m.mu.Unlock()
 	m.d.mu.Lock()
 	m.d.pending -= m.out
-	m.d.writing -= m.granted - m.out
 	m.d.mu.Unlock()
 	m.granted, m.used, m.out = 0, 0, 0
 	if m.refused == nil {

@@ -211,22 +211,28 @@ func TestDiskLedger(t *testing.T) {
 		t.Errorf("after a meter closed: %+v, want nothing being written", got)
 	}
 
-	// A budget counts what agentenv holds, streams included.
+	// A budget counts what agentenv holds: sources, template builds'
+	// charges, a stream's chunk in flight.
 	fsys.free.Store(100 * gib)
 	b := NewDisk(DiskConfig{Budget: 4 * gib, Reserve: 2 * gib, Dir: "/data", Templates: templates.Load, Snapshots: snapshots.Load})
 	b.statfs = fsys.statfs
 	b.Attach(m)
 	b.AddSource(DiskSource{Name: "build cache", Bytes: func() int64 { return gib }})
-	bm := b.Meter("a build")
-	if err := bm.Charge(gib - meterChunk); err != nil {
+	tb, err := b.Charge("a template build", gib-meterChunk)
+	if err != nil {
 		t.Fatalf("charge within the budget: %v", err)
 	}
-	if _, err := b.Reserve("a create", meterChunk+1); !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "build cache 1.0 GiB") {
+	bm := b.Meter("a build")
+	if err := bm.Charge(1); err != nil {
+		t.Fatalf("meter within the budget: %v", err)
+	}
+	if _, err := b.Reserve("a create", 1); !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "build cache 1.0 GiB") {
 		t.Fatalf("reserve past the budget: %v, want insufficient storage naming the build cache", err)
 	}
 	bm.Close()
+	tb()
 	if _, err := b.Reserve("a create", gib); err != nil {
-		t.Fatalf("reserve after the build's meter closed: %v", err)
+		t.Fatalf("reserve after the build's charges were given back: %v", err)
 	}
 	var nilDisk *Disk
 	if _, err := nilDisk.Reserve("x", gib); err != nil {
