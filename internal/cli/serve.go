@@ -155,7 +155,7 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&h.diskBudget, "disk-budget", sandbox.DefaultDiskBudget, "most disk agentenv may hold in the data dir, counted as used (thin): sandbox write layers by their allocated blocks (each still gets ENOSPC at its own --disk-mb), templates, snapshots, the build cache, uploaded build files, volumes, and work in progress; past it new work gets 507 as for --disk-reserve. A size (500G), a share (90%: of the data dir's filesystem's free space plus what the data dir holds, measured at start), or none")
 	f.IntVar(&cfg.TemplateOptions.MaxDiskMB, "max-disk-mb", 0, "largest write layer, in MiB, a client may ask for in a template build (diskMB; above it 400) (default: 10240, or --disk-mb if larger)")
 	f.IntVar(&cfg.TemplateOptions.MaxTemplates, "max-templates", 100, "most templates this server stores (builds of new names count; 0: no limit)")
-	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-budget)")
+	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-reserve and --disk-budget)")
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
 }
