@@ -205,7 +205,13 @@ func (b *boot) admit(ctx context.Context) error {
 		diskMB = b.snap.DiskMB
 	}
 	if diskMB > 0 {
-		release, err := m.d.Disk.Reserve(fmt.Sprintf("a new sandbox of template %q", req.Template), layerStartBytes)
+		need := int64(layerStartBytes)
+		if b.snap != nil {
+			// A restore writes back what the snapshotted layer held (as
+			// its record says, at most the layer's size).
+			need += min(max(b.snap.LayerBytes, 0), int64(diskMB)<<20)
+		}
+		release, err := m.d.Disk.Reserve(fmt.Sprintf("a new sandbox of template %q", req.Template), need)
 		if err != nil {
 			return err
 		}

@@ -117,7 +117,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Owner: e.sb.Owner,
-		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
+		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, LayerBytes: m.LayerBytes(id), Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {
 		return snapshot.Snapshot{}, err
