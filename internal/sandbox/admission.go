@@ -115,9 +115,9 @@ func checkDisk(l diskLimits, u DiskUse, need int64, what string) error {
 			what, FormatBytes(need), FormatBytes(max(u.Avail()-l.reserve, 0)), FormatBytes(l.reserve), held)
 	}
 	if l.budget > 0 && u.Total()+need > l.budget {
-		return errdefs.InsufficientStorage("no room in agentenv's disk budget for %s: it needs %s more, and %s of its %s disk budget: "+
+		return errdefs.InsufficientStorage("no room in agentenv's disk budget for %s: it needs %s more beyond the %s budget (--disk-budget); %s: "+
 			"kill sandboxes, delete snapshots, templates or volumes, or ask the operator to raise --disk-budget",
-			what, FormatBytes(need), held, FormatBytes(l.budget))
+			what, FormatBytes(u.Total()+need-l.budget), FormatBytes(l.budget), held)
 	}
 	return nil
 }
