@@ -16,6 +16,7 @@ import (
 	"time"
 
 	wire "github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/template"
@@ -248,7 +249,11 @@ func (s *Server) putBuildFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	_, created, err := tb.files.store(owner, tid, hash, r.Body, tb.cfg.MaxUploadBytes, want)
+	// Charged as it arrives: an upload the host's disk cannot take stops
+	// at the chunk that does not fit, and store removes what it wrote.
+	meter := tb.cfg.Meter.Start(fmt.Sprintf("an upload of COPY files for template %q", tid))
+	_, created, err := tb.files.store(owner, tid, hash, diskmeter.Reader(r.Body, meter), tb.cfg.MaxUploadBytes, want)
+	meter.Close()
 	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		writeError(w, err)

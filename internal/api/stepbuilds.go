@@ -12,6 +12,7 @@ import (
 	"time"
 
 	wire "github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/template"
@@ -36,6 +37,9 @@ type TemplateBuildsConfig struct {
 	FilesDir string
 	// MaxUploadBytes caps one uploaded archive (0: DefaultMaxUploadBytes).
 	MaxUploadBytes int64
+	// Meter, if set, admits uploaded archives against the host's disk
+	// while they are written.
+	Meter diskmeter.Open
 	// MaxConcurrent is how many builds run at once; more wait (0: 2).
 	MaxConcurrent int
 	// MaxPerKey is how many of those slots one named key's builds hold at

@@ -23,8 +23,10 @@ type hostFlags struct {
 	debug      bool
 	maxTimeout time.Duration
 	uploadMB   int64
-	// diskBudget and maxTemplateBytes are sizes as given (see config).
+	// diskBudget, diskReserve and maxTemplateBytes are sizes as given
+	// (see config).
 	diskBudget       string
+	diskReserve      string
 	maxTemplateBytes string
 }
 
@@ -47,6 +49,9 @@ func (h *hostFlags) config(g *globals) (server.Config, error) {
 	}
 	var err error
 	if cfg.DiskBudget, err = sandbox.ParseDiskBudget(h.diskBudget); err != nil {
+		return cfg, err
+	}
+	if cfg.DiskReserve, err = sandbox.ParseDiskReserve(h.diskReserve); err != nil {
 		return cfg, err
 	}
 	if m := &cfg.TemplateOptions.MaxDiskMB; *m == 0 {
@@ -154,10 +159,11 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&cfg.TemplateOptions.DebianKeyring, "debian-keyring", template.DefaultKeyring, "keyring the Debian mirror's Release files must be signed with")
 	f.Int64Var(&h.uploadMB, "max-upload-mb", 8192, "most file data in one uploaded template rootfs")
 	f.BoolVar(&h.debug, "debug", false, "log every request")
-	f.StringVar(&h.diskBudget, "disk-budget", sandbox.DefaultDiskBudget, "most disk the data dir may hold, counting every sandbox's write layer at its full size (--disk-mb or its template's), templates and snapshots; creates, restores, builds and snapshots beyond it get 507. A share (90%: of the data dir's filesystem's free space plus what the data dir holds, measured at start), a size (500G), or 0 for none")
+	f.StringVar(&h.diskReserve, "disk-reserve", sandbox.DefaultDiskReserve, "free space kept on the data dir's filesystem: creates, restores, forks, builds, uploads, snapshots and volume writes that would leave less free get 507 (a stream stops while it writes, and what it wrote is removed). A size (2G), a share of the filesystem's size (5%), or 0 for none. Space the filesystem keeps for root (ext4: 5%) never counts as free")
+	f.StringVar(&h.diskBudget, "disk-budget", sandbox.DefaultDiskBudget, "most disk agentenv may hold in the data dir, counted as used (thin): sandbox write layers by their allocated blocks (each still gets ENOSPC at its own --disk-mb), templates, snapshots, the build cache, uploaded build files, volumes, and work in progress; past it new work gets 507 as for --disk-reserve. A size (500G), a share (90%: of the data dir's filesystem's free space plus what the data dir holds, measured at start), or none")
 	f.IntVar(&cfg.TemplateOptions.MaxDiskMB, "max-disk-mb", 0, "largest write layer, in MiB, a client may ask for in a template build (diskMB; above it 400) (default: 10240, or --disk-mb if larger)")
 	f.IntVar(&cfg.TemplateOptions.MaxTemplates, "max-templates", 100, "most templates this server stores (builds of new names count; 0: no limit)")
-	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-budget)")
+	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-reserve and --disk-budget)")
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
 }

@@ -56,6 +56,9 @@ func (bd *build) base(ctx context.Context) error {
 				return err
 			}
 			defer release()
+			if err := bd.meter.Charge(template.DiskUsage(src)); err != nil {
+				return err
+			}
 			// The host's cp copies links as links and keeps owners.
 			if out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", rootfs+"/").CombinedOutput(); err != nil {
 				return fmt.Errorf("copy template %s: %w: %s", t.Name, err, out)
@@ -82,7 +85,7 @@ func (bd *build) base(ctx context.Context) error {
 		fill = func(rootfs string) error {
 			r := template.FlattenImage(img)
 			defer r.Close()
-			if _, err := template.ExtractTar(ctx, r, rootfs, 0); err != nil {
+			if _, err := template.ExtractTarCharged(ctx, r, rootfs, bd.meter.Charge); err != nil {
 				return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
 			}
 			return nil
@@ -124,6 +127,7 @@ func (bd *build) base(ctx context.Context) error {
 		os.RemoveAll(tmp)
 		return err
 	}
+	bd.created = append(bd.created, dir)
 	bd.useBase(key, st, release)
 	return nil
 }

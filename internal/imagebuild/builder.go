@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 	"github.com/agentenv/agentenv/internal/template"
@@ -43,7 +44,12 @@ type Config struct {
 	MaxCacheBytes int64
 	// Limits bound every build sandbox (zero fields: DefaultLimits').
 	Limits Limits
-	Log    *slog.Logger
+	// Meter, if set, admits what a build writes against the host's disk
+	// while it writes it: unpacked images and COPY files, what RUN steps
+	// write, the finished tree. A refusal fails the build, which leaves
+	// nothing behind.
+	Meter diskmeter.Open
+	Log   *slog.Logger
 }
 
 // DefaultMaxCacheBytes is the cache bound when Config sets none.
@@ -144,8 +150,11 @@ type build struct {
 	st      state
 	label   string
 	limits  sandboxLimits
-
-	undo []func() error
+	undo    []func() error
+	// meter charges what the build writes; created are the cache entries
+	// it committed, removed if it fails.
+	meter   diskmeter.Meter
+	created []string
 }
 
 func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
@@ -187,14 +196,19 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 	if err != nil {
 		return template.BuildRequest{}, nil, err
 	}
-	bd := &build{b: b, spec: spec, log: log, scratch: scratch, limits: limits}
+	bd := &build{b: b, spec: spec, log: log, scratch: scratch, limits: limits,
+		meter: b.cfg.Meter.Start(fmt.Sprintf("the build of template %q", spec.Name))}
 	bd.push(func() error { return os.RemoveAll(scratch) })
 	defer func() {
 		// Held cache entries are released in any case; a failure also
-		// removes the tree.
+		// removes the tree and the cache entries this build made (a
+		// failed build leaves nothing behind), then gives back its
+		// charge.
 		if err != nil {
 			err = errors.Join(err, bd.unwind())
+			b.discard(bd.created)
 		}
+		bd.meter.Close()
 	}()
 	start := time.Now()
 	if err := bd.base(ctx); err != nil {
@@ -284,6 +298,14 @@ func (bd *build) finish(ctx context.Context) (string, error) {
 		return "", err
 	}
 	bd.logf("finalize", "info", "[finalize] writing the root filesystem")
+	var size int64
+	for _, l := range bd.lowers {
+		size += template.DiskUsage(l)
+	}
+	if err := bd.meter.Charge(size); err != nil {
+		os.RemoveAll(tree)
+		return "", err
+	}
 	_, err = bd.onOverlay(ctx, 0, filepath.Join(bd.scratch, "final-upper"), func(merged string) (state, error) {
 		// The host's cp (never one from the tree): links stay links, owners,
 		// modes, times and hard links are kept.

@@ -376,8 +376,13 @@ func TestFailingRun(t *testing.T) {
 	if !strings.Contains(strings.Join(lines, "\n"), "broken-thing") {
 		t.Errorf("log lacks the output:\n%s", strings.Join(lines, "\n"))
 	}
-	if n := len(e.layers()); n != 1 {
-		t.Errorf("got %d layers, want 1 (the failed step's removed)", n)
+	// A failed build leaves nothing: neither the failed step's layer nor
+	// those of the steps before it, nor its base.
+	if n := len(e.layers()); n != 0 {
+		t.Errorf("got %d layers, want none", n)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.dir, "bases")); len(ents) > 0 {
+		t.Errorf("bases/ has %d entries after a failed build", len(ents))
 	}
 	if ents, _ := os.ReadDir(filepath.Join(e.dir, "trees")); len(ents) > 0 {
 		t.Errorf("trees/ has %d entries after a failed build", len(ents))

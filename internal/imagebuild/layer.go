@@ -130,6 +130,65 @@ func (b *Builder) commit(tmp, final string, s state) (release func(), err error)
 	return b.holdLocked(final), nil
 }
 
+// discard removes the cache entries a failed build made that no other
+// build holds (one that found an entry in the cache holds it).
+func (b *Builder) discard(dirs []string) {
+	var trash []string
+	b.mu.Lock()
+	for _, dir := range dirs {
+		if b.inUse[dir] > 0 {
+			continue
+		}
+		if t, err := b.trashLocked(dir); err == nil {
+			trash = append(trash, t)
+		}
+	}
+	b.mu.Unlock()
+	for _, t := range trash {
+		os.RemoveAll(t)
+	}
+}
+
+// DiskBytes is what the build cache takes on the host: bases, layers,
+// entries being written and finished trees, and the scratch of builds
+// in progress (not the overlays mounted there, whose files are the
+// layers').
+func (b *Builder) DiskBytes() int64 {
+	var n int64
+	for _, d := range []string{"bases", "layers", "tmp", "trees", "scratch"} {
+		n += usageOneFS(filepath.Join(b.cfg.Dir, d))
+	}
+	return n
+}
+
+// usageOneFS is template.DiskUsage of dir without descending into other
+// file systems (the overlays a build mounts under scratch).
+func usageOneFS(dir string) int64 {
+	var root unix.Stat_t
+	if err := unix.Lstat(dir, &root); err != nil {
+		return 0
+	}
+	var n int64
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		if st.Dev != root.Dev {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		n += st.Blocks * 512
+		return nil
+	})
+	return n
+}
+
 // lookup finds a cached base or layer and holds it, in one step under the
 // lock, so neither a trim nor a forced rerun removes it in between.
 func (b *Builder) lookup(dir string) (st state, release func(), ok bool, err error) {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -50,6 +51,7 @@ func (bd *build) step(ctx context.Context, n int, st Step, parent string, forced
 		return "", err
 	}
 	bd.logf(stepName, "debug", "step %d done in %s [%s]", n, time.Since(begin).Round(time.Millisecond), key[:12])
+	bd.created = append(bd.created, dir)
 	bd.use(dir, ns, release)
 	return key, nil
 }
@@ -70,9 +72,18 @@ func (bd *build) runStep(ctx context.Context, n int, st Step, dir string) (state
 	if err != nil {
 		return state{}, nil, err
 	}
-	ns, err := bd.onOverlay(ctx, n, filepath.Join(tmp, "upper"), func(merged string) (state, error) {
-		return bd.apply(ctx, n, st, merged)
+	// What the step writes into its layer is charged as it grows; a
+	// refusal stops the step.
+	upper := filepath.Join(tmp, "upper")
+	sctx, cancel := context.WithCancelCause(ctx)
+	stop := bd.watchGrowth(upper, cancel)
+	ns, err := bd.onOverlay(sctx, n, upper, func(merged string) (state, error) {
+		return bd.apply(sctx, n, st, merged)
 	})
+	if refused := stop(); refused != nil {
+		err = refused
+	}
+	cancel(nil)
 	var release func()
 	if err == nil {
 		ns.Empty = emptyDir(filepath.Join(tmp, "upper"))
@@ -306,7 +317,7 @@ func (bd *build) copy(ctx context.Context, n int, st Step, root *os.Root, ns sta
 	if err != nil {
 		return fmt.Errorf("COPY files %s: %w", st.FilesHash, err)
 	}
-	_, err = template.ExtractTar(ctx, rc, unpack, 0)
+	_, err = template.ExtractTarCharged(ctx, rc, unpack, bd.meter.Charge)
 	rc.Close()
 	if err != nil {
 		return fmt.Errorf("COPY files %s: %w", st.FilesHash, err)
@@ -505,3 +516,50 @@ func (c copier) file(from, name string, mode fs.FileMode) error {
 }
 
 const noFollow = syscall.O_NOFOLLOW
+
+// growthInterval is how often a step's layer is measured while it runs.
+const growthInterval = 250 * time.Millisecond
+
+// watchGrowth charges the growth of dir (a step's upper dir) to the
+// build's meter while the step runs, and cancels the step with the
+// refusal when a charge fails. stop ends the watch, charges what the
+// step left, and returns the refusal, if any.
+func (bd *build) watchGrowth(dir string, cancel context.CancelCauseFunc) (stop func() error) {
+	done := make(chan struct{})
+	var refused error
+	var charged int64
+	measure := func() bool {
+		if grown := usageOneFS(dir) - charged; grown > 0 {
+			if err := bd.meter.Charge(grown); err != nil {
+				refused = err
+				cancel(err)
+				return false
+			}
+			charged += grown
+		}
+		return true
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(growthInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if !measure() {
+				return
+			}
+		}
+	})
+	return func() error {
+		close(done)
+		wg.Wait()
+		if refused == nil {
+			measure()
+		}
+		return refused
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/runtime/ocispec"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -21,30 +22,38 @@ const (
 )
 
 func TestCheckDisk(t *testing.T) {
+	unmeasured := func(u DiskUse) DiskUse { u.Free = -1; return u }
 	tests := []struct {
 		name   string
-		budget int64
+		limits diskLimits
 		use    DiskUse
 		need   int64
 		ok     bool
+		words  []string
 	}{
-		{"no budget", 0, DiskUse{Layers: 100 * gib}, 10 * gib, true},
-		{"empty", 10 * gib, DiskUse{}, 10 * gib, true},
-		{"fits exactly", 10 * gib, DiskUse{Layers: 5 * gib, Templates: 2 * gib, Snapshots: 2 * gib, Pending: gib - mib}, mib, true},
-		{"one byte over", 10 * gib, DiskUse{Layers: 5 * gib, Templates: 2 * gib, Snapshots: 2 * gib, Pending: gib - mib}, mib + 1, false},
-		{"layers alone", 10 * gib, DiskUse{Layers: 10 * gib}, 1, false},
-		{"templates count", 10 * gib, DiskUse{Templates: 9 * gib}, 2 * gib, false},
-		{"snapshots count", 10 * gib, DiskUse{Snapshots: 9 * gib}, 2 * gib, false},
-		{"pending counts", 10 * gib, DiskUse{Pending: 9 * gib}, 2 * gib, false},
-		{"nothing needed", 10 * gib, DiskUse{Layers: 20 * gib}, 0, true},
-		{"a 1 TiB layer", 100 * gib, DiskUse{}, 1 << 40, false},
-		{"over budget already", 10 * gib, DiskUse{Layers: 11 * gib}, 1, false},
+		{"no limits", diskLimits{}, unmeasured(DiskUse{Layers: 100 * gib}), 10 * gib, true, nil},
+		{"budget: empty", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{}), 10 * gib, true, nil},
+		{"budget: fits exactly", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{Layers: 5 * gib, Templates: 2 * gib, Snapshots: 2 * gib, Pending: gib - mib}), mib, true, nil},
+		{"budget: one byte over", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{Layers: 5 * gib, Templates: 2 * gib, Snapshots: 2 * gib, Pending: gib - mib}), mib + 1, false, []string{"--disk-budget", "10.0 GiB"}},
+		{"budget: streams count", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{Writing: 9 * gib}), 2 * gib, false, []string{"--disk-budget"}},
+		{"budget: sources count", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{Other: []NamedBytes{{"build cache", 9 * gib}}}), 2 * gib, false, []string{"build cache 9.0 GiB"}},
+		{"budget: nothing needed", diskLimits{budget: 10 * gib}, unmeasured(DiskUse{Layers: 20 * gib}), 0, true, nil},
+		{"reserve: room", diskLimits{reserve: 2 * gib}, DiskUse{Free: 10 * gib}, 8 * gib, true, nil},
+		{"reserve: one byte into it", diskLimits{reserve: 2 * gib}, DiskUse{Free: 10 * gib}, 8*gib + 1, false, []string{"--disk-reserve", "8.0 GiB free for new work", "2.0 GiB kept free"}},
+		{"reserve: reservations count", diskLimits{reserve: 2 * gib}, DiskUse{Free: 10 * gib, Pending: 7 * gib}, 2 * gib, false, []string{"--disk-reserve"}},
+		{"reserve: streams are in the free space already", diskLimits{reserve: 2 * gib}, DiskUse{Free: 10 * gib, Writing: 7 * gib}, 2 * gib, true, nil},
+		// A sandbox being torn down gives back its layer from its kill on.
+		{"reserve: layers being freed count as free", diskLimits{reserve: 2 * gib}, DiskUse{Free: 2 * gib, Freeing: 3 * gib}, 2 * gib, true, nil},
+		// Thin: 1,000 idle sandboxes of a 2 GiB layer each hold what they use.
+		{"thin layers", diskLimits{reserve: 2 * gib}, DiskUse{Free: 10 * gib, Layers: 1000 * mib, Sandboxes: 1000}, 64 * 8 * mib, true, nil},
+		{"full already", diskLimits{reserve: 2 * gib}, DiskUse{Free: gib}, 1, false, []string{"0 B free for new work"}},
+		{"both: the budget refuses", diskLimits{budget: 5 * gib, reserve: 2 * gib}, DiskUse{Free: 100 * gib, Layers: 5 * gib}, 1, false, []string{"--disk-budget"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := checkDisk(tt.budget, tt.use, tt.need, "a sandbox")
+			err := checkDisk(tt.limits, tt.use, tt.need, "a sandbox")
 			if (err == nil) != tt.ok {
-				t.Fatalf("checkDisk(%d, %+v, %d) = %v, want ok=%v", tt.budget, tt.use, tt.need, err, tt.ok)
+				t.Fatalf("checkDisk(%+v, %+v, %d) = %v, want ok=%v", tt.limits, tt.use, tt.need, err, tt.ok)
 			}
 			if err == nil {
 				return
@@ -52,8 +61,8 @@ func TestCheckDisk(t *testing.T) {
 			if !errors.Is(err, errdefs.ErrInsufficientStorage) {
 				t.Errorf("got %v, want insufficient storage (507)", err)
 			}
-			// The message says what is used, the budget and what to do.
-			for _, want := range []string{FormatBytes(tt.use.Total()), FormatBytes(tt.budget), "kill sandboxes", "delete snapshots or templates", "--disk-budget"} {
+			// The message says what is used, the limit and what to do.
+			for _, want := range append([]string{"a sandbox", FormatBytes(tt.use.Total()), "kill sandboxes", "delete snapshots, templates or volumes"}, tt.words...) {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("message %q lacks %q", err, want)
 				}
@@ -72,6 +81,7 @@ func TestParseDiskBudget(t *testing.T) {
 		{"12.5%", DiskBudget{Percent: 12.5}, true},
 		{"100%", DiskBudget{Percent: 100}, true},
 		{"0", DiskBudget{}, true},
+		{"none", DiskBudget{}, true},
 		{"500G", DiskBudget{Bytes: 500 * gib}, true},
 		{"500GiB", DiskBudget{Bytes: 500 * gib}, true},
 		{"80000M", DiskBudget{Bytes: 80000 * mib}, true},
@@ -103,103 +113,164 @@ func TestFormatBytes(t *testing.T) {
 	}
 }
 
-// TestDiskLedger: a layer counts from its claim, as its sandbox's once
-// bound, while the sandbox is live or being torn down, and not after; a
-// claim never bound gives its bytes back.
+// fakeFS is a data filesystem whose free space a test sets.
+type fakeFS struct{ free atomic.Int64 }
+
+func (f *fakeFS) statfs(string) (int64, error) { return f.free.Load(), nil }
+
+// ledgerManager is a manager with no sandboxes whose layers are files a
+// test writes (LayerBytes measures them as it does the real ones).
+func ledgerManager(t *testing.T) *Manager {
+	return &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}, d: Deps{Dir: t.TempDir()}}
+}
+
+// writeLayer gives sandbox id of m a write layer holding n bytes.
+func writeLayer(t *testing.T, m *Manager, id string, n int64) {
+	t.Helper()
+	p := ocispec.FilestorePath(m.dir(id), id)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, make([]byte, n), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDiskLedger: a layer counts what it holds (thin), while its sandbox
+// is live; from its kill on it counts as being freed; reservations hold
+// free space, streams' charges hold budget only; meters refuse at the
+// first chunk past the reserve and give back all on close.
 func TestDiskLedger(t *testing.T) {
-	m := &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}}
+	m := ledgerManager(t)
+	fsys := &fakeFS{}
+	fsys.free.Store(10 * gib)
 	var templates, snapshots atomic.Int64
-	d := NewDisk(10*gib, templates.Load, snapshots.Load)
+	d := NewDisk(DiskConfig{Reserve: 2 * gib, Dir: "/data", Templates: templates.Load, Snapshots: snapshots.Load})
+	d.statfs = fsys.statfs
 	d.Attach(m)
 	templates.Store(gib)
 	snapshots.Store(gib)
 
-	a, err := d.claimLayer(4<<10, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := d.Use(); got.Pending != 4*gib || got.Total() != 6*gib {
-		t.Fatalf("after a claim: %+v, want 4 GiB pending, 6 GiB in all", got)
-	}
+	// A live sandbox's layer counts what it holds, not its size.
 	m.boxes["a"] = &entry{}
-	a.bind("a")
-	a.release() // no-op once bound
-	if got := d.Use(); got.Layers != 4*gib || got.Pending != 0 {
-		t.Fatalf("after bind: %+v, want 4 GiB of layers, none pending", got)
+	writeLayer(t, m, "a", 3*mib)
+	if got := d.Use(); got.Layers < 3*mib || got.Layers > 4*mib || got.Sandboxes != 1 {
+		t.Fatalf("one sandbox holding 3 MiB: %+v, want its layer at about 3 MiB", got)
 	}
-	if _, err := d.claimLayer(5<<10, "b"); !errors.Is(err, errdefs.ErrInsufficientStorage) {
-		t.Fatalf("claim of 5 GiB with 4 GiB left: %v, want insufficient storage", err)
-	}
-	b, err := d.claimLayer(4<<10, "b")
+	// Reservations hold free space until released.
+	release, err := d.Reserve("a checkpoint", 7*gib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.release() // the create failed
-	if got := d.Use(); got.Total() != 6*gib {
-		t.Fatalf("after a failed create: %+v, want 6 GiB in all", got)
-	}
-	// Killed: counted while torn down, then gone.
-	delete(m.boxes, "a")
-	m.dying["a"] = &teardown{}
-	if got := d.Use(); got.Layers != 4*gib {
-		t.Fatalf("while torn down: %+v, want the layer counted", got)
-	}
-	delete(m.dying, "a")
-	if got := d.Use(); got.Layers != 0 {
-		t.Fatalf("after teardown: %+v, want no layers", got)
-	}
-	// A memory layer (diskMB 0) needs no room.
-	if _, err := d.claimLayer(0, "memory"); err != nil {
-		t.Fatal(err)
-	}
-	release, err := d.Reserve("a build", 8*gib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Reserve("another build", 1); !errors.Is(err, errdefs.ErrInsufficientStorage) {
-		t.Errorf("reserve past the budget: %v, want insufficient storage", err)
+	if _, err := d.Reserve("another", 2*gib); !errors.Is(err, errdefs.ErrInsufficientStorage) {
+		t.Fatalf("reserve past the reserve: %v, want insufficient storage", err)
 	}
 	release()
 	release()
 	if got := d.Use(); got.Pending != 0 {
-		t.Errorf("after release: %+v, want none pending", got)
+		t.Fatalf("after release: %+v, want none pending", got)
+	}
+	// Killed: its layer is being freed, so a create near the edge fits.
+	fsys.free.Store(2*gib + mib)
+	if err := d.fits(layerStartBytes, "a create"); !errors.Is(err, errdefs.ErrInsufficientStorage) {
+		t.Fatalf("create with 1 MiB above the reserve: %v, want insufficient storage", err)
+	}
+	writeLayer(t, m, "a", 64*mib)
+	delete(m.boxes, "a")
+	m.dying["a"] = &teardown{}
+	if err := d.fits(layerStartBytes, "a create"); err != nil {
+		t.Fatalf("create after a kill that frees 64 MiB: %v", err)
+	}
+	if got := d.Use(); got.Layers != 0 || got.Freeing < 64*mib {
+		t.Fatalf("while torn down: %+v, want no layers held and 64 MiB being freed", got)
+	}
+	delete(m.dying, "a")
+
+	// A meter charges chunk by chunk and refuses at the reserve.
+	fsys.free.Store(2*gib + 10*mib)
+	mt := d.Meter("an upload")
+	var wrote int64
+	for ; wrote < gib; wrote += mib {
+		if err := mt.Charge(mib); err != nil {
+			if !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "an upload") {
+				t.Fatalf("meter refusal: %v, want insufficient storage for an upload", err)
+			}
+			break
+		}
+		fsys.free.Add(-mib) // what it wrote shows as used
+	}
+	if wrote > 10*mib || wrote < 4*mib {
+		t.Errorf("meter admitted %d MiB with 10 MiB above the reserve, want between 4 and 10", wrote>>20)
+	}
+	if err := mt.Charge(1); err == nil {
+		t.Errorf("a refused meter admitted more")
+	}
+	mt.Close()
+	mt.Close()
+	if got := d.Use(); got.Writing != 0 {
+		t.Errorf("after a meter closed: %+v, want nothing being written", got)
+	}
+
+	// A budget counts what agentenv holds: sources, template builds'
+	// charges, a stream's chunk in flight.
+	fsys.free.Store(100 * gib)
+	b := NewDisk(DiskConfig{Budget: 4 * gib, Reserve: 2 * gib, Dir: "/data", Templates: templates.Load, Snapshots: snapshots.Load})
+	b.statfs = fsys.statfs
+	b.Attach(m)
+	b.AddSource(DiskSource{Name: "build cache", Bytes: func() int64 { return gib }})
+	tb, err := b.Charge("a template build", gib-meterChunk)
+	if err != nil {
+		t.Fatalf("charge within the budget: %v", err)
+	}
+	bm := b.Meter("a build")
+	if err := bm.Charge(1); err != nil {
+		t.Fatalf("meter within the budget: %v", err)
+	}
+	if _, err := b.Reserve("a create", 1); !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "build cache 1.0 GiB") {
+		t.Fatalf("reserve past the budget: %v, want insufficient storage naming the build cache", err)
+	}
+	bm.Close()
+	tb()
+	if _, err := b.Reserve("a create", gib); err != nil {
+		t.Fatalf("reserve after the build's charges were given back: %v", err)
 	}
 	var nilDisk *Disk
-	if _, err := nilDisk.claimLayer(1<<20, "x"); err != nil {
+	if _, err := nilDisk.Reserve("x", gib); err != nil {
 		t.Errorf("a nil Disk refused: %v", err)
+	}
+	if err := nilDisk.Meter("x").Charge(gib); err != nil {
+		t.Errorf("a nil Disk's meter refused: %v", err)
 	}
 }
 
-// TestDiskLedgerConcurrent: claims at once never admit more than the
-// budget (run with -race).
+// TestDiskLedgerConcurrent: reservations and meters at once never admit
+// more than the free space above the reserve (run with -race).
 func TestDiskLedgerConcurrent(t *testing.T) {
-	m := &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}}
-	d := NewDisk(10*gib, nil, nil)
+	m := ledgerManager(t)
+	fsys := &fakeFS{}
+	fsys.free.Store(12 * gib)
+	d := NewDisk(DiskConfig{Reserve: 2 * gib, Dir: "/data"})
+	d.statfs = fsys.statfs
 	d.Attach(m)
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for i := range 64 {
 		wg.Go(func() {
-			c, err := d.claimLayer(1<<10, fmt.Sprint(i))
-			if err != nil {
+			if i%2 == 0 {
+				if _, err := d.Reserve(fmt.Sprint(i), gib); err == nil {
+					admitted.Add(1)
+				}
 				return
 			}
-			admitted.Add(1)
-			if i%2 == 0 {
-				id := fmt.Sprint("sb", i)
-				m.mu.Lock()
-				m.boxes[id] = &entry{}
-				m.mu.Unlock()
-				c.bind(id)
+			// A chunk is held until the stream asks for the next.
+			if err := d.Meter(fmt.Sprint(i)).Charge(gib); err == nil {
+				admitted.Add(1)
 			}
 		})
 	}
 	wg.Wait()
 	if got := admitted.Load(); got != 10 {
-		t.Errorf("admitted %d layers of 1 GiB in a 10 GiB budget, want 10", got)
-	}
-	if got := d.Use(); got.Total() != 10*gib {
-		t.Errorf("use %+v, want 10 GiB", got)
+		t.Errorf("admitted %d GiB with 10 GiB above the reserve, want 10", got)
 	}
 }
 

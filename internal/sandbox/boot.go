@@ -86,7 +86,6 @@ type boot struct {
 	warm       *warmEntry // the warm container a restore took
 	making     *warmEntry // the warm container being prepared
 	prep       runtime.Preparer
-	layer      *layerClaim
 	container  bool // its container may exist: its cgroup can be sampled
 	rec        BootRecord
 	start      time.Time
@@ -198,16 +197,26 @@ func (b *boot) admit(ctx context.Context) error {
 		return err
 	}
 	b.egress = eg
-	// The write layer counts at its full size against the disk budget
-	// from here (bound to the sandbox's ID once listed) until its teardown.
+	// The write layer counts as used once the sandbox is listed; until
+	// the create ends, what its boot or restore writes into it is
+	// reserved.
 	diskMB := m.diskMB(req.Template)
 	if b.snap != nil {
 		diskMB = b.snap.DiskMB
 	}
-	if b.layer, err = m.d.Disk.claimLayer(diskMB, fmt.Sprintf("the write layer of a sandbox of template %q", req.Template)); err != nil {
-		return err
+	if diskMB > 0 {
+		need := int64(layerStartBytes)
+		if b.snap != nil {
+			// A restore writes back what the snapshotted layer held (as
+			// its record says, at most the layer's size).
+			need += min(max(b.snap.LayerBytes, 0), int64(diskMB)<<20)
+		}
+		release, err := m.d.Disk.Reserve(fmt.Sprintf("a new sandbox of template %q", req.Template), need)
+		if err != nil {
+			return err
+		}
+		b.after = append(b.after, release)
 	}
-	b.after = append(b.after, b.layer.release) // a no-op once bound
 	if err := m.admit(); err != nil {
 		return err
 	}
@@ -383,7 +392,6 @@ func (b *boot) persist(ctx context.Context) error {
 		return err
 	}
 	m.list(b.e)
-	b.layer.bind(b.sb.ID)
 	b.u.push(undoStep{kind: undoListed})
 	return nil
 }

@@ -16,23 +16,27 @@ func TestForkAdmission(t *testing.T) {
 	for range 4 {
 		addSandbox(t, m, StateRunning)
 	}
-	m.d.Disk = NewDisk(10*gib, nil, nil)
+	// A budget of 100 MiB: children's layers count as the parent's holds
+	// (thin), not at their size.
+	m.d.Disk = NewDisk(DiskConfig{Budget: 100 * mib})
 	m.d.Disk.Attach(m) // the 4 sandboxes have no write layer (DiskMB 0)
 
 	for _, c := range []struct {
 		name   string
 		count  int
 		diskMB int
+		layer  int64 // what the parent's layer holds
 		want   error
 	}{
-		{"fits", 6, 1 << 10, nil},
-		{"past max sandboxes", 7, 0, errdefs.ErrResourceExhausted},
-		{"past disk budget", 6, 2 << 10, errdefs.ErrInsufficientStorage},
-		{"memory layers", 6, 0, nil},
+		{"fits", 6, 2 << 10, mib, nil},
+		{"past max sandboxes", 7, 0, 0, errdefs.ErrResourceExhausted},
+		{"past disk budget", 6, 2 << 10, 16 * mib, errdefs.ErrInsufficientStorage},
+		{"memory layers", 6, 0, 0, nil},
 	} {
-		err := m.admitFork(Sandbox{DiskMB: c.diskMB}, c.count)
+		writeLayer(t, m, "parent", c.layer)
+		err := m.admitFork(Sandbox{ID: "parent", DiskMB: c.diskMB}, c.count)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
-			t.Errorf("%s: admitFork(%d children of %d MiB) = %v, want %v", c.name, c.count, c.diskMB, err, c.want)
+			t.Errorf("%s: admitFork(%d children of a parent holding %d MiB) = %v, want %v", c.name, c.count, c.layer>>20, err, c.want)
 		}
 	}
 	if got := m.d.Disk.Use(); got.Pending != 0 {

@@ -117,7 +117,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Owner: e.sb.Owner,
-		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
+		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, LayerBytes: m.LayerBytes(id), Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {
 		return snapshot.Snapshot{}, err
@@ -200,8 +200,14 @@ func (m *Manager) admitFork(parent Sandbox, count int) error {
 		return fmt.Errorf("fork of %d children refused: this node runs %d of its %d sandboxes (--max-sandboxes), room for %d: fork fewer, or kill sandboxes first: %w",
 			count, used, m.d.Limits.MaxSandboxes, max(free, 0), errdefs.ErrResourceExhausted)
 	}
-	return m.d.Disk.fits(int64(count)*int64(parent.DiskMB)<<20,
-		fmt.Sprintf("the write layers of %d fork children (%d MiB each)", count, parent.DiskMB))
+	if parent.DiskMB <= 0 {
+		return nil // layers in memory
+	}
+	// Each child's layer starts as a copy of the parent's (as used, not
+	// its size: thin provisioning), with the checkpoint the fork takes.
+	layer := m.LayerBytes(parent.ID) + layerStartBytes
+	need := int64(count)*layer + int64(parent.MemoryMB)<<20
+	return m.d.Disk.fits(need, fmt.Sprintf("a fork of %d children (each child's write layer starts with the parent's %s, and the parent's checkpoint)", count, FormatBytes(layer)))
 }
 
 // DeleteSnapshot deletes a snapshot that nothing needs.

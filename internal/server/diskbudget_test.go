@@ -86,18 +86,21 @@ func wantStatus(t *testing.T, what string, err error, code int) *client.Error {
 	return ce
 }
 
-// TestDiskBudget (issue 16, finding 5): on a 768 MiB data filesystem with
-// the default budget (90 %), one sandbox filling its write layer gets
-// ENOSPC inside it while the others and creates go on; creates past the
-// budget get 507 and leave nothing behind, as does a snapshot; no sandbox
-// can fill the host's filesystem, even all of them at once; a client's
-// diskMB beyond --max-disk-mb gets 400; a gzip bomb upload is stopped
-// while it unpacks and leaves nothing.
+// TestDiskBudget: on a 768 MiB data filesystem with a 64 MiB reserve and
+// a budget of 90 %, one sandbox filling its write layer gets ENOSPC inside
+// it while the others and creates go on; a client's diskMB beyond
+// --max-disk-mb gets 400; once the filesystem is near its reserve, creates
+// and a snapshot get 507 and leave nothing behind; a sandbox that writes
+// past what the host has left gets ENOSPC inside and stays alive (layers
+// are thin: together they may promise more than the disk has); a kill
+// makes room at once; a gzip bomb upload is stopped while it unpacks and
+// leaves nothing.
 func TestDiskBudget(t *testing.T) {
 	testenv.NeedRunsc(t)
 	mnt := loopFS(t, 768<<20)
 	data := filepath.Join(mnt, "agentenv")
 	const layerMB = 128
+	const reserve = 64 << 20
 	// The log stays off the test's filesystem, which must unmount.
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "server.log"))
 	if err != nil {
@@ -112,7 +115,8 @@ func TestDiskBudget(t *testing.T) {
 	})
 	e := startServerWith(t, data, "10.127.0.0/20", "dsk", func(c *server.Config) {
 		c.Log = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		c.DiskBudget = sandbox.DiskBudget{Percent: 90} // the CLI's default
+		c.DiskBudget = sandbox.DiskBudget{Percent: 90}
+		c.DiskReserve = sandbox.DiskReserve{Bytes: reserve}
 		c.Limits.DefaultDiskMB = layerMB
 		c.Limits.HotPool = 0
 		c.ReadyTemplates, c.WarmPool = false, 0
@@ -120,6 +124,7 @@ func TestDiskBudget(t *testing.T) {
 	})
 	ctx := context.Background()
 	var live []client.Sandbox
+	ballast := filepath.Join(mnt, "ballast")
 	t.Cleanup(func() {
 		for _, sb := range live {
 			e.client.KillSandbox(ctx, sb.SandboxID)
@@ -127,6 +132,7 @@ func TestDiskBudget(t *testing.T) {
 		if err := e.stop(); err != nil {
 			t.Error(err)
 		}
+		os.Remove(ballast)
 	})
 	create := func() (client.Sandbox, error) {
 		sb, err := e.client.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})
@@ -141,11 +147,11 @@ func TestDiskBudget(t *testing.T) {
 		}
 		live = slices.DeleteFunc(live, func(s client.Sandbox) bool { return s.SandboxID == sb.SandboxID })
 	}
-	fill := func(sb client.Sandbox) {
+	fill := func(sb client.Sandbox, mb int) {
 		t.Helper()
-		res := e.sh(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=1024")
+		res := e.sh(t, sb, fmt.Sprintf("dd if=/dev/zero of=/tmp/fill bs=1M count=%d", mb))
 		if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "No space left on device") {
-			t.Fatalf("dd of 1 GiB into a %d MiB layer: exit %d, stderr %q; want ENOSPC inside", layerMB, res.ExitCode, res.Stderr)
+			t.Fatalf("dd of %d MiB: exit %d, stderr %q; want ENOSPC inside", mb, res.ExitCode, res.Stderr)
 		}
 		if got := e.sh(t, sb, "echo alive"); strings.TrimSpace(string(got.Stdout)) != "alive" {
 			t.Fatalf("after ENOSPC the sandbox answered %q", got.Stdout)
@@ -167,7 +173,7 @@ func TestDiskBudget(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	fill(a)
+	fill(a, 1024)
 	if res := e.sh(t, b, "dd if=/dev/zero of=/tmp/some bs=1M count=32"); res.ExitCode != 0 {
 		t.Fatalf("another sandbox's write after the first filled its layer: exit %d, stderr %q", res.ExitCode, res.Stderr)
 	}
@@ -175,20 +181,16 @@ func TestDiskBudget(t *testing.T) {
 		t.Fatalf("create after a sandbox filled its layer: %v", err)
 	}
 
-	// Creates past the budget: 507, nothing left behind.
-	var full error
-	for range 16 {
-		if _, full = create(); full != nil {
-			break
-		}
-	}
-	ce := wantStatus(t, fmt.Sprintf("create number %d of %d MiB on a 768 MiB filesystem", len(live)+1, layerMB), full, 507)
-	for _, want := range []string{"disk budget", "kill sandboxes", "--disk-budget"} {
+	// Near the reserve: creates and snapshots get 507, nothing left behind.
+	leaveFree(t, mnt, ballast, reserve+4<<20)
+	_, full := create()
+	ce := wantStatus(t, "create 4 MiB above the reserve", full, 507)
+	for _, want := range []string{"no room", "kill sandboxes", "--disk-reserve"} {
 		if !strings.Contains(ce.Message, want) {
 			t.Errorf("507 message %q lacks %q", ce.Message, want)
 		}
 	}
-	t.Logf("%d sandboxes of %d MiB admitted; then: %s", len(live), layerMB, ce.Message)
+	t.Logf("%d sandboxes; then: %s", len(live), ce.Message)
 	dirs, _ := os.ReadDir(filepath.Join(data, "sandboxes"))
 	var ids, want []string
 	for _, d := range dirs {
@@ -205,42 +207,31 @@ func TestDiskBudget(t *testing.T) {
 	if ns := namespaces("dsk"); len(ns) > testSlotPool+len(live) {
 		t.Errorf("%d network namespaces for %d sandboxes and a pool of %d", len(ns), len(live), testSlotPool)
 	}
-
-	// A snapshot needs room for its checkpoint too.
 	_, err = e.client.SnapshotSandbox(ctx, b.SandboxID, "", nil)
-	wantStatus(t, "snapshot with the budget used up", err, 507)
+	wantStatus(t, "snapshot near the reserve", err, 507)
 
-	// Every sandbox fills its layer at once: the host filesystem still has
-	// room (before, one dd took it to 100 %).
-	for _, sb := range live[1:] {
-		fill(sb)
-	}
-	exec.Command("sync").Run()
-	if left := availBytes(t, mnt); left <= 0 {
-		t.Fatalf("the data filesystem is full (%d bytes left) with every sandbox's layer full", left)
-	} else {
-		t.Logf("every layer full: %d MiB left on the data filesystem", left>>20)
-	}
+	// Thin layers promise more than the disk has: a sandbox writing past
+	// what the host has left gets ENOSPC inside and lives on.
+	leaveFree(t, mnt, ballast, 32<<20)
+	fill(b, 100)
+	syncFS()
+	t.Logf("a sandbox wrote until the host's disk was full: %d KiB left", availBytes(t, mnt)>>10)
 
-	// Killing frees room: a create goes through again (the teardown runs
-	// behind the kill's answer).
-	for _, sb := range slices.Clone(live[1:]) {
-		kill(sb)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := create()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("create after killing sandboxes: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	// A kill makes room at once: its layer counts as freed by the time
+	// the kill answers.
+	os.Remove(ballast)
+	leaveFree(t, mnt, ballast, reserve+4<<20)
+	kill(a)
+	if _, err := create(); err != nil {
+		t.Fatalf("create right after killing a sandbox that held %d MiB: %v", layerMB, err)
 	}
 
 	// A gzip bomb (a few MB that expand to 2 GiB) is stopped while it
 	// unpacks: 507, not listed, its files gone.
+	os.Remove(ballast)
+	for _, sb := range slices.Clone(live) {
+		kill(sb)
+	}
 	tplDir := filepath.Join(data, "templates")
 	before := template.DiskUsage(tplDir)
 	_, err = e.client.UploadTemplate(ctx, "bomb", gzipBomb(t, 2048, 1<<20), func(client.BuildProgress) {})

@@ -72,10 +72,15 @@ type Config struct {
 	VolumeSizeMB int64
 	// SnapshotPolicy bounds the disk use of snapshots nothing needs.
 	SnapshotPolicy snapshot.Policy
-	// DiskBudget bounds what the data directory holds: every sandbox's
-	// write layer at its full size, templates and snapshots. Creates,
-	// restores, builds and snapshots beyond it get 507. Zero: no budget.
+	// DiskBudget caps what the data directory holds, as used: sandboxes'
+	// write layers by their allocated blocks, templates, snapshots, the
+	// build cache, uploaded build files, volumes and work in progress.
+	// New work beyond it gets 507. Zero: no budget.
 	DiskBudget sandbox.DiskBudget
+	// DiskReserve is the free space kept on the data filesystem: new work
+	// that would leave less gets 507. Zero: none (the CLI's default is
+	// sandbox.DefaultDiskReserve).
+	DiskReserve sandbox.DiskReserve
 	// NoCgroups runs sandboxes without cgroup limits (for hosts where
 	// cgroups cannot be managed).
 	NoCgroups bool
@@ -129,6 +134,8 @@ type Host struct {
 	Volumes *volume.Store
 	// Backend is the API's view of this host.
 	Backend *api.Local
+	// Disk admits what this host writes to its data filesystem.
+	Disk    *sandbox.Disk
 	closers []func()
 }
 
@@ -184,11 +191,15 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, err
 	}
+	reserve, err := cfg.DiskReserve.Resolve(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	// Builds reserve through disk, made once the stores it counts are open
 	// (none runs before: a nil Disk admits everything).
 	var disk *sandbox.Disk
 	topts := cfg.TemplateOptions
-	topts.Reserve = func(what string, n int64) (func(), error) { return disk.Reserve(what, n) }
+	topts.Reserve = func(what string, n int64) (func(), error) { return disk.Charge(what, n) }
 	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, topts, log)
 	if err != nil {
 		return nil, err
@@ -204,7 +215,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
-	disk = sandbox.NewDisk(budget, templates.DiskBytes, snaps.StoredBytes)
+	disk = sandbox.NewDisk(sandbox.DiskConfig{Budget: budget, Reserve: reserve, Dir: cfg.DataDir, Templates: templates.DiskBytes, Snapshots: snaps.StoredBytes})
 	// A template's image that snapshots were taken on outlives its
 	// replacement (rebuild, new envd) while they exist.
 	templates.SetRetain(func(name, imageID string) bool {
@@ -223,8 +234,8 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, err
 	}
-	h.Manager, h.Templates, h.Snapshots = mgr, templates, snaps
-	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes, SizeMB: cfg.VolumeSizeMB, InUse: mgr.VolumeUsers})
+	h.Manager, h.Templates, h.Snapshots, h.Disk = mgr, templates, snaps, disk
+	vols, err := volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), MaxVolumes: cfg.MaxVolumes, SizeMB: cfg.VolumeSizeMB, InUse: mgr.VolumeUsers, Meter: disk.Opener()})
 	if err != nil {
 		return nil, fmt.Errorf("volume store: %w", err)
 	}
@@ -239,12 +250,10 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		log.Info("recovered after restart", "adopted", len(adopted), "lost", len(lost))
 	}
 	disk.Attach(mgr)
-	if budget > 0 {
-		u := disk.Use()
-		log.Info("disk budget", "budget", sandbox.FormatBytes(budget), "from", how, "used", sandbox.FormatBytes(u.Total()),
-			"layers", sandbox.FormatBytes(u.Layers), "templates", sandbox.FormatBytes(u.Templates), "snapshots", sandbox.FormatBytes(u.Snapshots))
-	} else {
-		log.Warn("no disk budget (--disk-budget 0): sandboxes, builds and snapshots can fill the data filesystem")
+	disk.AddSource(sandbox.DiskSource{Name: "volumes", Bytes: vols.DiskBytes})
+	log.Info("disk admission", "reserve", sandbox.FormatBytes(reserve), "budget", sandbox.FormatBytes(budget), "budget from", how, "use", disk.DescribeUse())
+	if budget <= 0 && reserve <= 0 {
+		log.Warn("no disk reserve or budget (--disk-reserve 0, --disk-budget none): builds, uploads and snapshots can fill the data filesystem")
 	}
 	if err := templates.RefreshEnvd(ctx); err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // StepBuilds are the operator's choices for E2B's template-in-code builds
@@ -41,7 +43,8 @@ type StepBuilds struct {
 func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 	bc := api.TemplateBuildsConfig{FilesDir: filepath.Join(cfg.DataDir, "template-files"),
 		MaxUploadBytes: cfg.StepBuilds.MaxUploadMB << 20, MaxConcurrent: cfg.StepBuilds.MaxConcurrent,
-		MaxLogBytes: cfg.StepBuilds.LogMB << 20, MaxLogBytesTotal: cfg.StepBuilds.LogsTotalMB << 20, Log: cfg.Log}
+		MaxLogBytes: cfg.StepBuilds.LogMB << 20, MaxLogBytesTotal: cfg.StepBuilds.LogsTotalMB << 20, Log: cfg.Log, Meter: h.Disk.Opener()}
+	h.Disk.AddSource(sandbox.DiskSource{Name: "uploaded build files", Bytes: func() int64 { return template.DiskUsage(bc.FilesDir) }})
 	if !cfg.unprivileged() {
 		var network func(ctx context.Context) (string, func(), error)
 		if cfg.Network != "none" {
@@ -52,10 +55,11 @@ func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 			limits.MaxMemoryMB = max(cfg.Limits.MaxMemMB, limits.MemoryMB)
 		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
-			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log})
+			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log, Meter: h.Disk.Opener()})
 		if err != nil {
 			return nil, err
 		}
+		h.Disk.AddSource(sandbox.DiskSource{Name: "build cache", Bytes: b.DiskBytes})
 		bc.Steps = b
 	}
 	return api.NewTemplateBuilds(bc)

@@ -54,7 +54,11 @@ type Snapshot struct {
 	Volumes []volume.Mount `json:"volumes,omitempty"`
 	// DiskMB is the snapshotted sandbox's write-layer size (0: an older
 	// snapshot, whose layer was in memory). A restore must use the same.
-	DiskMB      int               `json:"diskMB,omitempty"`
+	DiskMB int `json:"diskMB,omitempty"`
+	// LayerBytes is what the snapshotted sandbox's write layer held on
+	// disk (allocated blocks): what a restore writes back into its new
+	// layer, reserved on the host's disk while it does.
+	LayerBytes  int64             `json:"layerBytes,omitempty"`
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"envdAccessToken,omitempty"`
 	// Files maps each checkpoint file name to where its bytes are.

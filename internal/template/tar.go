@@ -30,6 +30,14 @@ func ExtractTar(ctx context.Context, r io.Reader, dst string, maxBytes int64) (s
 	return extractTar(ctx, r, dst, maxBytes, nil)
 }
 
+// ExtractTarCharged is ExtractTar without a byte limit of its own that
+// charges each entry's disk cost to charge before writing it, stopping at
+// the first refusal (a host's disk admission): the cap holds while the
+// stream expands, whatever its compressed size.
+func ExtractTarCharged(ctx context.Context, r io.Reader, dst string, charge func(int64) error) (skipped int, err error) {
+	return extractTar(ctx, r, dst, 0, charge)
+}
+
 // extractTar is ExtractTar that, when charge is set, charges each entry's
 // disk cost (entryCost) before writing it and stops at the first refusal:
 // the limit holds while the stream expands, whatever its headers promise.

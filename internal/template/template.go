@@ -162,9 +162,10 @@ type Options struct {
 	// trees and images; 0: no limit). A build that would pass it is
 	// stopped while it writes.
 	MaxTemplateBytes int64
-	// Reserve, if set, admits bytes a build is about to write against the
-	// host's disk budget and holds them until release (see
-	// sandbox.Disk.Reserve); a refusal stops the build.
+	// Reserve, if set, admits bytes a build is writing against the host's
+	// disk (its reserve and budget) and holds them until release, when
+	// the template counts on its own (the server passes
+	// sandbox.Disk.Charge); a refusal stops the build.
 	Reserve func(what string, bytes int64) (release func(), err error)
 }
 

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -266,14 +268,22 @@ func (s *Store) WriteFile(id, p string, body io.Reader, a Attrs, force bool) (En
 	if err != nil {
 		return Entry{}, pathErr(abs, err)
 	}
-	_, err = io.Copy(f, body)
+	// Charged while it is written: a write the host's disk cannot take
+	// stops at the chunk that does not fit.
+	meter := s.cfg.Meter.Start(fmt.Sprintf("a write of %s to a volume", abs))
+	defer meter.Close()
+	_, err = io.Copy(diskmeter.Writer(f, meter), body)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		// A file cut short (the volume full, the client gone) is removed
-		// rather than left looking whole and holding the space.
+		// A file cut short (the volume full, the host's disk at its
+		// reserve, the client gone) is removed rather than left looking
+		// whole and holding the space.
 		r.Remove(rel)
+		if errors.Is(err, errdefs.ErrInsufficientStorage) {
+			return Entry{}, err
+		}
 		return Entry{}, pathErr(abs, err)
 	}
 	if err := setAttrs(r, rel, a, DefaultFileMode); err != nil {

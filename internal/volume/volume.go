@@ -28,7 +28,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // Volume is a volume's record.
@@ -55,6 +57,9 @@ type Config struct {
 	// InUse, if set, names the sandboxes that mount volume id now: Delete
 	// refuses while it names any.
 	InUse func(id string) []string
+	// Meter, if set, admits what the content API writes (and a new
+	// volume's file system) against the host's disk, chunk by chunk.
+	Meter diskmeter.Open
 }
 
 // Store creates, lists and deletes volumes and serves their contents.
@@ -182,6 +187,13 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
 		return fail(err)
 	}
+	// A new file system's metadata (the image is sparse: what mkfs
+	// writes) needs room on the host.
+	meter := s.cfg.Meter.Start(fmt.Sprintf("volume %q", name))
+	defer meter.Close()
+	if err := meter.Charge(newVolumeBytes); err != nil {
+		return fail(err)
+	}
 	if v.SizeMB > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), diskTimeout)
 		err := makeDisk(ctx, dir, v.SizeMB)
@@ -199,6 +211,32 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 	}
 	s.vols[v.ID] = v
 	return v, nil
+}
+
+// newVolumeBytes is what a new volume's file system takes on the host
+// before anything is written to it (ext4 with lazy inode tables: a few
+// MiB).
+const newVolumeBytes = 16 << 20
+
+// DiskBytes is what the volumes take on the host: an image volume its
+// image's allocated blocks, a directory volume its files.
+func (s *Store) DiskBytes() int64 {
+	s.mu.Lock()
+	vols := make([]Volume, 0, len(s.vols))
+	for _, v := range s.vols {
+		vols = append(vols, v)
+	}
+	s.mu.Unlock()
+	var n int64
+	for _, v := range vols {
+		dir := filepath.Join(s.cfg.Dir, v.ID)
+		if hasDisk(dir) {
+			n += template.DiskUsage(filepath.Join(dir, diskImage))
+		} else {
+			n += template.DiskUsage(filepath.Join(dir, "data"))
+		}
+	}
+	return n
 }
 
 func writeFileSync(path string, b []byte) error {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -232,5 +233,58 @@ func TestTokenOfAnotherStoresVolume(t *testing.T) {
 	wantClass(t, err, errdefs.ErrUnauthenticated, "another store's token")
 	if !strings.Contains(err.Error(), "another volume") {
 		t.Errorf("another store's token for its own volume: %v, want 'the token is for another volume'", err)
+	}
+}
+
+// capMeter admits up to limit bytes, then refuses as the host's disk
+// admission does.
+type capMeter struct {
+	limit, used int64
+	closed      int
+}
+
+func (m *capMeter) Charge(n int64) error {
+	if m.used+n > m.limit {
+		return errdefs.InsufficientStorage("no room on the host disk (test)")
+	}
+	m.used += n
+	return nil
+}
+
+func (m *capMeter) Close() { m.closed++ }
+
+// TestVolumeWriteMetered: a content-API write is charged while it is
+// written; the first refusal stops it with 507's class, the file is
+// removed, and the meter is closed. A volume's creation is charged too.
+func TestVolumeWriteMetered(t *testing.T) {
+	var meters []*capMeter
+	limit := int64(64 << 20)
+	s, err := Open(Config{Dir: t.TempDir(), MaxVolumes: 3, Meter: func(string) diskmeter.Meter {
+		m := &capMeter{limit: limit}
+		meters = append(meters, m)
+		return m
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	v, err := s.Create("", "metered")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(meters) != 1 || meters[0].used == 0 {
+		t.Errorf("a volume's creation charged %+v, want its file system's bytes", meters)
+	}
+	limit = 8 << 20
+	_, err = s.WriteFile(v.ID, "/big", io.LimitReader(zeroReader{}, 64<<20), Attrs{}, true)
+	wantClass(t, err, errdefs.ErrInsufficientStorage, "a write of 64 MiB with 8 MiB admitted")
+	if _, err := s.Stat(v.ID, "/big"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the refused write left its file: %v", err)
+	}
+	if m := meters[len(meters)-1]; m.closed == 0 || m.used > 8<<20 {
+		t.Errorf("write's meter %+v, want closed with at most 8 MiB charged", m)
+	}
+	if _, err := s.WriteFile(v.ID, "/small", strings.NewReader("fits"), Attrs{}, true); err != nil {
+		t.Errorf("a small write after the refusal: %v", err)
 	}
 }
