@@ -18,7 +18,7 @@ type keyFlags struct {
 
 func (k *keyFlags) add(cmd *cobra.Command, operatorUse string) {
 	f := cmd.Flags()
-	f.StringVar(&k.apiKeysFile, "api-keys-file", "", `file of named API keys, one "NAME KEY" a line (# comments): each key sees and controls only its own sandboxes and snapshots; templates are shared (docs/security.md)`)
+	f.StringVar(&k.apiKeysFile, "api-keys-file", "", `file of named API keys, one "NAME KEY" a line (# comments): each key sees and controls only its own sandboxes and snapshots; templates are usable by every key and changed only by the key that built them (docs/security.md)`)
 	f.StringVar(&k.operatorKeyFile, "operator-key-file", "", "file holding the operator's key: "+operatorUse)
 }
 

@@ -35,7 +35,7 @@ func ids(sbs []client.Sandbox) []string {
 // TestNamedKeys drives one server with two named keys (alice, bob), the
 // operator key and the single key: neither named key can see, read,
 // change or kill the other's sandboxes and snapshots, or restore the
-// other's snapshot; templates are shared; the operator and the single key
+// other's snapshot; templates are usable by all; the operator and the single key
 // see both.
 func TestNamedKeys(t *testing.T) {
 	e := sharedServer(t)
@@ -52,7 +52,7 @@ func TestNamedKeys(t *testing.T) {
 		t.Cleanup(func() { e.client.KillSandbox(context.Background(), sb.SandboxID) })
 		return sb
 	}
-	a := create(alice, "busybox") // templates are shared
+	a := create(alice, "busybox") // templates are usable by all
 	b := create(bob, "busybox")
 
 	list := func(c *client.Client) []string {
