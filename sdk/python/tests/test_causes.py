@@ -262,6 +262,7 @@ class RLFailureTests(FakeServerTest):
         # hold envd's pipes (and the step) open; the cut is made in the sandbox.
         self.assertIn('>"$__o.o" 2>"$__o.e" </dev/null', sent)
         self.assertIn("head -c 4", sent)
+        self.assertIn("/tmp/.agentenv-action-", sent)
         self.assertIn("\nserver &\n", sent)
         self.assertEqual((obs["stdout"], obs["stdout_truncated"]), ("out", True))
 

@@ -16,6 +16,9 @@ API key) raise.
 from __future__ import annotations
 
 import inspect
+import itertools
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
@@ -33,18 +36,23 @@ class Command:
     """Run ``cmd`` with ``/bin/bash -l -c`` (``cwd`` defaults to the env's
     workdir); after ``timeout`` seconds it is killed (0: no limit).
 
-    Its stdout and stderr go to files in the sandbox while it runs and come
-    back when its shell exits, at most ``max_output`` characters each (the
-    env's ``max_output`` when None); the observation's
-    ``stdout_truncated``/``stderr_truncated`` say whether some was cut. So
-    a job it starts in the background (``server &``) does not hold the step
-    open: the step returns when the shell exits and the job keeps running
-    (its output goes nowhere: redirect it, ``server > log 2>&1 &``)."""
+    The observation keeps at most ``max_output`` characters of stdout and
+    of stderr each (the env's ``max_output`` when None); its
+    ``stdout_truncated``/``stderr_truncated`` say whether some was cut.
+
+    A job it starts in the background (``server &``) does not hold the
+    step open: with ``detach`` (None: when ``cmd`` has a ``&`` that may
+    start one) its stdout and stderr go to files in the sandbox and come
+    back, cut there, when its shell exits; the job keeps running, its later
+    output going nowhere (redirect it: ``server > log 2>&1 &``). That costs
+    a few ms (a process or two in the sandbox), so commands without ``&``
+    stream as they are."""
 
     cmd: str
     timeout: float = 60
     cwd: Optional[str] = None
     max_output: Optional[int] = None
+    detach: Optional[bool] = None
 
 
 @dataclass
@@ -65,6 +73,7 @@ class EditFile:
 
 
 Action = Union[str, Command, WriteFile, EditFile, Dict[str, Any]]
+_action_ids = itertools.count()  # thread-safe in CPython: next() holds the GIL
 Observation = Dict[str, Any]
 Info = Dict[str, Any]
 # reward_fn(env, action, observation) -> reward, or (reward, terminated)
@@ -77,9 +86,9 @@ SetupFn = Callable[..., Any]
 _ERROR_CHARS = 300
 # Characters of stdout and of stderr an action's observation keeps by default.
 DEFAULT_MAX_OUTPUT = 1 << 20
-# Where an action's output waits in the sandbox until its shell exits ($$:
-# the shell's own pid, unique among running actions).
-_OUT = "/tmp/.agentenv-action-$$"
+# Where an action's output waits in the sandbox until its shell exits (a
+# name per action follows).
+_OUT = "/tmp/.agentenv-action-"
 
 
 def parse_action(action: Action) -> Union[Command, WriteFile, EditFile]:
@@ -285,8 +294,10 @@ class SandboxEnv:
     def _command(self, act: Command) -> Observation:
         cap = self.max_output if act.max_output is None else act.max_output
         obs: Observation = {"type": "command", "ok": True, "stdout": "", "stderr": "", "exit_code": 0}
+        detach = _may_background(act.cmd) if act.detach is None else act.detach
+        out = f"{_OUT}{os.getpid()}-{next(_action_ids)}"
         try:
-            self._sbx.commands.run(_detached(act.cmd, cap), cwd=act.cwd or self.workdir, timeout=act.timeout,
+            self._sbx.commands.run(_detached(act.cmd, cap, out) if detach else act.cmd, cwd=act.cwd or self.workdir, timeout=act.timeout,
                                    on_stdout=lambda o: _put(obs, "stdout", o),
                                    on_stderr=lambda e: _put(obs, "stderr", e), max_output=cap + 1)
         except CommandExitException as e:
@@ -296,7 +307,8 @@ class SandboxEnv:
             if isinstance(e, exc.TimeoutException) and e.cause == "command_timeout":
                 obs.update(ok=False, exit_code=124, timed_out=True, cause="command_timeout",
                            error=f"timed out after {act.timeout:g} s")
-                self._leftover(obs, cap)
+                if detach:
+                    self._leftover(obs, cap, out)
             elif _ended(e) is not None:
                 cause, error = _ended(e)  # type: ignore[misc]
                 obs.update(ok=False, exit_code=None, cause=cause, error=error)
@@ -312,14 +324,12 @@ class SandboxEnv:
                 obs[name], obs[name + "_truncated"] = obs[name][:cap], True
         return obs
 
-    def _leftover(self, obs: Observation, cap: int) -> None:
+    def _leftover(self, obs: Observation, cap: int, out: str) -> None:
         """The output a timed-out action left in its files (its shell was
         killed before it could send them); best effort."""
         try:
-            r = self._sbx.commands.run(
-                "for f in /tmp/.agentenv-action-*.o; do [ -e \"$f\" ] || continue; "
-                f"head -c {cap + 1} \"$f\"; head -c {cap + 1} \"${{f%.o}}.e\" >&2; "
-                "rm -f \"$f\" \"${f%.o}.e\"; done", timeout=10, max_output=cap + 1)
+            r = self._sbx.commands.run(f'head -c {cap + 1} "{out}.o"; head -c {cap + 1} "{out}.e" >&2; '
+                                       f'rm -f "{out}.o" "{out}.e"; true', timeout=10, max_output=cap + 1)
         except exc.SandboxException:
             return
         obs["stdout"], obs["stderr"] = r.stdout, r.stderr
@@ -330,14 +340,29 @@ class SandboxEnv:
         return self.sandbox
 
 
-def _detached(cmd: str, cap: int) -> str:
+def _detached(cmd: str, cap: int, out: str) -> str:
     """cmd, run so that what it starts in the background cannot hold the
     action open: envd ends a command's stream when its stdout and stderr
     pipes close, and a background job keeps them open for as long as it
-    runs. Its output goes to files that the shell sends (cut) on exit."""
+    runs. Its output goes to files (out.o, out.e) that the shell sends, cut,
+    on exit. POSIX sh (busybox's bash is ash); an empty file costs no
+    process (head, rm are processes: a few ms each in gVisor), and the
+    empty files of earlier actions go with the next rm."""
     n = cap + 1
-    return (f'__o={_OUT}; (\n{cmd}\n) >"$__o.o" 2>"$__o.e" </dev/null; __rc=$?; '
-            f'head -c {n} "$__o.o"; head -c {n} "$__o.e" >&2; rm -f "$__o.o" "$__o.e"; exit $__rc')
+    return (f'__o={out}; (\n{cmd}\n) >"$__o.o" 2>"$__o.e" </dev/null; __rc=$?; '
+            f'if [ -s "$__o.o" ] || [ -s "$__o.e" ]; then '
+            f'[ -s "$__o.o" ] && head -c {n} "$__o.o"; [ -s "$__o.e" ] && head -c {n} "$__o.e" >&2; '
+            f'rm -f {_OUT}*; fi; exit $__rc')
+
+
+# A "&" that is an operator, not part of "&&", ">&", "&>", "|&" or "<&".
+_BACKGROUND = re.compile(r"(?<![&>|<])&(?![&>])")
+
+
+def _may_background(cmd: str) -> bool:
+    """Whether cmd may start a background job (quotes are not parsed: a
+    quoted "&" detaches too, which costs only time)."""
+    return bool(_BACKGROUND.search(cmd))
 
 
 def _put(obs: Observation, name: str, text: str) -> None:
