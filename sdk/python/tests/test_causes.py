@@ -3,6 +3,7 @@ observations, against a fake API server and envd on loopback (no sandbox
 needed): a stream cut in the middle makes the SDK ask the API what became
 of the sandbox."""
 
+import asyncio
 import base64
 import json
 import socket
@@ -14,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from agentenv import (OutOfMemoryException, Sandbox, SandboxException, SandboxLostException,
                       SandboxNotFoundException, TimeoutException)
 from agentenv._transport import error_from_http, gone_error
-from agentenv.rl import Command, SandboxEnv, SandboxVectorEnv, make_vec
+from agentenv.rl import AsyncSandboxEnv, AsyncSandboxVectorEnv, Command, SandboxEnv, SandboxVectorEnv, make_vec
 
 # The server's words (internal/sandbox: registry.go, ended.go, kill.go).
 LOST_OOM = ('sandbox "%s" was lost: it stopped unexpectedly (out of its memory limit, or its init process '
@@ -307,6 +308,27 @@ class RLFailureTests(FakeServerTest):
         obs, _, _, _, infos = venv.step_wait(timeout=30)
         self.assertEqual(infos["stepped"], [True, False, False])
         self.assertTrue(obs[0]["ok"])
+
+
+class AsyncEnvTests(FakeServerTest):
+    def test_async_env_and_vector_env(self):
+        async def main():
+            async with AsyncSandboxEnv("t", setup=_setup, **self.fake.opts()) as env:
+                obs, _ = await env.reset(options={"task": 1})
+                self.assertEqual(obs["task"], {"task": 1})
+                obs, *_ = await env.step("echo")
+                self.assertTrue(obs["ok"], obs)
+            venv = AsyncSandboxVectorEnv([lambda: SandboxEnv("t", **self.fake.opts()) for _ in range(2)])
+            async with venv:
+                await venv.reset()
+                obs, *_ = await venv.step(["a", "b"])
+                self.assertEqual([o["ok"] for o in obs], [True, True])
+                venv.step_async([None, "c"])
+                ready = {}
+                while len(ready) < 1:
+                    ready.update(await venv.step_ready(timeout=30))
+                self.assertEqual(list(ready), [1])
+        asyncio.run(main())
 
 
 if __name__ == "__main__":
