@@ -14,8 +14,9 @@ from .aio import AsyncCommandHandle, AsyncPaginator, AsyncPty, AsyncSandbox, Asy
 from .commands import CommandHandle, Commands
 from .config import ConnectionConfig
 from .exceptions import (AuthenticationException, ConflictException, FileNotFoundException, InvalidArgumentException,
-                         NotEnoughSpaceException, NotFoundException, RateLimitException, SandboxException,
-                         SandboxNotFoundException, TemplateException, TimeoutException)
+                         NotEnoughSpaceException, NotFoundException, OutOfMemoryException, RateLimitException,
+                         SandboxException, SandboxLostException, SandboxNotFoundException, TemplateException,
+                         TimeoutException)
 from .filesystem import Filesystem, WatchHandle
 from .models import (CommandExitException, CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType,
                      FileType, ListedSandbox, ProcessInfo, SandboxInfo, SandboxInfoLifecycle, SandboxLifecycle,
@@ -30,8 +31,8 @@ __all__ = [
     "AsyncCommandHandle", "AsyncPaginator", "AsyncPty", "AsyncSandbox", "AsyncWatchHandle", "AuthenticationException", "CommandExitException",
     "CommandHandle", "CommandResult", "Commands", "ConflictException", "ConnectionConfig", "EntryInfo", "FileNotFoundException", "FileType",
     "Filesystem", "FilesystemEvent", "FilesystemEventType", "InvalidArgumentException", "ListedSandbox",
-    "NotEnoughSpaceException", "NotFoundException", "Paginator", "ProcessInfo", "Pty", "PtySize", "RateLimitException", "Sandbox",
+    "NotEnoughSpaceException", "NotFoundException", "OutOfMemoryException", "Paginator", "ProcessInfo", "Pty", "PtySize", "RateLimitException", "Sandbox",
     "SandboxException", "SandboxInfo", "SandboxInfoLifecycle", "SandboxLifecycle", "SandboxMetrics",
-    "SandboxOnTimeoutPause", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
+    "SandboxLostException", "SandboxOnTimeoutPause", "SandboxNotFoundException", "SandboxPaginator", "SandboxQuery",
     "SandboxState", "SnapshotInfo", "SnapshotPaginator", "TemplateException", "TimeoutException", "WatchHandle", "WriteEntry", "WriteInfo",
 ]

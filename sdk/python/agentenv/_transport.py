@@ -19,6 +19,8 @@ from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tupl
 from . import exceptions as exc
 
 ENVD_PORT = 49983
+# error_code of a stream from envd that ended in the middle (no end message).
+STREAM_BROKEN = "stream_broken"
 _CHUNK = 1 << 16
 
 # MAX_MESSAGE_BYTES bounds one Connect-RPC message from envd (a stream
@@ -260,6 +262,44 @@ def error_from_connect(err: Dict[str, Any], what: str) -> Exception:
     return cls(f"{what}: {reason} ({code})", error_code=code, reason=reason)
 
 
+# The server's words for how a sandbox ended, in the message of the 404 its
+# GET /sandboxes/{id} answers (internal/sandbox: the registry's tombstones
+# of lost sandboxes and its memory of killed and timed-out ones). The API
+# has one error class for all of them (not_found), so these phrases are the
+# only way to tell them apart; tests pin them against a real server.
+_LOST = " was lost: "
+_TIMED_OUT = "it timed out at "
+_KILLED = "it was killed"
+_OOM_WORDS = ("out of memory", "oom-kill", "oom kill", "out of its memory")
+
+
+def gone_error(nf: exc.SandboxException, sandbox_id: str, what: str) -> exc.SandboxException:
+    """The exception that says how a sandbox ended, from the not-found
+    answer of GET /sandboxes/{id}."""
+    why = nf.reason
+    if why.endswith(": not found"):
+        why = why[:-len(": not found")]
+    kw: Dict[str, Any] = {"status_code": nf.status_code, "error_code": nf.error_code, "reason": why}
+    if _LOST in why:
+        lost = why.split(_LOST, 1)[1]
+        if any(w in lost.lower() for w in _OOM_WORDS):
+            return exc.OutOfMemoryException(f"{what}: {why}", cause="oom", **kw)
+        return exc.SandboxLostException(f"{what}: {why}", cause="lost", **kw)
+    if _TIMED_OUT in why:
+        return exc.TimeoutException(f"{what}: {why}", cause="sandbox_timeout", **kw)
+    if _KILLED in why:
+        return exc.SandboxNotFoundException(f"{what}: {why}", cause="killed", **kw)
+    return exc.SandboxNotFoundException(f"{what}: {why}", **kw)
+
+
+def maybe_gone(err: BaseException) -> bool:
+    """Whether an error of a call to envd may mean its sandbox is gone: a
+    stream cut in the middle, or the proxy's 502 (no sandbox to route to)."""
+    if not isinstance(err, exc.SandboxException) or err.cause is not None:
+        return False
+    return err.error_code == STREAM_BROKEN or err.status_code == 502
+
+
 def read_json(resp: Response, what: str) -> Any:
     raw = resp.read()
     if resp.status >= 300:
@@ -271,8 +311,17 @@ def read_json(resp: Response, what: str) -> Any:
 
 # --- Connect-RPC over HTTP/1.1, JSON codec ----------------------------------
 
+# Explain turns the error of a call to envd into a more precise one when it
+# can (see EnvdConnection.explain): the sandbox may be gone.
+Explain = Callable[[BaseException], BaseException]
+
+
+def _explained(explain: Optional[Explain], err: BaseException) -> BaseException:
+    return explain(err) if explain is not None else err
+
+
 def connect_unary(t: Transport, base: str, headers: Dict[str, str], method: str, msg: Dict[str, Any],
-                  timeout: Optional[float]) -> Dict[str, Any]:
+                  timeout: Optional[float], explain: Optional[Explain] = None) -> Dict[str, Any]:
     h = dict(headers)
     h["Content-Type"] = "application/json"
     h["Connect-Protocol-Version"] = "1"
@@ -281,16 +330,18 @@ def connect_unary(t: Transport, base: str, headers: Dict[str, str], method: str,
     resp = t.request("POST", base + "/" + method, h, json.dumps(msg).encode(), timeout=timeout or None)
     raw = resp.read(t.max_message_bytes, method)
     if resp.status >= 300:
-        raise error_from_http(resp.status, raw, method)
+        raise _explained(explain, error_from_http(resp.status, raw, method))
     return (json.loads(raw) if raw else None) or {}
 
 
 class ServerStream:
     """Messages of a server-streaming call (5-byte envelopes, JSON payloads)."""
 
-    def __init__(self, resp: Response, method: str, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, resp: Response, method: str, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 explain: Optional[Explain] = None):
         self._resp, self._method = resp, method
         self._max = max_message_bytes
+        self._explain = explain
         self.closed = False
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -314,7 +365,11 @@ class ServerStream:
         except (OSError, http.client.HTTPException) as e:
             if self.closed:
                 return
-            raise exc.SandboxException(f"{self._method}: stream broken: {e}") from e
+            # The sandbox may have died under the call (its proxy cuts the
+            # stream): "stream broken" alone says nothing, so ask.
+            err = exc.SandboxException(f"{self._method}: stream broken: {e}", error_code=STREAM_BROKEN)
+            err.__cause__ = e
+            raise _explained(self._explain, err)
         finally:
             self.close()
 
@@ -324,7 +379,8 @@ class ServerStream:
 
 
 def connect_stream(t: Transport, base: str, headers: Dict[str, str], method: str, msg: Dict[str, Any],
-                   timeout: Optional[float], read_timeout: Optional[float]) -> ServerStream:
+                   timeout: Optional[float], read_timeout: Optional[float],
+                   explain: Optional[Explain] = None) -> ServerStream:
     h = dict(headers)
     h["Content-Type"] = "application/connect+json"
     h["Connect-Protocol-Version"] = "1"
@@ -334,8 +390,8 @@ def connect_stream(t: Transport, base: str, headers: Dict[str, str], method: str
     data = json.dumps(msg).encode()
     resp = t.request("POST", base + "/" + method, h, struct.pack(">BI", 0, len(data)) + data, timeout=read_timeout)
     if resp.status != 200:
-        raise error_from_http(resp.status, resp.read(), method)
-    return ServerStream(resp, method, t.max_message_bytes)
+        raise _explained(explain, error_from_http(resp.status, resp.read(), method))
+    return ServerStream(resp, method, t.max_message_bytes, explain)
 
 
 def basic_user(user: Optional[str]) -> Dict[str, str]:

@@ -64,6 +64,14 @@ class AsyncCommandHandle:
     def exit_code(self) -> Optional[int]:
         return self._h.exit_code
 
+    @property
+    def stdout_truncated(self) -> bool:
+        return self._h.stdout_truncated
+
+    @property
+    def stderr_truncated(self) -> bool:
+        return self._h.stderr_truncated
+
     async def wait(self) -> CommandResult:
         return await _run(self._h.wait)
 
@@ -95,12 +103,12 @@ class AsyncCommands:
                   user: Optional[str] = None, cwd: Optional[str] = None,
                   on_stdout: Optional[Callable[[str], Any]] = None, on_stderr: Optional[Callable[[str], Any]] = None,
                   stdin: Optional[bool] = None, timeout: Optional[float] = 60,
-                  request_timeout: Optional[float] = None) -> Any:
+                  request_timeout: Optional[float] = None, max_output: Optional[int] = None) -> Any:
         """As ``Commands.run``: a ``CommandResult``, or an ``AsyncCommandHandle`` with ``background=True``."""
         loop = asyncio.get_running_loop()
         h = await _run(self._s.run, cmd, background=True, envs=envs, user=user, cwd=cwd,
                        on_stdout=_callback(on_stdout, loop), on_stderr=_callback(on_stderr, loop), stdin=stdin,
-                       timeout=timeout, request_timeout=request_timeout)
+                       timeout=timeout, request_timeout=request_timeout, max_output=max_output)
         handle = AsyncCommandHandle(h)
         if background:
             return handle

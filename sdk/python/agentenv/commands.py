@@ -27,8 +27,15 @@ class CommandHandle:
 
     def __init__(self, pid: int, stream: ServerStream, events: Iterator[Dict[str, Any]], kill: Callable[[], bool],
                  on_stdout: Optional[OutputHandler] = None, on_stderr: Optional[OutputHandler] = None,
-                 background: bool = False, on_pty: Optional[PtyHandler] = None):
+                 background: bool = False, on_pty: Optional[PtyHandler] = None,
+                 max_output: Optional[int] = None):
         self._pid = pid
+        # Characters of stdout and of stderr kept (each); the rest is
+        # dropped and counted, so a huge output cannot fill the client.
+        self._max_output = max_output
+        self._kept = {"stdout": 0, "stderr": 0}
+        self.stdout_truncated = False
+        self.stderr_truncated = False
         self._stream, self._events, self._kill = stream, events, kill
         self._on_stdout, self._on_stderr, self._on_pty = on_stdout, on_stderr, on_pty
         # Output in arrival order: (stdout, stderr, pty), one of them set.
@@ -76,6 +83,11 @@ class CommandHandle:
                                                  exit_code=int(end.get("exitCode", 0)), error=end.get("error"))
             if self._result is None and not self._stream.closed:
                 raise exc.SandboxException("the command's stream ended without an exit code")
+        except exc.TimeoutException as e:
+            if e.error_code == "deadline_exceeded" and e.cause is None:
+                # The command's own time limit: say so, with what it printed.
+                e.cause, e.stdout, e.stderr = "command_timeout", self.stdout, self.stderr
+            self._error = e
         except BaseException as e:  # handed to wait()
             self._error = e
         finally:
@@ -87,6 +99,8 @@ class CommandHandle:
         out = b64decode(data["stdout"]).decode("utf-8", "replace") if "stdout" in data else None
         err = b64decode(data["stderr"]).decode("utf-8", "replace") if "stderr" in data else None
         pty = b64decode(data["pty"]) if "pty" in data else None
+        if self._max_output is not None:
+            out, err = self._cap("stdout", out), self._cap("stderr", err)
         if out is None and err is None and pty is None:
             return
         with self._cond:
@@ -98,6 +112,16 @@ class CommandHandle:
             self._on_stdout(out)
         if err is not None and self._on_stderr is not None:
             self._on_stderr(err)
+
+    def _cap(self, name: str, text: Optional[str]) -> Optional[str]:
+        if text is None or self._max_output is None:
+            return text
+        room = self._max_output - self._kept[name]
+        if len(text) > room:
+            setattr(self, name + "_truncated", True)
+            text = text[:max(room, 0)]
+        self._kept[name] += len(text)
+        return text or None
 
     def wait(self, on_pty: Optional[PtyHandler] = None, on_stdout: Optional[OutputHandler] = None,
              on_stderr: Optional[OutputHandler] = None) -> CommandResult:
@@ -156,7 +180,7 @@ class Commands:
                user: Optional[str] = None) -> Dict[str, Any]:
         h = dict(self._envd.headers, **basic_user(user))
         return connect_unary(self._envd.transport, self._envd.base, h, _SERVICE + method, msg,
-                             self._envd.config.timeout(request_timeout))
+                             self._envd.config.timeout(request_timeout), self._envd.explain)
 
     def list(self, request_timeout: Optional[float] = None) -> List[ProcessInfo]:
         """The processes envd runs."""
@@ -185,14 +209,22 @@ class Commands:
     def run(self, cmd: str, background: bool = False, envs: Optional[Dict[str, str]] = None,
             user: Optional[str] = None, cwd: Optional[str] = None, on_stdout: Optional[OutputHandler] = None,
             on_stderr: Optional[OutputHandler] = None, stdin: Optional[bool] = None,
-            timeout: Optional[float] = DEFAULT_COMMAND_TIMEOUT, request_timeout: Optional[float] = None) -> Any:
+            timeout: Optional[float] = DEFAULT_COMMAND_TIMEOUT, request_timeout: Optional[float] = None,
+            max_output: Optional[int] = None) -> Any:
         """Runs ``cmd`` with ``/bin/bash -l -c``.
 
         Foreground: waits and returns a ``CommandResult``; raises
         ``CommandExitException`` on a non-zero exit code. ``background=True``:
         returns a ``CommandHandle`` at once. ``timeout`` (seconds, 0 = none)
         bounds the command's life: envd kills it then and the call raises
-        ``TimeoutException``.
+        ``TimeoutException`` (cause "command_timeout", with the output so far
+        in its ``stdout``/``stderr``). When the sandbox itself ends under the
+        command, the exception says how (``OutOfMemoryException``,
+        ``SandboxLostException``, ``TimeoutException`` with cause
+        "sandbox_timeout", ``SandboxNotFoundException``).
+        ``max_output`` (agentenv's own): keep at most this many characters
+        of stdout and of stderr each; the handle's ``stdout_truncated`` /
+        ``stderr_truncated`` say whether some was dropped.
         """
         proc: Dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": envs or {}}
         if cwd:
@@ -200,8 +232,9 @@ class Commands:
         msg = {"process": proc, "stdin": bool(stdin)}
         h = self._start_headers(user)
         stream = connect_stream(self._envd.transport, self._envd.base, h, _SERVICE + "Start", msg,
-                                timeout=timeout, read_timeout=self._read_timeout(request_timeout))
-        handle = self._handle(stream, on_stdout, on_stderr, background)
+                                timeout=timeout, read_timeout=self._read_timeout(request_timeout),
+                                explain=self._envd.explain)
+        handle = self._handle(stream, on_stdout, on_stderr, background, max_output=max_output)
         return handle if background else handle.wait()
 
     def connect(self, pid: int, timeout: Optional[float] = DEFAULT_COMMAND_TIMEOUT,
@@ -210,7 +243,7 @@ class Commands:
         """Attaches to a running process's output."""
         stream = connect_stream(self._envd.transport, self._envd.base, dict(self._envd.headers),
                                 _SERVICE + "Connect", {"process": {"pid": pid}}, timeout=timeout,
-                                read_timeout=self._read_timeout(request_timeout))
+                                read_timeout=self._read_timeout(request_timeout), explain=self._envd.explain)
         return self._handle(stream, on_stdout, on_stderr, background=True)
 
     def _start_headers(self, user: Optional[str]) -> Dict[str, str]:
@@ -222,7 +255,8 @@ class Commands:
         return max(self._envd.config.timeout(request_timeout), 60.0)
 
     def _handle(self, stream: ServerStream, on_stdout: Optional[OutputHandler], on_stderr: Optional[OutputHandler],
-                background: bool, on_pty: Optional[PtyHandler] = None) -> CommandHandle:
+                background: bool, on_pty: Optional[PtyHandler] = None,
+                max_output: Optional[int] = None) -> CommandHandle:
         events = iter(stream)
         pid = 0
         for ev in events:
@@ -232,4 +266,5 @@ class Commands:
                 break
         else:
             raise exc.SandboxException("the process stream ended before the process started")
-        return CommandHandle(pid, stream, events, lambda: self.kill(pid), on_stdout, on_stderr, background, on_pty)
+        return CommandHandle(pid, stream, events, lambda: self.kill(pid), on_stdout, on_stderr, background, on_pty,
+                             max_output)

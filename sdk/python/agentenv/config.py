@@ -8,7 +8,7 @@ import urllib.parse
 from typing import Dict, Optional, Tuple
 
 from . import exceptions as exc
-from ._transport import ENVD_PORT, Transport, read_json
+from ._transport import ENVD_PORT, Transport, gone_error, maybe_gone, read_json
 
 DEFAULT_API_URL = "http://127.0.0.1:3000"
 DEFAULT_REQUEST_TIMEOUT = 60.0
@@ -107,6 +107,7 @@ class EnvdConnection:
 
     def __init__(self, config: ConnectionConfig, sandbox_id: str, access_token: Optional[str]):
         self.config = config
+        self.sandbox_id = sandbox_id
         self.base = config.sandbox_url
         self.headers: Dict[str, str] = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
         if access_token:
@@ -115,3 +116,23 @@ class EnvdConnection:
     @property
     def transport(self) -> Transport:
         return self.config.transport
+
+    def explain(self, err: BaseException) -> BaseException:
+        """A more precise error than ``err`` when the sandbox is gone: after a
+        broken stream or the proxy's 502, the API says whether it ran out of
+        memory, was lost (and why), timed out (when) or was killed. ``err``
+        itself when the sandbox still runs or the API cannot say."""
+        if not maybe_gone(err):
+            return err
+        what = str(err).split(":", 1)[0]
+        try:
+            self.config.api("GET", "/sandboxes/" + urllib.parse.quote(self.sandbox_id, safe=""),
+                            request_timeout=min(self.config.request_timeout, 10.0),
+                            what=f"sandbox {self.sandbox_id}")
+        except exc.NotFoundException as nf:
+            better = gone_error(nf, self.sandbox_id, what)
+            better.__cause__ = err
+            return better
+        except Exception:  # the API is unreachable too: keep what we know
+            return err
+        return err

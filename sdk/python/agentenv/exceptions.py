@@ -5,6 +5,14 @@ Connect-RPC answer also carry its status (``status_code``), the server's
 machine-readable class (``error_code``), when there was one, and the
 server's own words without the SDK's context (``reason``).
 
+A failure that ended a sandbox or a command also says its ``cause``, one
+of ``CAUSES`` (None when the server said nothing more precise): after a
+broken stream or a 502 from the sandbox's proxy, the SDK asks the API what
+became of the sandbox and raises what it learns: ``OutOfMemoryException``
+or ``SandboxLostException`` (it died on its own), ``TimeoutException``
+with cause "sandbox_timeout" (it reached its timeout), or
+``SandboxNotFoundException`` with cause "killed".
+
 The hierarchy is E2B's: every class is a ``SandboxException`` except
 ``AuthenticationException`` (a missing or wrong API key or access token).
 A user's file or directory permission error is a plain ``SandboxException``
@@ -16,14 +24,25 @@ from __future__ import annotations
 from typing import Optional
 
 
+# What ended a sandbox or a command, as ``exception.cause`` gives it.
+CAUSES = (
+    "oom",              # the sandbox (or the command) ran out of memory
+    "lost",             # the sandbox died on its own, for the reason in ``reason``
+    "sandbox_timeout",  # the sandbox reached its timeout
+    "killed",           # the sandbox was killed (Sandbox.kill, by anyone)
+    "command_timeout",  # the command reached its own timeout; its output so far is kept
+)
+
+
 class _ServerError(Exception):
     def __init__(self, message: str = "", status_code: Optional[int] = None, error_code: Optional[str] = None,
-                 reason: Optional[str] = None):
+                 reason: Optional[str] = None, cause: Optional[str] = None):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.error_code = error_code
         self.reason = reason or message
+        self.cause = cause
 
 
 class SandboxException(_ServerError):
@@ -31,7 +50,15 @@ class SandboxException(_ServerError):
 
 
 class TimeoutException(SandboxException):
-    """A request, a command or the sandbox itself ran out of time."""
+    """A request, a command or the sandbox itself ran out of time.
+
+    ``cause`` says which: "command_timeout" (the command's ``timeout``;
+    ``stdout``/``stderr`` hold what it printed until then),
+    "sandbox_timeout" (the sandbox's own timeout ended it), or None (a
+    request that got no answer in time)."""
+
+    stdout: Optional[str] = None
+    stderr: Optional[str] = None
 
 
 class InvalidArgumentException(SandboxException):
@@ -52,6 +79,17 @@ class FileNotFoundException(NotFoundException):
 
 class SandboxNotFoundException(NotFoundException):
     """The sandbox does not exist (killed, timed out, or never created)."""
+
+
+class SandboxLostException(SandboxNotFoundException):
+    """The sandbox died on its own (agentenv's own class: E2B's sandboxes are
+    VMs that do not): ``reason`` is the server's why, e.g. its init process
+    exited. ``cause`` is "lost", or "oom" for ``OutOfMemoryException``."""
+
+
+class OutOfMemoryException(SandboxLostException):
+    """The sandbox died because its processes passed its memory limit
+    (agentenv's own class). Create it with more memory, or use less."""
 
 
 class AuthenticationException(_ServerError):

@@ -43,7 +43,7 @@ class Filesystem:
         h = dict(self._envd.headers, **basic_user(user))
         try:
             return connect_unary(self._envd.transport, self._envd.base, h, _SERVICE + method, msg,
-                                 self._envd.config.timeout(request_timeout))
+                                 self._envd.config.timeout(request_timeout), self._envd.explain)
         except exc.NotFoundException as e:
             raise _file_not_found(e) from e
 
@@ -71,7 +71,7 @@ class Filesystem:
                                             timeout=self._envd.config.timeout(request_timeout))
         if resp.status != 200:
             err = error_from_http(resp.status, resp.read(), f"read {path}")
-            raise _file_not_found(err) if isinstance(err, exc.NotFoundException) else err
+            raise _file_not_found(err) if isinstance(err, exc.NotFoundException) else self._envd.explain(err)
         if format == "stream":
             return resp.iter_chunks()
         data = resp.read()
@@ -98,7 +98,10 @@ class Filesystem:
             h["X-Metadata-" + k] = v
         resp = self._envd.transport.request("POST", self._files_url(path, user), h, body,
                                             timeout=self._envd.config.timeout(request_timeout))
-        out = read_json(resp, f"write {path}") or []
+        try:
+            out = read_json(resp, f"write {path}") or []
+        except exc.SandboxException as err:
+            raise self._envd.explain(err)
         if not out:
             raise exc.SandboxException(f"write {path}: envd answered without the written file")
         e = out[0]

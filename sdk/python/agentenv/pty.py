@@ -52,7 +52,7 @@ class Pty:
         msg = {"process": proc, "pty": {"size": _size(size)}}
         stream = connect_stream(self._envd.transport, self._envd.base, self._commands._start_headers(user),
                                 _SERVICE + "Start", msg, timeout=timeout,
-                                read_timeout=self._commands._read_timeout(request_timeout))
+                                read_timeout=self._commands._read_timeout(request_timeout), explain=self._envd.explain)
         return self._commands._handle(stream, None, None, background=True, on_pty=on_data)
 
     def connect(self, pid: int, timeout: Optional[float] = DEFAULT_COMMAND_TIMEOUT,
@@ -60,7 +60,7 @@ class Pty:
         """Attaches to a running terminal's output (from now on)."""
         stream = connect_stream(self._envd.transport, self._envd.base, dict(self._envd.headers),
                                 _SERVICE + "Connect", {"process": {"pid": pid}}, timeout=timeout,
-                                read_timeout=self._commands._read_timeout(request_timeout))
+                                read_timeout=self._commands._read_timeout(request_timeout), explain=self._envd.explain)
         return self._commands._handle(stream, None, None, background=True, on_pty=on_data)
 
     def send_stdin(self, pid: int, data: bytes, request_timeout: Optional[float] = None) -> None:

@@ -25,14 +25,16 @@ function you give::
 ``SandboxEnv`` follows ``gymnasium.Env`` (``reset(seed=, options=) -> (obs,
 info)``, ``step(a) -> (obs, reward, terminated, truncated, info)``);
 ``SandboxVectorEnv`` follows ``gymnasium.vector.VectorEnv`` (N at once,
-autoreset).
+autoreset, a task per sub-environment, ``step_async``/``step_wait``);
+``AsyncSandboxEnv`` and ``AsyncSandboxVectorEnv`` are both on asyncio.
 """
 
+from .aio import AsyncSandboxEnv, AsyncSandboxVectorEnv
 from .env import Action, Command, EditFile, Observation, SandboxEnv, WriteFile, parse_action
-from .vector import AutoresetMode, SandboxVectorEnv, make_vec
+from .vector import AutoresetMode, SandboxVectorEnv, TaskSampler, make_vec
 
 # The name used in docs and examples: Env.from_snapshot(id).
 Env = SandboxEnv
 
-__all__ = ["Action", "AutoresetMode", "Command", "EditFile", "Env", "Observation", "SandboxEnv", "SandboxVectorEnv",
-           "WriteFile", "make_vec", "parse_action"]
+__all__ = ["Action", "AsyncSandboxEnv", "AsyncSandboxVectorEnv", "AutoresetMode", "Command", "EditFile", "Env", "Observation", "SandboxEnv", "SandboxVectorEnv",
+           "TaskSampler", "WriteFile", "make_vec", "parse_action"]

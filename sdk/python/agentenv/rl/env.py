@@ -1,16 +1,24 @@
 """``SandboxEnv``: one RL environment over one sandbox at a time, in
 Gymnasium's shape, and its actions.
 
-An action the sandbox refuses (a missing file, a permission, a path that is
-a directory, a non-zero exit, a timeout) is part of the episode: ``step``
-returns it as an observation with ``ok`` False and a short ``error``, counts
-the step and keeps it in the trajectory. Only failures of the environment
-itself (the sandbox gone, the server unreachable, a bad API key) raise.
+An action that fails is part of the episode: ``step`` returns it as an
+observation with ``ok`` False, a short ``error`` and its ``cause``, counts
+the step and keeps it in the trajectory. Causes: "exit" (a non-zero exit),
+"command_timeout" (the action's timeout; the output so far is kept),
+"refused" (a missing file, a permission, a path that is a directory), and
+the ends of the sandbox itself: "oom", "lost", "sandbox_timeout",
+"killed". After the sandbox ended, every step returns that failure again
+with ``truncated`` True (no request is made) until ``reset`` starts a new
+sandbox. Only failures of the client itself (the server unreachable, a bad
+API key) raise.
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
@@ -26,11 +34,25 @@ if TYPE_CHECKING:
 @dataclass
 class Command:
     """Run ``cmd`` with ``/bin/bash -l -c`` (``cwd`` defaults to the env's
-    workdir); after ``timeout`` seconds it is killed (0: no limit)."""
+    workdir); after ``timeout`` seconds it is killed (0: no limit).
+
+    The observation keeps at most ``max_output`` characters of stdout and
+    of stderr each (the env's ``max_output`` when None); its
+    ``stdout_truncated``/``stderr_truncated`` say whether some was cut.
+
+    A job it starts in the background (``server &``) does not hold the
+    step open: with ``detach`` (None: when ``cmd`` has a ``&`` that may
+    start one) its stdout and stderr go to files in the sandbox and come
+    back, cut there, when its shell exits; the job keeps running, its later
+    output going nowhere (redirect it: ``server > log 2>&1 &``). That costs
+    a few ms (a process or two in the sandbox), so commands without ``&``
+    stream as they are."""
 
     cmd: str
     timeout: float = 60
     cwd: Optional[str] = None
+    max_output: Optional[int] = None
+    detach: Optional[bool] = None
 
 
 @dataclass
@@ -51,6 +73,7 @@ class EditFile:
 
 
 Action = Union[str, Command, WriteFile, EditFile, Dict[str, Any]]
+_action_ids = itertools.count()  # thread-safe in CPython: next() holds the GIL
 Observation = Dict[str, Any]
 Info = Dict[str, Any]
 # reward_fn(env, action, observation) -> reward, or (reward, terminated)
@@ -61,6 +84,11 @@ SetupFn = Callable[..., Any]
 
 # Longest error text an observation carries (the server's words, one line).
 _ERROR_CHARS = 300
+# Characters of stdout and of stderr an action's observation keeps by default.
+DEFAULT_MAX_OUTPUT = 1 << 20
+# Where an action's output waits in the sandbox until its shell exits (a
+# name per action follows).
+_OUT = "/tmp/.agentenv-action-"
 
 
 def parse_action(action: Action) -> Union[Command, WriteFile, EditFile]:
@@ -91,6 +119,8 @@ class SandboxEnv:
     :param max_steps: ``truncated`` becomes True at this many steps
     :param workdir: directory of commands and of relative paths
     :param sandbox_timeout: seconds each sandbox may live
+    :param max_output: characters of stdout and of stderr each command
+        action keeps (the rest is cut in the sandbox, never sent)
     :param sandbox_opts: passed to ``Sandbox.create`` (``api_key``, ``api_url``, ``envs``...)
     """
 
@@ -101,8 +131,12 @@ class SandboxEnv:
 
     def __init__(self, template: str = "base", setup: Optional[SetupFn] = None,
                  reward_fn: Optional[RewardFn] = None, max_steps: Optional[int] = None,
-                 workdir: str = "/home/user", sandbox_timeout: int = 600, **sandbox_opts: Any):
+                 workdir: str = "/home/user", sandbox_timeout: int = 600, max_output: int = DEFAULT_MAX_OUTPUT,
+                 **sandbox_opts: Any):
         self.template, self.setup, self.reward_fn = template, setup, reward_fn
+        self.max_output = max_output
+        # How the current sandbox ended (an observation with ok False), if it did.
+        self.ended: Optional[Observation] = None
         self.max_steps, self.workdir, self.sandbox_timeout = max_steps, workdir, sandbox_timeout
         self.sandbox_opts = sandbox_opts
         self.sandbox: Optional[Sandbox] = None
@@ -119,7 +153,7 @@ class SandboxEnv:
         ``options`` go to ``setup``, whose return value is the observation."""
         self.close()
         t0 = time.monotonic()
-        self.seed, self.steps, self.trajectory = seed, 0, []
+        self.seed, self.steps, self.trajectory, self.ended = seed, 0, [], None
         self.sandbox = Sandbox.create(self.template, timeout=self.sandbox_timeout, **self.sandbox_opts)
         obs: Any = None
         try:
@@ -140,13 +174,17 @@ class SandboxEnv:
             raise RuntimeError("call reset() before step()")
         t0 = time.monotonic()
         act = parse_action(action)
-        obs = self._act(act)
+        obs = dict(self.ended) if self.ended is not None else self._act(act)
+        if _sandbox_ended(obs) and self.ended is None:
+            self.ended = dict(obs)
         self.steps += 1
         reward, terminated = 0.0, False
         if self.reward_fn is not None:
             r = self.reward_fn(self, act, obs)
             reward, terminated = (float(r[0]), bool(r[1])) if isinstance(r, tuple) else (float(r), False)
         truncated = self.max_steps is not None and self.steps >= self.max_steps and not terminated
+        if self.ended is not None and not terminated:
+            truncated = True  # the sandbox is gone: the episode cannot go on
         self.trajectory.append((act, obs, reward))
         self.observation = obs
         return obs, reward, terminated, truncated, self._info(t0)
@@ -155,7 +193,11 @@ class SandboxEnv:
         """Kills the sandbox of the current episode."""
         if self.sandbox is not None:
             sbx, self.sandbox = self.sandbox, None
-            sbx.kill()
+            try:
+                sbx.kill()
+            except exc.SandboxException:
+                if self.ended is None:
+                    raise  # it ended already: nothing is left to kill
 
     def render(self) -> None:
         return None
@@ -213,7 +255,8 @@ class SandboxEnv:
 
     def _like(self, template: str) -> "SandboxEnv":
         return type(self)(template=template, setup=self.setup, reward_fn=self.reward_fn, max_steps=self.max_steps,
-                          workdir=self.workdir, sandbox_timeout=self.sandbox_timeout, **self.sandbox_opts)
+                          workdir=self.workdir, sandbox_timeout=self.sandbox_timeout, max_output=self.max_output,
+                          **self.sandbox_opts)
 
     def _info(self, t0: float) -> Info:
         return {"step": self.steps, "sandbox_id": self.sandbox.sandbox_id if self.sandbox else None,
@@ -236,9 +279,12 @@ class SandboxEnv:
                 except UnicodeDecodeError:
                     return _failed(kind, path, f"{path} is not a UTF-8 text file")
                 if act.old not in text:
-                    return _failed(kind, path, f"the text to replace is not in {path}")
+                    return dict(_failed(kind, path, f"the text to replace is not in {path}"), cause="no_match")
                 self._sbx.files.write(path, text.replace(act.old, act.new, 1))
         except exc.SandboxException as e:
+            ended = _ended(e)
+            if ended is not None:
+                return dict(_failed(kind, path, ended[1]), cause=ended[0])
             error = _refusal(e)
             if error is None:
                 raise
@@ -246,27 +292,47 @@ class SandboxEnv:
         return {"type": kind, "path": path, "ok": True}
 
     def _command(self, act: Command) -> Observation:
-        # Output is gathered as it comes, so a timeout keeps what came.
-        out: List[str] = []
-        err: List[str] = []
+        cap = self.max_output if act.max_output is None else act.max_output
         obs: Observation = {"type": "command", "ok": True, "stdout": "", "stderr": "", "exit_code": 0}
+        detach = _may_background(act.cmd) if act.detach is None else act.detach
+        out = f"{_OUT}{os.getpid()}-{next(_action_ids)}"
         try:
-            self._sbx.commands.run(act.cmd, cwd=act.cwd or self.workdir, timeout=act.timeout,
-                                   on_stdout=out.append, on_stderr=err.append)
+            self._sbx.commands.run(_detached(act.cmd, cap, out) if detach else act.cmd, cwd=act.cwd or self.workdir, timeout=act.timeout,
+                                   on_stdout=lambda o: _put(obs, "stdout", o),
+                                   on_stderr=lambda e: _put(obs, "stderr", e), max_output=cap + 1)
         except CommandExitException as e:
-            obs.update(ok=False, exit_code=e.exit_code, error=f"exit code {e.exit_code}")
-        except exc.TimeoutException as e:
-            if e.error_code != "deadline_exceeded":
-                raise  # not the command's own time limit: the sandbox is gone or unreachable
-            obs.update(ok=False, exit_code=124, timed_out=True, error=f"timed out after {act.timeout:g} s")
+            cause = "oom" if _says_oom(e.error) else "exit"
+            obs.update(ok=False, exit_code=e.exit_code, cause=cause, error=f"exit code {e.exit_code}")
         except exc.SandboxException as e:
-            # Refused before it ran (a missing or forbidden working directory).
-            error = _refusal(e)
-            if error is None:
-                raise
-            obs.update(ok=False, exit_code=None, error=error)
-        obs["stdout"], obs["stderr"] = "".join(out), "".join(err)
+            if isinstance(e, exc.TimeoutException) and e.cause == "command_timeout":
+                obs.update(ok=False, exit_code=124, timed_out=True, cause="command_timeout",
+                           error=f"timed out after {act.timeout:g} s")
+                if detach:
+                    self._leftover(obs, cap, out)
+            elif _ended(e) is not None:
+                cause, error = _ended(e)  # type: ignore[misc]
+                obs.update(ok=False, exit_code=None, cause=cause, error=error)
+            else:
+                # Refused before it ran (a missing or forbidden working directory).
+                error = _refusal(e)
+                if error is None:
+                    raise
+                obs.update(ok=False, exit_code=None, cause="refused", error=error)
+        for name in ("stdout", "stderr"):
+            # Kept one character over the cap: that one says it was cut.
+            if len(obs[name]) > cap:
+                obs[name], obs[name + "_truncated"] = obs[name][:cap], True
         return obs
+
+    def _leftover(self, obs: Observation, cap: int, out: str) -> None:
+        """The output a timed-out action left in its files (its shell was
+        killed before it could send them); best effort."""
+        try:
+            r = self._sbx.commands.run(f'head -c {cap + 1} "{out}.o"; head -c {cap + 1} "{out}.e" >&2; '
+                                       f'rm -f "{out}.o" "{out}.e"; true', timeout=10, max_output=cap + 1)
+        except exc.SandboxException:
+            return
+        obs["stdout"], obs["stderr"] = r.stdout, r.stderr
 
     @property
     def _sbx(self) -> Sandbox:
@@ -274,8 +340,58 @@ class SandboxEnv:
         return self.sandbox
 
 
+def _detached(cmd: str, cap: int, out: str) -> str:
+    """cmd, run so that what it starts in the background cannot hold the
+    action open: envd ends a command's stream when its stdout and stderr
+    pipes close, and a background job keeps them open for as long as it
+    runs. Its output goes to files (out.o, out.e) that the shell sends, cut,
+    on exit. POSIX sh (busybox's bash is ash); an empty file costs no
+    process (head, rm are processes: a few ms each in gVisor), and the
+    empty files of earlier actions go with the next rm."""
+    n = cap + 1
+    return (f'__o={out}; (\n{cmd}\n) >"$__o.o" 2>"$__o.e" </dev/null; __rc=$?; '
+            f'if [ -s "$__o.o" ] || [ -s "$__o.e" ]; then '
+            f'[ -s "$__o.o" ] && head -c {n} "$__o.o"; [ -s "$__o.e" ] && head -c {n} "$__o.e" >&2; '
+            f'rm -f {_OUT}*; fi; exit $__rc')
+
+
+# A "&" that is an operator, not part of "&&", ">&", "&>", "|&" or "<&".
+_BACKGROUND = re.compile(r"(?<![&>|<])&(?![&>])")
+
+
+def _may_background(cmd: str) -> bool:
+    """Whether cmd may start a background job (quotes are not parsed: a
+    quoted "&" detaches too, which costs only time)."""
+    return bool(_BACKGROUND.search(cmd))
+
+
+def _put(obs: Observation, name: str, text: str) -> None:
+    obs[name] += text
+
+
+_SANDBOX_ENDS = ("oom", "lost", "sandbox_timeout", "killed")
+
+
+def _sandbox_ended(obs: Observation) -> bool:
+    return obs.get("cause") in _SANDBOX_ENDS and obs.get("exit_code") is None
+
+
+def _ended(e: exc.SandboxException) -> Optional[Tuple[str, str]]:
+    """(cause, error) when e says the sandbox itself ended; None otherwise."""
+    if not isinstance(e, exc.SandboxNotFoundException) and e.cause != "sandbox_timeout":
+        return None
+    cause = e.cause or "killed"
+    text = (e.reason or e.message).strip().splitlines() or [type(e).__name__]
+    error = text[0] if len(text[0]) <= _ERROR_CHARS else text[0][:_ERROR_CHARS - 1] + "…"
+    return cause, error
+
+
+def _says_oom(error: Optional[str]) -> bool:
+    return bool(error) and any(w in error.lower() for w in ("out of memory", "oom"))  # type: ignore[union-attr]
+
+
 def _failed(kind: str, path: str, error: str) -> Observation:
-    return {"type": kind, "path": path, "ok": False, "error": error}
+    return {"type": kind, "path": path, "ok": False, "error": error, "cause": "refused"}
 
 
 def _refusal(e: exc.SandboxException) -> Optional[str]:
