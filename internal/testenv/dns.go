@@ -3,6 +3,7 @@ package testenv
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -19,32 +20,50 @@ type DNS struct {
 	// Queries counts the queries it answered.
 	Queries atomic.Int64
 	names   map[string]netip.Addr
+	close   func()
 }
+
+// Close stops the server.
+func (d *DNS) Close() { d.close() }
 
 // FakeDNS starts a DNS on loopback that resolves names (without the final
 // dot, lower case) to their IPv4 addresses; it stops when the test ends.
 func FakeDNS(t testing.TB, names map[string]string) *DNS {
 	t.Helper()
+	d, err := StartDNS(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return d
+}
+
+// StartDNS is FakeDNS for a server that outlives one test: Close stops it.
+func StartDNS(names map[string]string) (*DNS, error) {
 	d := &DNS{names: map[string]netip.Addr{}}
 	for n, a := range names {
-		d.names[strings.ToLower(n)] = netip.MustParseAddr(a)
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, err
+		}
+		d.names[strings.ToLower(n)] = ip
 	}
 	var pc net.PacketConn
 	var ln net.Listener
 	for i := 0; ; i++ {
 		var err error
 		if pc, err = net.ListenPacket("udp4", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if ln, err = net.Listen("tcp4", pc.LocalAddr().String()); err == nil {
 			break
 		}
 		pc.Close()
 		if i == 20 {
-			t.Fatalf("fake DNS: no port free for both UDP and TCP: %v", err)
+			return nil, fmt.Errorf("fake DNS: no port free for both UDP and TCP: %w", err)
 		}
 	}
-	t.Cleanup(func() { pc.Close(); ln.Close() })
+	d.close = func() { pc.Close(); ln.Close() }
 	d.Addr = pc.LocalAddr().String()
 	go func() {
 		buf := make([]byte, 65535)
@@ -86,7 +105,7 @@ func FakeDNS(t testing.TB, names map[string]string) *DNS {
 			}()
 		}
 	}()
-	return d
+	return d, nil
 }
 
 // answer builds the response to one query, nil for what is not a query.

@@ -1,0 +1,44 @@
+package server_test
+
+import (
+	"strings"
+	"testing"
+)
+
+// A sandbox with egress resolves names through its gateway (the slot's
+// forwarder, here to the tests' resolver on loopback) and reaches what
+// they name; without egress its lookups are refused at once. What the
+// policy blocks is refused too, not left to time out.
+func TestSandboxDNS(t *testing.T) {
+	e := sharedServer(t)
+	in := fakeInternet(t, e)
+	sb := e.createRaw(t, map[string]any{"templateID": "busybox"})
+	res := e.sh(t, sb, "cat /etc/resolv.conf; timeout 10 nslookup known.agentenv.test 2>&1; echo exit=$?")
+	out := string(res.Stdout)
+	if !strings.Contains(out, "nameserver 169.254.0.22") {
+		t.Errorf("resolv.conf in the sandbox: got %q, want nameserver 169.254.0.22", out)
+	}
+	if !strings.Contains(out, "203.0.113.77") || !strings.Contains(out, "exit=0") {
+		t.Errorf("nslookup known.agentenv.test with egress: got %q, want 203.0.113.77", out)
+	}
+	// libc's resolver (wget) and the fake internet behind the name.
+	res = e.sh(t, sb, "timeout 10 wget -q -O - http://inet.agentenv.test:7777/ 2>&1; echo exit=$?")
+	if got := string(res.Stdout); !strings.Contains(got, "hello from the fake internet") {
+		t.Errorf("wget by name: got %q, want the fake internet's page", got)
+	}
+	// A blocked address (a private one of the fake internet) is refused.
+	res = e.sh(t, sb, "nc "+strings.Replace(in.private, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
+	if got := strings.ToLower(string(res.Stdout)); !strings.Contains(got, "refused") {
+		t.Errorf("nc to the blocked %s: got %q, want connection refused", in.private, got)
+	}
+
+	off := e.createRaw(t, map[string]any{"templateID": "busybox", "allow_internet_access": false})
+	res = e.sh(t, off, "timeout 10 nslookup known.agentenv.test 2>&1; echo exit=$?")
+	if got := string(res.Stdout); strings.Contains(got, "203.0.113.77") || !strings.Contains(got, "REFUSED") {
+		t.Errorf("nslookup with egress off: got %q, want REFUSED and no address", got)
+	}
+	res = e.sh(t, off, "nc "+strings.Replace(in.public, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
+	if got := strings.ToLower(string(res.Stdout)); !strings.Contains(got, "refused") {
+		t.Errorf("nc to %s with egress off: got %q, want connection refused", in.public, got)
+	}
+}
