@@ -2,6 +2,7 @@ package netns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -54,10 +55,24 @@ func (m *Manager) Blocked() []netip.Prefix {
 // networks, and another server fences its own in.
 var slotLink = regexp.MustCompile(`^ae[a-z0-9]{0,3}-[0-9]+$`)
 
+// redump runs a netlink dump again while links or routes changing at the
+// same time interrupt it (another server's slots come and go), whose
+// results may be incomplete.
+func redump[T any](dump func() (T, error)) (T, error) {
+	for try := 0; ; try++ {
+		out, err := dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || try == 20 {
+			return out, err
+		}
+	}
+}
+
 // hostNetworks reads the host's IPv4 addresses and the subnets it reaches
 // directly (its addresses' prefixes and the main table's link-scope
 // routes), leaving out agentenv slots.
-func hostNetworks() ([]netip.Prefix, error) {
+func hostNetworks() ([]netip.Prefix, error) { return redump(readHostNetworks) }
+
+func readHostNetworks() ([]netip.Prefix, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, err

@@ -375,7 +375,7 @@ func (m *Manager) CheckRange() error {
 	if m.loopback {
 		return nil
 	}
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := redump(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return err
 	}
@@ -437,7 +437,7 @@ func (m *Manager) Leftovers() ([]int, error) {
 			seen[i] = true
 		}
 	}
-	links, err := netlink.LinkList()
+	links, err := redump(netlink.LinkList)
 	if err != nil {
 		return nil, err
 	}
