@@ -48,6 +48,7 @@ const (
 	// (the sandbox's resolver retries).
 	maxUDPInFlight = 64
 	maxTCPConns    = 8
+	maxQuery       = 4096
 )
 
 // resolvers are the upstreams forwarders send to: a fixed list, or the
@@ -190,7 +191,9 @@ func (f *forwarder) close() {
 
 func (f *forwarder) serveUDP() {
 	defer f.wg.Done()
-	buf := make([]byte, 65535)
+	// Queries are small (a question and EDNS options): a buffer this size
+	// per slot, not 64 KiB; a longer datagram is dropped.
+	buf := make([]byte, maxQuery)
 	for {
 		n, from, err := f.udp.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -199,7 +202,7 @@ func (f *forwarder) serveUDP() {
 			}
 			continue
 		}
-		if n < dnsHeaderLen || buf[2]&0x80 != 0 || from.Addr() != internalAddr {
+		if n < dnsHeaderLen || n == len(buf) || buf[2]&0x80 != 0 || from.Addr() != internalAddr {
 			continue
 		}
 		if !f.on.Load() {

@@ -304,3 +304,58 @@ func TestBlockedTrafficIsRefused(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkDNSForwarder measures a UDP query from a sandbox through its
+// slot's forwarder to a resolver on loopback and back.
+func BenchmarkDNSForwarder(b *testing.B) {
+	testenv.NeedRoot(b)
+	m, err := netns.NewManager(testCIDR, testTag)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.InstallFirewall(ctx); err != nil {
+		b.Fatalf("InstallFirewall: %v", err)
+	}
+	b.Cleanup(func() { m.RemoveFirewall(context.Background()) })
+	upstream := testenv.FakeDNS(b, map[string]string{"known.test": "198.51.100.7"})
+	if err := m.SetResolvers([]string{upstream.Addr}); err != nil {
+		b.Fatal(err)
+	}
+	m.Delete(ctx, m.SlotFor(33))
+	slot, err := m.Create(ctx, 33)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Delete(context.Background(), slot) })
+	if err := m.Activate(ctx, slot); err != nil {
+		b.Fatal(err)
+	}
+	if err := m.SetEgress(ctx, slot, netns.Egress{Internet: true}); err != nil {
+		b.Fatal(err)
+	}
+	s := standIn(b, slot)
+	var c net.Conn
+	if err := s.do(func() (err error) {
+		c, err = net.Dial("udp4", net.JoinHostPort(netns.GatewayIP.String(), "53"))
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	q := query(1, "known.test")
+	buf := make([]byte, 512)
+	start := cpuTime(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(q); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Read(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-us/op")
+}

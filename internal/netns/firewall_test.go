@@ -71,7 +71,7 @@ func TestMark(t *testing.T) {
 // the runtime would address the sandbox, and serves "hi" on port 8080
 // there: a sandbox without gVisor. Traffic only goes to namespaces the
 // test made.
-func standIn(t *testing.T, slot netns.Slot) *stand {
+func standIn(t testing.TB, slot netns.Slot) *stand {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := vnetns.Get()
@@ -141,7 +141,7 @@ func standIn(t *testing.T, slot netns.Slot) *stand {
 
 // stand is a stand-in sandbox (standIn).
 type stand struct {
-	t  *testing.T
+	t  testing.TB
 	ns vnetns.NsHandle
 }
 
@@ -182,7 +182,7 @@ func (s *stand) read(addr string) (string, error) {
 	return readConn(c)
 }
 
-func mustPath(t *testing.T, slot netns.Slot) int {
+func mustPath(t testing.TB, slot netns.Slot) int {
 	t.Helper()
 	ns, err := vnetns.GetFromPath(slot.Path())
 	if err != nil {
