@@ -27,7 +27,7 @@ func TestSandboxDNS(t *testing.T) {
 		t.Errorf("wget by name: got %q, want the fake internet's page", got)
 	}
 	// A blocked address (a private one of the fake internet) is refused.
-	res = e.sh(t, sb, "nc "+strings.Replace(in.private, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
+	res = e.sh(t, sb, "timeout 5 nc "+strings.Replace(in.private, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
 	if got := strings.ToLower(string(res.Stdout)); !strings.Contains(got, "refused") {
 		t.Errorf("nc to the blocked %s: got %q, want connection refused", in.private, got)
 	}
@@ -37,7 +37,7 @@ func TestSandboxDNS(t *testing.T) {
 	if got := string(res.Stdout); strings.Contains(got, "203.0.113.77") || !strings.Contains(got, "REFUSED") {
 		t.Errorf("nslookup with egress off: got %q, want REFUSED and no address", got)
 	}
-	res = e.sh(t, off, "nc "+strings.Replace(in.public, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
+	res = e.sh(t, off, "timeout 5 nc "+strings.Replace(in.public, ":", " ", 1)+" </dev/null 2>&1; echo exit=$?")
 	if got := strings.ToLower(string(res.Stdout)); !strings.Contains(got, "refused") {
 		t.Errorf("nc to %s with egress off: got %q, want connection refused", in.public, got)
 	}
