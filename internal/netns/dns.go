@@ -232,27 +232,39 @@ func (f *forwarder) serveUDP() {
 func (f *forwarder) exchange(query []byte) []byte {
 	buf := make([]byte, 65535)
 	for _, addr := range f.up.list() {
-		c, err := net.DialTimeout("udp", addr, upstreamTimeout)
-		if err != nil {
-			continue
+		if answer, ok := f.ask(addr, query, buf); ok {
+			return answer
 		}
-		c.SetDeadline(time.Now().Add(upstreamTimeout))
-		if _, err := c.Write(query); err == nil {
-			for {
-				n, err := c.Read(buf)
-				if err != nil {
-					break
-				}
-				// The answer to this query: same ID, the response bit set.
-				if n >= dnsHeaderLen && buf[0] == query[0] && buf[1] == query[1] && buf[2]&0x80 != 0 {
-					c.Close()
-					return bytes.Clone(buf[:n])
-				}
-			}
-		}
-		c.Close()
 	}
 	return dnsError(query, rcodeServFail)
+}
+
+// ask sends query to one upstream and waits upstreamTimeout at most for
+// its answer (or until the forwarder closes).
+func (f *forwarder) ask(addr string, query, buf []byte) ([]byte, bool) {
+	c, err := net.DialTimeout("udp", addr, upstreamTimeout)
+	if err != nil {
+		return nil, false
+	}
+	defer c.Close()
+	if !f.track(c, true) {
+		return nil, false
+	}
+	defer f.track(c, false)
+	c.SetDeadline(time.Now().Add(upstreamTimeout))
+	if _, err := c.Write(query); err != nil {
+		return nil, false
+	}
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, false
+		}
+		// The answer to this query: same ID, the response bit set.
+		if n >= dnsHeaderLen && buf[0] == query[0] && buf[1] == query[1] && buf[2]&0x80 != 0 {
+			return bytes.Clone(buf[:n]), true
+		}
+	}
 }
 
 func (f *forwarder) serveTCP() {
@@ -288,7 +300,8 @@ func (f *forwarder) serveTCP() {
 	}
 }
 
-// track records an open connection (or forgets it); false once closed.
+// track records an open connection (or forgets it), for close to end it;
+// false once closed.
 func (f *forwarder) track(c net.Conn, add bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
