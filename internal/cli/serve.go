@@ -137,6 +137,7 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.StringVar(&cfg.Envd, "envd", "", "path of the envd binary (default: next to agentenv)")
 	f.StringVar(&cfg.NetworkCIDR, "network-cidr", "10.88.0.0/16", "host-side address range for sandbox network slots (/30 each)")
 	f.StringVar(&cfg.NetworkTag, "network-tag", "", "up to 3 characters that keep this server's namespace and interface names apart from another server's on the same host")
+	f.StringSliceVar(&cfg.DNSResolvers, "dns-resolver", nil, "resolvers (IP or IP:port, comma-separated) that sandboxes' DNS queries are forwarded to, from each sandbox's gateway address; default: the nameservers of the host's /etc/resolv.conf")
 	f.BoolVar(&cfg.NoCgroups, "no-cgroups", false, "run sandboxes without cgroup limits")
 	f.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", cfg.Limits.MaxSandboxes, "most sandboxes at once")
 	f.IntVar(&cfg.Limits.DefaultMemMB, "default-memory-mb", cfg.Limits.DefaultMemMB, "memory limit of a sandbox that asks for none")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/imagebuild/imagebuildtest"
+	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
@@ -557,7 +558,8 @@ func TestRecoverAfterCrash(t *testing.T) {
 }
 
 // With Config.Network, RUN steps run in the namespace it hands out (with
-// the host's resolv.conf) and release it; without, they have no network.
+// the gateway as resolver, where the slot's DNS forwarder listens) and
+// release it; without, they have no network.
 func TestRunNetwork(t *testing.T) {
 	e := newEnv(t, true)
 	testenv.NeedCommand(t, "ip", "creates the test's network namespace (iproute2)")
@@ -596,8 +598,8 @@ func TestRunNetwork(t *testing.T) {
 	if !strings.Contains(readTree(t, req.Tree, "netdev"), "lo") {
 		t.Errorf("no loopback in the build sandbox: %q", readTree(t, req.Tree, "netdev"))
 	}
-	if host, err := os.ReadFile("/etc/resolv.conf"); err == nil && readTree(t, req.Tree, "resolv") != strings.TrimSpace(string(host)) {
-		t.Errorf("resolv.conf in the sandbox differs from the host's")
+	if got, want := readTree(t, req.Tree, "resolv"), strings.TrimSpace(string(netns.ResolvConf())); got != want {
+		t.Errorf("got resolv.conf %q in the build sandbox, want %q (its gateway)", got, want)
 	}
 	if _, err := os.Lstat(filepath.Join(req.Tree, "etc/resolv.conf")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the lent resolv.conf stayed in the tree: %v", err)

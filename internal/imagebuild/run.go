@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime/cgroups"
 	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 	"github.com/agentenv/agentenv/internal/template"
@@ -173,20 +174,24 @@ func (bd *build) sandboxSpec(ctx context.Context, sb *sandbox, proc *specs.Proce
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(merged, "tmp"), Options: []string{"rbind", "rw"}})
 	}
 	sb.network = "none"
-	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
+	netNS := specs.LinuxNamespace{Type: specs.NetworkNamespace}
 	if bd.b.cfg.Network != nil {
 		nsPath, release, err := bd.b.cfg.Network(ctx)
 		if err != nil {
 			return fmt.Errorf("build sandbox network: %w", err)
 		}
 		sb.undo = append(sb.undo, release)
-		sb.network, netns.Path = "sandbox", nsPath
-		if _, err := os.Stat("/etc/resolv.conf"); err == nil {
-			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/etc/resolv.conf", Options: []string{"rbind", "ro"}})
-			sb.undo = append(sb.undo, dropMountPoint(merged, "etc/resolv.conf"))
+		sb.network, netNS.Path = "sandbox", nsPath
+		// The slot's resolver is its gateway (the slot's DNS forwarder),
+		// as in every sandbox; the host's resolver is not reachable.
+		resolv := filepath.Join(sb.dir, "resolv.conf")
+		if err := os.WriteFile(resolv, netns.ResolvConf(), 0o644); err != nil {
+			return err
 		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv, Options: []string{"rbind", "ro"}})
+		sb.undo = append(sb.undo, dropMountPoint(merged, "etc/resolv.conf"))
 	}
-	spec.Linux.Namespaces = append(spec.Linux.Namespaces, netns)
+	spec.Linux.Namespaces = append(spec.Linux.Namespaces, netNS)
 	// Every build sandbox has limits, whether or not the build asked
 	// for any: a step runs the template author's code.
 	bd.limits.apply(spec)

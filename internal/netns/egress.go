@@ -2,6 +2,7 @@ package netns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -54,10 +55,24 @@ func (m *Manager) Blocked() []netip.Prefix {
 // networks, and another server fences its own in.
 var slotLink = regexp.MustCompile(`^ae[a-z0-9]{0,3}-[0-9]+$`)
 
+// redump runs a netlink dump again while links or routes changing at the
+// same time interrupt it (another server's slots come and go), whose
+// results may be incomplete.
+func redump[T any](dump func() (T, error)) (T, error) {
+	for try := 0; ; try++ {
+		out, err := dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || try == 20 {
+			return out, err
+		}
+	}
+}
+
 // hostNetworks reads the host's IPv4 addresses and the subnets it reaches
 // directly (its addresses' prefixes and the main table's link-scope
 // routes), leaving out agentenv slots.
-func hostNetworks() ([]netip.Prefix, error) {
+func hostNetworks() ([]netip.Prefix, error) { return redump(readHostNetworks) }
+
+func readHostNetworks() ([]netip.Prefix, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, err
@@ -153,7 +168,8 @@ func insideAny(p netip.Prefix, nets []netip.Prefix) bool {
 	return false
 }
 
-// SetEgress installs (or replaces) the egress policy of a slot. The slot's
+// SetEgress installs (or replaces) the egress policy of a slot, and with
+// it whether the slot's DNS forwarder answers (with Internet). The slot's
 // own chain also drops anything not sent from the slot's address, so a
 // sandbox cannot pass for another. It runs no program: one netlink batch
 // (atomic) changes what differs from the slot's current policy, nothing
@@ -171,16 +187,18 @@ func (m *Manager) SetEgress(_ context.Context, slot Slot, e Egress) error {
 	if err := m.update(slot, r, want, true); err != nil {
 		return fmt.Errorf("apply the egress policy of slot %d (is the firewall installed?): %w", slot.Index, err)
 	}
-	return nil
+	// Names resolve where the internet is reachable (dns.go).
+	return m.setDNS(slot, e.Internet)
 }
 
 // ClearEgress removes a slot's policy (when its sandbox is gone): its
-// traffic is dropped. The slot's chain and sets stay for its next sandbox.
+// traffic is refused and its DNS forwarder answers no more. The slot's chain and sets stay for its next sandbox.
 // It is idempotent.
 func (m *Manager) ClearEgress(_ context.Context, slot Slot) error {
 	if m.loopback {
 		return nil
 	}
+	m.stopDNS(slot)
 	m.fw.RLock()
 	defer m.fw.RUnlock()
 	r := m.slotRules(slot.Index)

@@ -22,14 +22,17 @@ const firewallTable = "agentenv"
 //     with its mark (Mark, MarkSocket), so other host users and processes
 //     cannot reach a sandbox's ports directly (they are refused at once);
 //   - a sandbox may answer connections the host opened to it (envd, the
-//     proxy), but may not open connections to the host itself;
+//     proxy), but may not open connections to the host itself (its DNS
+//     resolver is in its own namespace: dns.go);
 //   - sandboxes cannot reach each other or anything else in this server's
 //     range, whatever their egress policy says;
 //   - what a sandbox may reach beyond the host is its egress policy
 //     (SetEgress), jumped to from the forward chain per slot; by default it
 //     excludes the host's networks and private ranges (see Blocked); the
 //     slots' chains are added later, through netlink (rules.go);
-//   - its traffic leaves the host masqueraded.
+//   - its traffic leaves the host masqueraded;
+//   - what a sandbox sends and may not is refused at once (chain refuse),
+//     not dropped: what is sent to a sandbox from elsewhere is dropped.
 //
 // Each server has its own table (by tag); replacing it is atomic, so calling
 // it again at every start is safe. The host's own addresses and connected
@@ -66,10 +69,17 @@ table inet %[1]s {
 	set internet {
 		type ifname;
 	}
+	# What a sandbox may not send is refused at once (a TCP reset, else
+	# ICMP admin-prohibited), so its tools fail in milliseconds instead of
+	# waiting for a timeout.
+	chain refuse {
+		meta l4proto tcp reject with tcp reset
+		reject with icmpx type admin-prohibited
+	}
 	chain input {
 		type filter hook input priority -10; policy accept;
 		iifname "%[2]s*" ct state established,related accept
-		iifname "%[2]s*" drop
+		iifname "%[2]s*" goto refuse
 	}
 	chain output {
 		type filter hook output priority -10; policy accept;
@@ -80,14 +90,14 @@ table inet %[1]s {
 	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
-		iifname "%[2]s*" oifname "%[2]s*" drop
-		iifname "%[2]s*" ip daddr %[3]s drop
-		iifname "%[2]s*" ip daddr @unreachable drop
+		iifname "%[2]s*" oifname "%[2]s*" goto refuse
+		iifname "%[2]s*" ip daddr %[3]s goto refuse
+		iifname "%[2]s*" ip daddr @unreachable goto refuse
 		oifname "%[2]s*" ct state established,related accept
 		oifname "%[2]s*" drop
 		iifname "%[2]s*" ct state established,related accept
 		iifname "%[2]s*" jump egress
-		iifname "%[2]s*" drop
+		iifname "%[2]s*" goto refuse
 	}
 	map slots {
 		type ifname : verdict

@@ -69,10 +69,9 @@ func TestMark(t *testing.T) {
 
 // standIn moves a slot's eth0 into a namespace of its own, addressed as
 // the runtime would address the sandbox, and serves "hi" on port 8080
-// there: a sandbox without gVisor. It returns a function that connects
-// from the stand-in to addr and reads what the server there says. Traffic
-// only goes to namespaces the test made.
-func standIn(t *testing.T, slot netns.Slot) func(addr string) (string, error) {
+// there: a sandbox without gVisor. Traffic only goes to namespaces the
+// test made.
+func standIn(t testing.TB, slot netns.Slot) *stand {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := vnetns.Get()
@@ -137,33 +136,53 @@ func standIn(t *testing.T, slot netns.Slot) func(addr string) (string, error) {
 			c.Close()
 		}
 	}()
-	return func(addr string) (string, error) {
-		runtime.LockOSThread()
-		here, err := vnetns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			return "", err
-		}
-		defer here.Close()
-		if err := vnetns.Set(sbx); err != nil {
-			runtime.UnlockOSThread()
-			return "", err
-		}
-		c, err := (&net.Dialer{Timeout: 2 * time.Second}).Dial("tcp", addr)
-		if err := vnetns.Set(here); err != nil {
-			// Leave the thread locked: the runtime discards it.
-			t.Errorf("back to the test's namespace: %v", err)
-			return "", err
-		}
-		runtime.UnlockOSThread()
-		if err != nil {
-			return "", err
-		}
-		return readConn(c)
-	}
+	return &stand{t: t, ns: sbx}
 }
 
-func mustPath(t *testing.T, slot netns.Slot) int {
+// stand is a stand-in sandbox (standIn).
+type stand struct {
+	t  testing.TB
+	ns vnetns.NsHandle
+}
+
+// do runs fn on a thread inside the stand-in's namespace.
+func (s *stand) do(fn func() error) error {
+	runtime.LockOSThread()
+	here, err := vnetns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer here.Close()
+	if err := vnetns.Set(s.ns); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	err = fn()
+	if serr := vnetns.Set(here); serr != nil {
+		// Leave the thread locked: the runtime discards it.
+		s.t.Errorf("back to the test's namespace: %v", serr)
+		return serr
+	}
+	runtime.UnlockOSThread()
+	return err
+}
+
+// read connects from the stand-in to addr and reads what the server
+// there says.
+func (s *stand) read(addr string) (string, error) {
+	var c net.Conn
+	err := s.do(func() (err error) {
+		c, err = (&net.Dialer{Timeout: 2 * time.Second}).Dial("tcp", addr)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return readConn(c)
+}
+
+func mustPath(t testing.TB, slot netns.Slot) int {
 	t.Helper()
 	ns, err := vnetns.GetFromPath(slot.Path())
 	if err != nil {
@@ -254,7 +273,7 @@ func TestFirewallOnlyMarkedConnectionsReachSandboxes(t *testing.T) {
 	if err := m.Activate(ctx, slot2); err != nil {
 		t.Fatalf("Activate: %v", err)
 	}
-	from2 := standIn(t, slot2)
+	from2 := standIn(t, slot2).read
 	all := []netip.Prefix{netip.MustParsePrefix(m.CIDR().String()), netip.MustParsePrefix(slot.SandboxIP.String() + "/32"), netip.MustParsePrefix("0.0.0.0/0")}
 	if err := m.SetEgress(ctx, slot2, netns.Egress{Internet: true, Allow: all}); err != nil {
 		t.Fatal(err)

@@ -96,6 +96,11 @@ type Manager struct {
 	installed bool
 	// loopback: no namespaces, veths or firewall (NewLoopback).
 	loopback bool
+
+	// Each slot's DNS forwarder (dns.go) and where they forward to.
+	dnsMu     sync.Mutex
+	dns       map[int]*forwarder
+	resolvers *resolvers
 }
 
 // NewManager returns a manager that carves /30 blocks out of cidr
@@ -116,7 +121,8 @@ func NewManager(cidr, tag string) (*Manager, error) {
 	}
 	// Names end in "-" + index, so that one server's wildcard (ae-*) never
 	// matches another's interfaces (aetst-*).
-	m := &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4, nsName: nsPrefix, ifName: linkPrefix + tag + "-", tag: tag}
+	m := &Manager{base: n.IP.To4(), max: 1 << (32 - ones) / 4, nsName: nsPrefix, ifName: linkPrefix + tag + "-", tag: tag,
+		resolvers: &resolvers{path: hostResolvConf}}
 	if tag != "" {
 		m.nsName = nsPrefix + tag + "-"
 	}
@@ -156,8 +162,9 @@ func (m *Manager) SlotFor(index int) Slot {
 }
 
 // Create makes slot index ready for a sandbox to start in: the namespace,
-// both veth pairs, the sandbox side addressed, the NAT rules. On error it
-// removes whatever it made.
+// both veth pairs, the sandbox side addressed, the NAT rules, the DNS
+// forwarder (answering once SetEgress allows it). On error it removes
+// whatever it made.
 func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) {
 	if index < 0 || index >= m.max {
 		return Slot{}, fmt.Errorf("slot %d outside the range (capacity %d)", index, m.max)
@@ -226,6 +233,9 @@ func (m *Manager) Create(ctx context.Context, index int) (slot Slot, err error) 
 		return slot, err
 	}
 	m.prepareEgress(slot)
+	if _, err := m.forwarderOf(slot); err != nil {
+		return slot, err
+	}
 	return slot, nil
 }
 
@@ -365,7 +375,7 @@ func (m *Manager) CheckRange() error {
 	if m.loopback {
 		return nil
 	}
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := redump(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return err
 	}
@@ -396,6 +406,7 @@ func (m *Manager) Delete(_ context.Context, slot Slot) error {
 		return nil
 	}
 	var errs []error
+	m.closeDNS(slot)
 	if err := m.removeEgress(slot); err != nil {
 		errs = append(errs, err)
 	}
@@ -426,7 +437,7 @@ func (m *Manager) Leftovers() ([]int, error) {
 			seen[i] = true
 		}
 	}
-	links, err := netlink.LinkList()
+	links, err := redump(netlink.LinkList)
 	if err != nil {
 		return nil, err
 	}

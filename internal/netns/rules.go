@@ -112,6 +112,10 @@ func ifname(name string) []byte {
 	return b
 }
 
+// refuse is the verdict for what a policy forbids: the table's refuse
+// chain, which rejects at once.
+func refuse() *expr.Verdict { return &expr.Verdict{Kind: expr.VerdictGoto, Chain: "refuse"} }
+
 func chainName(index int) string { return fmt.Sprintf("slot%d", index) }
 
 // rulesBatch collects the messages of one netlink batch on the server's
@@ -176,28 +180,29 @@ func (b *rulesBatch) make(slot Slot) {
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 	}
-	daddr := func(set string, v expr.VerdictKind) []expr.Any {
+	daddr := func(set string, v *expr.Verdict) []expr.Any {
 		return append(slices.Clone(ipv4),
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 			&expr.Lookup{SourceRegister: 1, SetName: set, SetID: ids[set]},
-			&expr.Verdict{Kind: v})
+			v)
 	}
+	accept := &expr.Verdict{Kind: expr.VerdictAccept}
 	saddr := slot.SandboxIP.To4()
 	rules := [][]expr.Any{
 		append(slices.Clone(ipv4),
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: saddr},
 			&expr.Verdict{Kind: expr.VerdictDrop}),
-		daddr(explicit, expr.VerdictAccept),
-		daddr("blocked", expr.VerdictDrop),
-		daddr(allow, expr.VerdictAccept),
-		daddr(deny, expr.VerdictDrop),
+		daddr(explicit, accept),
+		daddr("blocked", refuse()),
+		daddr(allow, accept),
+		daddr(deny, refuse()),
 		{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Lookup{SourceRegister: 1, SetName: "internet"},
 			&expr.Verdict{Kind: expr.VerdictAccept},
 		},
-		{&expr.Verdict{Kind: expr.VerdictDrop}},
+		{refuse()},
 	}
 	for _, r := range rules {
 		b.c.AddRule(&nftables.Rule{Table: b.t, Chain: chain, Exprs: r})

@@ -26,6 +26,11 @@ import (
 //			type filter hook input priority filter; policy drop;
 //			iifname "lo" accept
 //			ct state established,related accept
+//			# the slot's DNS forwarder (dns.go)
+//			iifname "gw0" ip daddr 169.254.0.22 udp dport 53 accept
+//			iifname "gw0" ip daddr 169.254.0.22 tcp dport 53 accept
+//			iifname "gw0" meta l4proto tcp reject with tcp reset
+//			iifname "gw0" reject with icmp type admin-prohibited
 //		}
 //		chain prerouting {
 //			type nat hook prerouting priority dstnat; policy accept;
@@ -38,8 +43,10 @@ import (
 //	}
 //
 // Forwarding only between the sandbox and the uplink (with the sandbox's
-// own address: anti-spoofing), nothing for the namespace's kernel, and
-// the NAT between the fixed internal address and the slot's address.
+// own address: anti-spoofing), nothing for the namespace's kernel but the
+// DNS forwarder's port on the gateway address (anything else the sandbox
+// sends to the gateway is refused at once), and the NAT between the fixed
+// internal address and the slot's address.
 func addSlotTable(slot Slot) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -60,14 +67,37 @@ func addSlotTable(slot Slot) error {
 		rule(iif(gatewayIf), oif(uplinkIf), ipField(12, internal), verdict(expr.VerdictAccept)),
 		rule(iif(uplinkIf), oif(gatewayIf), ctAny(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept)),
 		rule(iif(uplinkIf), oif(gatewayIf), ipField(16, internal), ctAny(expr.CtKeySTATUS, ipsDstNAT), verdict(expr.VerdictAccept)))
+	gateway := []byte(GatewayIP.To4())
 	chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter, &drop,
 		rule(iif("lo"), verdict(expr.VerdictAccept)),
-		rule(ctAny(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept)))
+		rule(ctAny(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept)),
+		rule(iif(gatewayIf), ipField(16, gateway), dport(unix.IPPROTO_UDP, dnsPort), verdict(expr.VerdictAccept)),
+		rule(iif(gatewayIf), ipField(16, gateway), dport(unix.IPPROTO_TCP, dnsPort), verdict(expr.VerdictAccept)),
+		rule(iif(gatewayIf), l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}),
+		rule(iif(gatewayIf), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}}))
 	chain("prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, &accept,
 		rule(iif(uplinkIf), ipField(16, sandbox), nat(expr.NATTypeDestNAT, internal)))
 	chain("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource, &accept,
 		rule(oif(uplinkIf), ipField(12, internal), nat(expr.NATTypeSourceNAT, sandbox)))
 	return c.Flush()
+}
+
+// icmpAdminProhibited is ICMP's "communication administratively
+// prohibited" code of destination unreachable.
+const icmpAdminProhibited = 13
+
+func l4proto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+// dport matches a UDP or TCP destination port.
+func dport(proto byte, port uint16) []expr.Any {
+	return append(l4proto(proto),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)})
 }
 
 // ipsDstNAT is the conntrack status bit of a destination-NATed connection

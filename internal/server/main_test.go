@@ -57,13 +57,25 @@ func startServer(t testing.TB, dataDir, cidr, tag string) *env {
 	return startServerWith(t, dataDir, cidr, tag, nil)
 }
 
+// testDNS is the resolver of the tests' servers (DNSResolvers), standing
+// in for the host's: it knows the names in testNames.
+var testDNS = sync.OnceValues(func() (*testenv.DNS, error) { return testenv.StartDNS(testNames) })
+
+// testNames are the names testDNS resolves: the fake internet's public
+// address (network_test.go) and one nothing serves.
+var testNames = map[string]string{"inet.agentenv.test": "198.51.100.7", "known.agentenv.test": "203.0.113.77"}
+
 // startServerWith is startServer with changes to its configuration.
 func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*server.Config)) *env {
 	envdDir := filepath.Join(dataDir, "bin")
 	os.MkdirAll(envdDir, 0o755)
+	dns, err := testDNS()
+	if err != nil {
+		t.Fatalf("the tests' DNS: %v", err)
+	}
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", ProxyListen: "127.0.0.1:0", DataDir: dataDir,
-		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag,
+		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag, DNSResolvers: []string{dns.Addr},
 		Domain: testDomain, ProxyTLS: server.ProxyTLS{Listen: "127.0.0.1:0"},
 		APIKey: testKey, APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, OperatorKey: operatorKey, Limits: testLimits(), SlotPool: testSlotPool, VolumeSizeMB: testVolumeMB, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
 		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),

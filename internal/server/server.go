@@ -40,6 +40,9 @@ type Config struct {
 	NetworkCIDR string
 	// NetworkTag keeps the network names of several servers on one host apart.
 	NetworkTag string
+	// DNSResolvers are where sandboxes' DNS queries go (IP or IP:port,
+	// through each slot's forwarder); none: the host's /etc/resolv.conf.
+	DNSResolvers []string
 	// Domain, if set, turns on the proxy's HTTPS listener (ProxyTLS) for
 	// https://<port>-<sandboxID>.<Domain>; the create answer's domain
 	// then names it.
@@ -427,7 +430,14 @@ func newRuntime(cfg Config, nets *netns.Manager) (runtime.Runtime, error) {
 func newNetwork(cfg Config) (*netns.Manager, error) {
 	switch cfg.Network {
 	case "", "namespaces":
-		return netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
+		m, err := netns.NewManager(cfg.NetworkCIDR, cfg.NetworkTag)
+		if err != nil {
+			return nil, err
+		}
+		if err := m.SetResolvers(cfg.DNSResolvers); err != nil {
+			return nil, fmt.Errorf("--dns-resolver: %w", err)
+		}
+		return m, nil
 	case "none":
 		return netns.NewLoopback(cfg.NetworkCIDR, cfg.NetworkTag)
 	}

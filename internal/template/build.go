@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/netns"
 )
 
 // Build builds (or rebuilds) a template and reports progress as it goes. A
@@ -364,6 +365,9 @@ func prepareRootfs(rootfs, envdBin string) error {
 	if err := EnsureRootUser(root); err != nil {
 		return err
 	}
+	if err := writeResolvConf(root); err != nil {
+		return err
+	}
 	for _, l := range []struct{ file, prefix, line string }{
 		{"etc/passwd", "user:", "user:x:1000:1000:user:/home/user:/bin/bash"},
 		{"etc/group", "user:", "user:x:1000:"},
@@ -381,6 +385,17 @@ func prepareRootfs(rootfs, envdBin string) error {
 		return nil
 	}
 	return err
+}
+
+// writeResolvConf names the sandbox's gateway as its resolver (the
+// forwarder of its network slot), replacing what the tree had: the host's
+// resolv.conf that debootstrap copied, or an image's link to a resolver
+// that does not run in a sandbox.
+func writeResolvConf(root *os.Root) error {
+	if err := root.Remove("etc/resolv.conf"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("replace /etc/resolv.conf: %w", err)
+	}
+	return root.WriteFile("etc/resolv.conf", netns.ResolvConf(), 0o644)
 }
 
 func ensureLine(root *os.Root, name, prefix, line string) error {
