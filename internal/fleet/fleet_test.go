@@ -188,7 +188,7 @@ func TestFleet(t *testing.T) {
 			{f.apiURLs[0][0] + "/metrics", `agentenv_fleet_nodes{role="api",state="alive"} 3`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_operation_duration_seconds_count{op="exec",role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_node_max_sandboxes{role="node"} 100`},
-			// Gauges of issue 21: the fleet's sandboxes by state and
+			// Gauges: the fleet's sandboxes by state and
 			// template on the API role, pools and stores on the node, the
 			// host on both.
 			{f.apiURLs[0][0] + "/metrics", `agentenv_sandboxes{role="api",state="running",template="busybox"}`},
@@ -199,7 +199,14 @@ func TestFleet(t *testing.T) {
 			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes_reaped_total{role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_host_cpu_seconds_total{mode="busy",role="node"}`},
 		} {
-			resp, err := f.nodeHTTP.Get(tc.url)
+			// The API role serves its metrics to the fleet's key only (they
+			// count every key's sandboxes); the node port needs none.
+			req, err := http.NewRequest(http.MethodGet, tc.url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("X-API-Key", apiKey)
+			resp, err := f.nodeHTTP.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

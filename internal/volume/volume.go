@@ -166,6 +166,15 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 	if !nameRE.MatchString(name) {
 		return Volume{}, errdefs.Invalid("invalid volume name %q: use 1 to 63 letters, digits, '_' or '-'", name)
 	}
+	// A new file system's metadata (the image is sparse: what mkfs
+	// writes) needs room on the host. Charged before the store's lock:
+	// the charge may measure what the volumes hold (DiskBytes), which
+	// takes that lock.
+	meter := s.cfg.Meter.Start(fmt.Sprintf("volume %q", name))
+	defer meter.Close()
+	if err := meter.Charge(newVolumeBytes); err != nil {
+		return Volume{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, v := range s.vols {
@@ -185,13 +194,6 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 		return Volume{}, err
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
-		return fail(err)
-	}
-	// A new file system's metadata (the image is sparse: what mkfs
-	// writes) needs room on the host.
-	meter := s.cfg.Meter.Start(fmt.Sprintf("volume %q", name))
-	defer meter.Close()
-	if err := meter.Charge(newVolumeBytes); err != nil {
 		return fail(err)
 	}
 	if v.SizeMB > 0 {

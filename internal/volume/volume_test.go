@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -286,5 +287,40 @@ func TestVolumeWriteMetered(t *testing.T) {
 	}
 	if _, err := s.WriteFile(v.ID, "/small", strings.NewReader("fits"), Attrs{}, true); err != nil {
 		t.Errorf("a small write after the refusal: %v", err)
+	}
+}
+
+// measuringMeter admits a charge after measuring what the volumes hold, as
+// the server's disk admission does when a byte budget is set.
+type measuringMeter struct{ s *Store }
+
+func (m measuringMeter) Charge(int64) error { m.s.DiskBytes(); return nil }
+func (m measuringMeter) Close()             {}
+
+// TestCreateChargesWithoutTheStoreLock: a volume's creation is charged
+// without holding the store's lock, which measuring the volumes takes (with
+// a byte budget, every volume create on a node hung).
+func TestCreateChargesWithoutTheStoreLock(t *testing.T) {
+	var s *Store
+	s, err := Open(Config{Dir: t.TempDir(), MaxVolumes: 8, Meter: func(string) diskmeter.Meter { return measuringMeter{s} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	done := make(chan error, 1)
+	go func() {
+		v, err := s.Create("", "measured")
+		if err == nil {
+			_, err = s.WriteFile(v.ID, "/f", strings.NewReader("data"), Attrs{}, true)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Create or WriteFile with a meter that measures the volumes did not return within 30 s (deadlock on the store's lock)")
 	}
 }
