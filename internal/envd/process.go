@@ -330,6 +330,9 @@ func (ps *processService) run(p *proc) error {
 			msg := err.Error()
 			end.Error = &msg
 		}
+		if k, ok := ps.s.guard.Killed(int(p.pid)); ok {
+			markOOM(end, k)
+		}
 		p.mu.Lock()
 		p.end = end
 		p.mu.Unlock()
