@@ -369,12 +369,15 @@ func kB(b []byte) (int64, bool) {
 }
 
 // markOOM makes end the end of a command whose process group lost a process
-// to the guard: exit code 137 (a shell's code for a child killed by
-// SIGKILL, what Linux's OOM killer leaves) and an error naming the cause.
+// to the guard: an error naming the cause and, when the guard killed the
+// command itself, exit code 137 (what a shell reports for a child killed by
+// SIGKILL, as by Linux's OOM killer). A command that outlived its killed
+// child keeps its own exit code.
 func markOOM(end *pb.ProcessEvent_EndEvent, k OOMKill) {
 	msg := k.Message()
-	end.ExitCode = 137
-	end.Exited = false
-	end.Status = "signal: killed (out of memory)"
 	end.Error = &msg
+	if !end.Exited {
+		end.ExitCode = 137
+		end.Status = "signal: killed (out of memory)"
+	}
 }
