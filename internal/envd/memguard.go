@@ -72,9 +72,10 @@ func guardHeadroom(total int64) int64 {
 
 // guardInterval is the wait before the next poll when avail bytes of total
 // are free: the time guardRate needs to use what is left above the
-// headroom, within [guardMinPoll, guardMaxPoll].
+// headroom and above what it may have allocated unseen (guardLag), within
+// [guardMinPoll, guardMaxPoll].
 func guardInterval(total, avail int64) time.Duration {
-	left := avail - guardHeadroom(total)
+	left := avail - guardHeadroom(total) - int64(guardRate*guardLag.Seconds())
 	d := time.Duration(float64(left) / guardRate * float64(time.Second))
 	return min(max(d, guardMinPoll), guardMaxPoll)
 }
@@ -101,7 +102,9 @@ func (g *growth) observe(used int64, now time.Time) float64 {
 	case !g.valid:
 		g.last, g.at, g.valid = used, now, true
 	case used != g.last:
-		if dt := now.Sub(g.at).Seconds(); dt > 0 {
+		// A step holds what grew since the sentry's last scan, at most
+		// guardLag ago: a step after a quiet while is not slow growth.
+		if dt := min(now.Sub(g.at), guardLag).Seconds(); dt > 0 {
 			g.rate = float64(used-g.last) / dt
 		}
 		g.last, g.at = used, now
@@ -205,9 +208,10 @@ func (g *MemoryGuard) Run(ctx context.Context) error {
 		if rate > 0 {
 			wait = min(wait, 2*guardMinPoll)
 		}
-		if overLine(total, used, rate) && !last.holds(g.Proc, &grow, now) {
+		held := last.holds(used, now)
+		if overLine(total, used, rate) && !held {
 			if k, ok := g.kill(total, used); ok {
-				last = pending{pid: k.PID, at: now}
+				last = pending{pid: k.PID, at: now, used: used}
 				grow = growth{}
 				wait = guardMinPoll
 			} else {
@@ -220,25 +224,21 @@ func (g *MemoryGuard) Run(ctx context.Context) error {
 
 // pending is a kill whose memory may not be back yet.
 type pending struct {
-	pid    int
-	at     time.Time
-	goneAt time.Time // when the guard first saw it gone
+	pid  int
+	at   time.Time
+	used int64 // meminfo's count when the guard killed
 }
 
-// holds reports whether the guard must wait before it kills again: the
-// victim still runs, or meminfo has not moved since it went (its count
-// lags), for at most guardExitWait after the kill.
-func (p *pending) holds(proc string, grow *growth, now time.Time) bool {
-	if p.pid == 0 || now.Sub(p.at) > guardExitWait {
+// holds reports whether the guard must wait before it kills again: until
+// meminfo, which lags and may still rise after the kill, comes down below
+// its count at the kill; at most guardExitWait. (PIDs are no help: gVisor
+// hands a killed process's PID to the next one.)
+func (p *pending) holds(used int64, now time.Time) bool {
+	if p.pid == 0 || now.Sub(p.at) > guardExitWait || used < p.used {
+		p.pid = 0 // what grows from here is another process's
 		return false
 	}
-	if alive(proc, p.pid) {
-		return true
-	}
-	if p.goneAt.IsZero() {
-		p.goneAt = now
-	}
-	return !grow.valid || !grow.at.After(p.goneAt)
+	return true
 }
 
 // kill kills the process holding the most memory, if one holds enough.
@@ -263,13 +263,15 @@ func (g *MemoryGuard) kill(limit, used int64) (OOMKill, bool) {
 	return k, true
 }
 
-// biggest returns the process under proc, other than self and init, with
+// biggest returns the process under proc, other than self, init and
+// envd's children not yet past their exec (they show envd's memory), with
 // the most resident memory.
 func biggest(proc string, self int) (pid int, rss int64) {
 	ents, err := os.ReadDir(proc)
 	if err != nil {
 		return 0, 0
 	}
+	selfExe, _ := os.Readlink(proc + "/" + strconv.Itoa(self) + "/exe")
 	page := int64(os.Getpagesize())
 	buf := make([]byte, 128)
 	for _, e := range ents {
@@ -290,22 +292,15 @@ func biggest(proc string, self int) (pid int, rss int64) {
 		if err != nil {
 			continue
 		}
-		if r*page > rss {
-			pid, rss = p, r*page
+		if r*page <= rss {
+			continue
 		}
+		if exe, err := os.Readlink(proc + "/" + e.Name() + "/exe"); err == nil && exe == selfExe && selfExe != "" {
+			continue
+		}
+		pid, rss = p, r*page
 	}
 	return pid, rss
-}
-
-// alive reports whether pid still runs (a zombie has freed its memory).
-func alive(proc string, pid int) bool {
-	b, err := readSmall(proc+"/"+strconv.Itoa(pid)+"/stat", make([]byte, 512))
-	if err != nil {
-		return false
-	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 func readComm(proc string, pid int) string {
