@@ -53,6 +53,10 @@ const (
 	// guardIdlePoll is the interval while memory is over the line and no
 	// process holds enough of it to be worth killing (files fill it).
 	guardIdlePoll = 100 * time.Millisecond
+	// guardFastGrowth is the growth above which the guard polls every
+	// 2 × guardMinPoll, to see the steps of a fast allocation early;
+	// idle sandboxes' counts move by pages, far below it.
+	guardFastGrowth = 256 << 20 // bytes per second
 	// guardMinVictim is the least memory a process must hold to be
 	// killed: killing a small process when files fill the memory saves
 	// nothing.
@@ -205,7 +209,7 @@ func (g *MemoryGuard) Run(ctx context.Context) error {
 		used := total - avail
 		rate := grow.observe(used, now)
 		wait := guardInterval(total, avail)
-		if rate > 0 {
+		if rate > guardFastGrowth {
 			wait = min(wait, 2*guardMinPoll)
 		}
 		held := last.holds(used, now)
