@@ -144,6 +144,27 @@ type MemoryGuard struct {
 
 	mu     sync.Mutex
 	killed map[int]OOMKill // by process group
+
+	wakeOnce sync.Once
+	wakeCh   chan struct{}
+}
+
+// Started tells the guard that envd started a process. A guard with no
+// process to watch (envd alone in the sandbox) does not poll: it waits
+// for this.
+func (g *MemoryGuard) Started() {
+	if g == nil {
+		return
+	}
+	select {
+	case g.wake() <- struct{}{}:
+	default:
+	}
+}
+
+func (g *MemoryGuard) wake() chan struct{} {
+	g.wakeOnce.Do(func() { g.wakeCh = make(chan struct{}, 1) })
+	return g.wakeCh
 }
 
 // guardMarksMax bounds the marks of groups that no command collects
@@ -191,11 +212,27 @@ func (g *MemoryGuard) Run(ctx context.Context) error {
 	defer t.Stop()
 	var grow growth
 	var last pending // the last kill, until its memory is back
+	wake := g.wake()
+	polls := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+		case <-wake:
+			// A process started: poll now (the timer may be stopped).
+			t.Stop()
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		// Each poll costs the sentry ~1 ms of CPU; an idle pool of
+		// sandboxes with envd alone in them must not pay it.
+		if polls++; polls%guardAloneEvery == 1 && alone(g.Proc, g.Self) {
+			polls = 0
+			grow = growth{}
+			continue // until Started
 		}
 		n, err := unix.Pread(int(f.Fd()), buf, 0)
 		if err != nil {
@@ -265,6 +302,25 @@ func (g *MemoryGuard) kill(limit, used int64) (OOMKill, bool) {
 		g.Log.Printf("envd: out of memory: %d MiB of %d MiB in use, killed process %d (%s, %d MiB resident, group %d)", used>>20, limit>>20, pid, k.Comm, rss>>20, k.Pgid)
 	}
 	return k, true
+}
+
+// guardAloneEvery is how many polls apart the guard checks whether envd is
+// alone in the sandbox (a process that outlives its command keeps it
+// polling).
+const guardAloneEvery = 20
+
+// alone reports whether no process but init and self runs under proc.
+func alone(proc string, self int) bool {
+	ents, err := os.ReadDir(proc)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if p, err := strconv.Atoi(e.Name()); err == nil && p != self && p != 1 {
+			return false
+		}
+	}
+	return true
 }
 
 // biggest returns the process under proc, other than self, init and

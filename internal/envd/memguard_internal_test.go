@@ -188,3 +188,24 @@ func TestKilledMarksOnce(t *testing.T) {
 		t.Errorf("got %d marks kept, want at most %d", n, guardMarksMax)
 	}
 }
+
+// A guard with envd alone in the sandbox stops polling until a process
+// starts.
+func TestAlone(t *testing.T) {
+	if !alone(fakeProc(t, map[string]string{"1": "1 1", "7": "1 1"}), 7) {
+		t.Error("init and envd only: got not alone, want alone")
+	}
+	if alone(fakeProc(t, map[string]string{"1": "1 1", "7": "1 1", "30": "1 1"}), 7) {
+		t.Error("with process 30: got alone, want not alone")
+	}
+	var g *MemoryGuard
+	g.Started() // a nil guard ignores starts
+	g = &MemoryGuard{}
+	g.Started()
+	g.Started() // never blocks
+	select {
+	case <-g.wake():
+	default:
+		t.Error("after Started: got no wake, want one")
+	}
+}

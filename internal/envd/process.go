@@ -311,6 +311,7 @@ func (ps *processService) run(p *proc) error {
 	ps.mu.Lock()
 	ps.procs[p.pid] = p
 	ps.mu.Unlock()
+	ps.s.guard.Started()
 
 	go func() {
 		wg.Wait()
