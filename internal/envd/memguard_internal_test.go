@@ -3,8 +3,11 @@ package envd
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 )
 
 func TestParseMeminfo(t *testing.T) {
@@ -207,5 +210,20 @@ func TestAlone(t *testing.T) {
 	case <-g.wake():
 	default:
 		t.Error("after Started: got no wake, want one")
+	}
+}
+
+func TestMarkOOM(t *testing.T) {
+	k := OOMKill{PID: 6, Pgid: 5, Comm: "python3", RSS: 400 << 20, Used: 470 << 20, Limit: 512 << 20}
+	killed := &pb.ProcessEvent_EndEvent{Exited: false, ExitCode: -1, Status: "signal: killed"}
+	markOOM(killed, k)
+	if killed.ExitCode != 137 || !strings.Contains(killed.GetError(), "out of memory") || !strings.Contains(killed.GetError(), "512 MiB") {
+		t.Errorf("command killed by the guard: got exit code %d, error %q; want 137 and an out-of-memory error naming the limit", killed.ExitCode, killed.GetError())
+	}
+	// A shell that outlived its killed child keeps its own exit code.
+	shell := &pb.ProcessEvent_EndEvent{Exited: true, ExitCode: 3, Status: "exit status 3"}
+	markOOM(shell, k)
+	if shell.ExitCode != 3 || !strings.Contains(shell.GetError(), "out of memory") {
+		t.Errorf("shell whose child was killed: got exit code %d, error %q; want 3 and an out-of-memory error", shell.ExitCode, shell.GetError())
 	}
 }
