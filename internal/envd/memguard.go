@@ -46,8 +46,9 @@ const (
 	guardLag = 60 * time.Millisecond
 	// guardMinPoll and guardMaxPoll bound the poll interval. Between them
 	// the interval is the time guardRate needs to fill what is left below
-	// the kill line: an idle 512 MiB sandbox polls ~4 times a second, one
-	// near its limit every 5 ms.
+	// the kill line and the lag: a 512 MiB sandbox whose processes idle
+	// polls ~6 times a second, one near its limit every 5 ms, and one
+	// with envd alone in it not at all.
 	guardMinPoll = 5 * time.Millisecond
 	guardMaxPoll = 250 * time.Millisecond
 	// guardIdlePoll is the interval while memory is over the line and no
