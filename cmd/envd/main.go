@@ -12,6 +12,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
@@ -33,6 +34,7 @@ func main() {
 	user := flag.String("user", "", "default user of commands and file operations (default \"user\")")
 	workdir := flag.String("workdir", "", "default working directory of commands (default: the user's home)")
 	changesRoot := flag.String("changes-root", "/", "tree a pause without memory saves and restores (tests running envd on the host)")
+	memGuard := flag.Bool("memory-guard", true, "kill the biggest process before the sandbox's memory limit is reached (only when envd is the sandbox's init)")
 	flag.Parse()
 	if *version {
 		fmt.Println(envd.Version)
@@ -51,7 +53,15 @@ func main() {
 	}
 	// PID 1 of the sandbox: orphaned processes become envd's to reap.
 	envd.ReapOrphans()
-	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir, ChangesRoot: *changesRoot})
+	// The guard kills processes by memory use, so it runs only as the
+	// sandbox's init, where every process is the sandbox's: never on a
+	// host (the unprivileged tests run envd there).
+	var guard *envd.MemoryGuard
+	if *memGuard && os.Getpid() == 1 {
+		guard = &envd.MemoryGuard{Proc: "/proc", Self: os.Getpid(), Log: log.Default()}
+		go func() { log.Printf("envd: memory guard stopped: %v", guard.Run(context.Background())) }()
+	}
+	srv := envd.New(envd.Config{AccessToken: token, Envs: envs, MaxUpload: *maxUpload, DefaultUser: *user, DefaultWorkdir: *workdir, ChangesRoot: *changesRoot, Guard: guard})
 	ln, err := listen(*addr, listener.Take())
 	if err != nil {
 		log.Fatalf("envd: %v", err)

@@ -311,6 +311,7 @@ func (ps *processService) run(p *proc) error {
 	ps.mu.Lock()
 	ps.procs[p.pid] = p
 	ps.mu.Unlock()
+	ps.s.guard.Started()
 
 	go func() {
 		wg.Wait()
@@ -329,6 +330,9 @@ func (ps *processService) run(p *proc) error {
 		if err != nil && p.cmd.ProcessState == nil {
 			msg := err.Error()
 			end.Error = &msg
+		}
+		if k, ok := ps.s.guard.Killed(int(p.pid)); ok {
+			markOOM(end, k)
 		}
 		p.mu.Lock()
 		p.end = end

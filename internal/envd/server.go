@@ -64,6 +64,9 @@ type Config struct {
 	// (empty: "/", the sandbox's root). The unprivileged test tier, whose
 	// envd runs on the host, points it at the sandbox's own directory.
 	ChangesRoot string
+	// Guard, when not nil, is the sandbox's memory guard: a command whose
+	// process group lost a process to it ends as out of memory.
+	Guard *MemoryGuard
 }
 
 // Server is the daemon.
@@ -76,6 +79,7 @@ type Server struct {
 	// changesRoot is the tree ChangesPath saves and restores: "/" (tests
 	// point it at a directory).
 	changesRoot string
+	guard       *MemoryGuard
 }
 
 // New returns a daemon.
@@ -86,7 +90,7 @@ func New(cfg Config) *Server {
 	if cfg.ChangesRoot == "" {
 		cfg.ChangesRoot = "/"
 	}
-	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload, changesRoot: cfg.ChangesRoot}
+	s := &Server{token: cfg.AccessToken, envs: map[string]string{}, maxUpload: cfg.MaxUpload, changesRoot: cfg.ChangesRoot, guard: cfg.Guard}
 	for k, v := range cfg.Envs {
 		s.envs[k] = v
 	}
