@@ -16,8 +16,17 @@ import (
 // plus agentenv's fields).
 func toTemplateJSON(ti TemplateInfo) wire.Template {
 	t := ti.Template
+	// A template whose build gave no size shows E2B's defaults; its
+	// sandboxes get the server's (--default-cpus, --default-memory-mb).
+	cpus, mem := 2, 512
+	if t.CPUs > 0 {
+		cpus = t.CPUs
+	}
+	if t.MemoryMB > 0 {
+		mem = t.MemoryMB
+	}
 	return wire.Template{Ready: ti.Ready,
-		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
+		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: cpus, MemoryMB: mem,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
 		ImageSize: t.ImageSize, InUse: t.InUse, DiskSizeMB: t.DiskMB,
 		TemplateSettings: wire.TemplateSettings{Env: t.Env, Workdir: t.Workdir, User: t.User,

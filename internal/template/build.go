@@ -105,7 +105,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		return Template{}, err
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
-		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner}
+		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner, Size: req.Size}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
