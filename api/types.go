@@ -285,6 +285,10 @@ type BuildRequest struct {
 	// DiskMB is the write-layer size of the template's sandboxes (0: the
 	// server's default).
 	DiskMB int `json:"diskMB,omitempty"`
+	// CPUCount and MemoryMB are the template's sandboxes' defaults (0: the
+	// server's), as a template-in-code build's.
+	CPUCount int `json:"cpuCount,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.

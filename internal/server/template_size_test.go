@@ -66,6 +66,17 @@ func TestTemplateSizeIsSandboxDefault(t *testing.T) {
 	if status != http.StatusBadRequest {
 		t.Errorf("create with memoryMB 1000000: got %d %v, want 400", status, body)
 	}
+
+	// agentenv's own build route (the CLI's template build --memory-mb)
+	// sizes a template the same way.
+	if _, err := e.client.BuildTemplate(ctx, client.BuildRequest{Name: "sized-legacy", Busybox: true, MemoryMB: 768}, func(client.BuildProgress) {}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.client.DeleteTemplate(context.Background(), "sized-legacy") })
+	sb := e.create(t, client.CreateRequest{TemplateID: "sized-legacy"})
+	if got := strings.Join(strings.Fields(string(e.sh(t, sb, "grep MemTotal /proc/meminfo").Stdout)), " "); got != "MemTotal: 786432 kB" {
+		t.Errorf("sandbox of a template built with memoryMB 768: got %q, want MemTotal: 786432 kB", got)
+	}
 }
 
 // jsonCall sends body as JSON to the API with the test key, checks the
