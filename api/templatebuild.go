@@ -17,7 +17,8 @@ type TemplateBuildRequestV3 struct {
 	TeamID string `json:"teamID,omitempty"`
 	// Tags the build gets (default ["default"], plus Name's tag).
 	Tags []string `json:"tags,omitempty"`
-	// CPUCount and MemoryMB bound each build sandbox (0: the server's default).
+	// CPUCount and MemoryMB bound each build sandbox (0: the server's
+	// default) and become the template's sandboxes' defaults, as on E2B.
 	CPUCount int `json:"cpuCount,omitempty"`
 	MemoryMB int `json:"memoryMB,omitempty"`
 	// MinFreeDiskMB is accepted and ignored.

@@ -97,7 +97,8 @@ type NewSandbox struct {
 	Timeout  *int64            `json:"timeout,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	EnvVars  map[string]string `json:"envVars,omitempty"`
-	// CPUCount and MemoryMB are agentenv's (0: the server's defaults).
+	// CPUCount and MemoryMB are agentenv's (0: the template's, else the
+	// server's defaults).
 	CPUCount int `json:"cpuCount,omitempty"`
 	MemoryMB int `json:"memoryMB,omitempty"`
 	// AllowInternetAccess turns egress to the internet off or on (absent: on).
@@ -284,6 +285,10 @@ type BuildRequest struct {
 	// DiskMB is the write-layer size of the template's sandboxes (0: the
 	// server's default).
 	DiskMB int `json:"diskMB,omitempty"`
+	// CPUCount and MemoryMB are the template's sandboxes' defaults (0: the
+	// server's), as a template-in-code build's.
+	CPUCount int `json:"cpuCount,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.

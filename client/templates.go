@@ -56,8 +56,10 @@ func (c *Client) UploadTemplateWith(ctx context.Context, b BuildRequest, tarball
 			q.Set(k, v)
 		}
 	}
-	if b.DiskMB != 0 {
-		q.Set("diskMB", strconv.Itoa(b.DiskMB))
+	for k, v := range map[string]int{"diskMB": b.DiskMB, "cpuCount": b.CPUCount, "memoryMB": b.MemoryMB} {
+		if v != 0 {
+			q.Set(k, strconv.Itoa(v))
+		}
 	}
 	if b.ReadyTimeout != 0 {
 		q.Set("readyTimeout", fmt.Sprint(b.ReadyTimeout))

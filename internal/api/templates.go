@@ -16,8 +16,17 @@ import (
 // plus agentenv's fields).
 func toTemplateJSON(ti TemplateInfo) wire.Template {
 	t := ti.Template
+	// A template whose build gave no size shows E2B's defaults; its
+	// sandboxes get the server's (--default-cpus, --default-memory-mb).
+	cpus, mem := 2, 512
+	if t.CPUs > 0 {
+		cpus = t.CPUs
+	}
+	if t.MemoryMB > 0 {
+		mem = t.MemoryMB
+	}
 	return wire.Template{Ready: ti.Ready,
-		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: 2, MemoryMB: 512,
+		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: cpus, MemoryMB: mem,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
 		ImageSize: t.ImageSize, InUse: t.InUse, DiskSizeMB: t.DiskMB,
 		TemplateSettings: wire.TemplateSettings{Env: t.Env, Workdir: t.Workdir, User: t.User,
@@ -73,7 +82,8 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	s.streamBuild(w, r, template.BuildRequest{Name: req.Name, Debian: req.Debian, Packages: req.Packages,
 		Mirror: req.Mirror, Rootfs: req.Rootfs, Busybox: req.Busybox, DiskMB: req.DiskMB,
 		Defaults: template.Defaults{Env: ts.Env, Workdir: ts.Workdir, User: ts.User},
-		Start:    template.Start{StartCmd: ts.StartCmd, ReadyCmd: ts.ReadyCmd, ReadyTimeout: ts.ReadyTimeout}})
+		Start:    template.Start{StartCmd: ts.StartCmd, ReadyCmd: ts.ReadyCmd, ReadyTimeout: ts.ReadyTimeout},
+		Size:     template.Size{CPUs: req.CPUCount, MemoryMB: req.MemoryMB}})
 }
 
 // uploadTemplate builds a template from a rootfs tarball (plain or gzip)
@@ -100,7 +110,8 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request) {
 
 // uploadRequest reads an upload's settings from its query: image (the
 // label of the OCI image it was flattened from), env (KEY=VALUE, repeated),
-// workdir, user, startCmd, readyCmd, readyTimeout (seconds).
+// workdir, user, startCmd, readyCmd, readyTimeout (seconds), diskMB,
+// cpuCount, memoryMB.
 func uploadRequest(r *http.Request) (template.BuildRequest, error) {
 	q := r.URL.Query()
 	req := template.BuildRequest{Name: r.PathValue("name"), Upload: r.Body, Image: q.Get("image"),
@@ -123,12 +134,17 @@ func uploadRequest(r *http.Request) (template.BuildRequest, error) {
 		}
 		req.ReadyTimeout = n
 	}
-	if v := q.Get("diskMB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return req, errdefs.Invalid("diskMB %q is not a whole number of MiB", v)
+	for _, f := range []struct {
+		name, unit string
+		to         *int
+	}{{"diskMB", "MiB", &req.DiskMB}, {"cpuCount", "CPUs", &req.CPUs}, {"memoryMB", "MiB", &req.MemoryMB}} {
+		if v := q.Get(f.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return req, errdefs.Invalid("%s %q is not a whole number of %s", f.name, v, f.unit)
+			}
+			*f.to = n
 		}
-		req.DiskMB = n
 	}
 	return req, nil
 }

@@ -82,3 +82,21 @@ func TestUploadWithTrailingPaddingKeepsConnection(t *testing.T) {
 		t.Fatalf("server panicked:\n%s", s)
 	}
 }
+
+// An upload's cpuCount and memoryMB (the legacy build's sizes of the
+// template's sandboxes) reach the build request; a bad number is refused.
+func TestUploadRequestSize(t *testing.T) {
+	r := httptest.NewRequest("POST", "/agentenv/templates/t/rootfs?cpuCount=1&memoryMB=1024&diskMB=256", nil)
+	r.SetPathValue("name", "t")
+	req, err := uploadRequest(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (template.Size{CPUs: 1, MemoryMB: 1024}); req.Size != want || req.DiskMB != 256 {
+		t.Errorf("got size %+v, diskMB %d; want %+v, 256", req.Size, req.DiskMB, want)
+	}
+	r = httptest.NewRequest("POST", "/agentenv/templates/t/rootfs?memoryMB=lots", nil)
+	if _, err := uploadRequest(r); err == nil || !strings.Contains(err.Error(), "memoryMB") {
+		t.Errorf("memoryMB=lots: got %v, want an error naming memoryMB", err)
+	}
+}

@@ -101,8 +101,8 @@ func sandboxCreate(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.Int64Var(&timeout, "timeout", 0, "seconds until the sandbox is killed (default 300)")
-	f.IntVar(&req.CPUCount, "cpus", 0, "CPU limit")
-	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory limit in MiB")
+	f.IntVar(&req.CPUCount, "cpus", 0, "CPU limit (default: the template's, else the server's --default-cpus)")
+	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory limit in MiB (default: the template's, else the server's --default-memory-mb)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&meta, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	return cmd

@@ -107,6 +107,8 @@ func templateBuild(g *globals) *cobra.Command {
 	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
 	img.register(cmd)
 	f.IntVar(&req.DiskMB, "disk-mb", 0, "size in MiB of each sandbox's write layer (0: the server's --disk-mb)")
+	f.IntVar(&req.CPUCount, "cpus", 0, "CPUs of each sandbox that asks for none (0: the server's --default-cpus)")
+	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory in MiB of each sandbox that asks for none (0: the server's --default-memory-mb)")
 	return cmd
 }
 

@@ -177,7 +177,8 @@ func (bd *build) logf(step, level, format string, args ...any) {
 
 // Prepare runs spec's steps and returns a template.BuildRequest whose Tree
 // is the finished root filesystem, with the final env, workdir and user as
-// its Defaults and the start and ready commands; the caller runs cleanup
+// its Defaults, the start and ready commands, and spec's CPUs and memory
+// as its sandboxes' Size; the caller runs cleanup
 // once the template store took the tree (or gave up). log gets every line.
 // A failed step returns a *StepError; a failed Prepare leaves nothing
 // behind but cache entries of the steps that succeeded.
@@ -242,6 +243,9 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 			User:    bd.st.User,
 		},
 		Start: template.Start{StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd},
+		// What the build asked for its sandbox is what the template's
+		// sandboxes get, as on E2B.
+		Size: template.Size{CPUs: spec.CPUs, MemoryMB: spec.MemoryMB},
 	}
 	var once sync.Once
 	return req, func() {

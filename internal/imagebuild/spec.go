@@ -40,7 +40,8 @@ type Spec struct {
 	// StartCmd and ReadyCmd become the template's start and ready commands.
 	StartCmd string
 	ReadyCmd string
-	// CPUs and MemoryMB bound each build sandbox (0: the builder's default).
+	// CPUs and MemoryMB bound each build sandbox (0: the builder's
+	// default) and become the template's sandboxes' defaults.
 	CPUs     int
 	MemoryMB int
 	// Files opens the archive (tar, plain or gzip) a COPY step's FilesHash

@@ -186,6 +186,7 @@ func (r BootRecord) String() string {
 // create in flight and makes the sandbox's record and entry.
 func (b *boot) admit(ctx context.Context) error {
 	m, req := b.m, &b.req
+	m.sized(req)
 	if err := m.d.Limits.check(req); err != nil {
 		return err
 	}

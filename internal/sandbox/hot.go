@@ -7,7 +7,7 @@ import (
 
 // The hot pool: per template, HotPool sandboxes are booted ahead of demand
 // and wait, idle, in state pooled (not listed, no timer). A create that
-// asks for the default limits takes one: envd gets the new sandbox's token
+// asks for the template's size takes one: envd gets the new sandbox's token
 // and environment through /init, the record gets its metadata, policy and
 // timeout, and it is running — no boot on the request's path.
 
@@ -16,13 +16,16 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 	if m.d.Limits.HotPool <= 0 {
 		return Sandbox{}, false
 	}
+	m.sized(&req)
 	if err := m.d.Limits.check(&req); err != nil {
 		return Sandbox{}, false // the normal path reports it
 	}
 	if req.Network == nil {
 		req.Network = &Network{AllowInternet: true}
 	}
-	if _, err := req.Network.egress(); err != nil || req.CPUs != m.d.Limits.DefaultCPUs || req.MemoryMB != m.d.Limits.DefaultMemMB {
+	// Pooled sandboxes were booted with the template's size.
+	cpus, memMB := m.templateSize(req.Template)
+	if _, err := req.Network.egress(); err != nil || req.CPUs != cpus || req.MemoryMB != memMB {
 		return Sandbox{}, false
 	}
 	for {

@@ -69,7 +69,7 @@ func (m *Manager) MakeReady(ctx context.Context, template string, force bool) er
 	}
 	m.dropReady(template)
 	start := time.Now()
-	// Boot with the default limits; a sandbox restored from it gets its
+	// Boot with the template's size; a sandbox restored from it gets its
 	// own limits from its create request.
 	sb, err := m.bootSandbox(ctx, m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil), createSteps)
 	if err != nil {

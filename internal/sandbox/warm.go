@@ -10,7 +10,7 @@ import (
 )
 
 // Warm containers: sandboxes created in advance (runtime.Preparer) with the
-// default limits, each in its own network slot, waiting for a restore. Any
+// template's size (its CPUs and memory, else the defaults), each in its own network slot, waiting for a restore. Any
 // restore whose snapshot has that template and those limits — a create of a
 // ready template, a create from a user snapshot, a fork child — restores
 // into one and skips the sandbox process's start-up (about half of a
@@ -65,11 +65,14 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB 
 
 // wantWarm records that n restores of a snapshot of template with those
 // limits happen at once (a fork of n, or 1 for a create from a snapshot):
-// if warm containers fit them (the default limits), the template's are kept
+// if warm containers fit them (the template's size), the template's are kept
 // at that number for pool.Linger.
 func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB, n int) {
 	l := m.d.Limits
-	if m.d.WarmPool <= 0 || cpus != l.DefaultCPUs || memMB != l.DefaultMemMB || l.pids(nproc) != l.pids(l.nproc(l.DefaultMemMB)) || diskMB != m.diskMB(template) {
+	if m.d.WarmPool <= 0 {
+		return
+	}
+	if wc, wm := m.templateSize(template); cpus != wc || memMB != wm || l.pids(nproc) != l.pids(l.nproc(wm)) || diskMB != m.diskMB(template) {
 		return
 	}
 	m.warm.Want(template, n)
@@ -79,7 +82,7 @@ func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB
 // ctx ends, then removes them.
 func (m *Manager) RunWarm(ctx context.Context) { m.warm.Run(ctx) }
 
-// warmSteps prepare a warm container: a box with the default limits, its
+// warmSteps prepare a warm container: a box with the template's size, its
 // own slot and the default egress policy, created but not started.
 var warmSteps = []step{tmplStep, slotStep, {"marker", (*boot).warmMarker, false},
 	{"prepare", (*boot).prepare, true}, {"readdress", (*boot).readdress, false}, egStep, {"listed", (*boot).listWarm, false}}
@@ -87,7 +90,8 @@ var warmSteps = []step{tmplStep, slotStep, {"marker", (*boot).warmMarker, false}
 func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, template string) error {
 	l := m.d.Limits
 	b := m.newBoot(BootWarm, CreateRequest{}, nil)
-	b.sb = Sandbox{ID: newID(), Template: template, CPUs: l.DefaultCPUs, MemoryMB: l.DefaultMemMB, Nproc: l.nproc(l.DefaultMemMB), DiskMB: m.diskMB(template)}
+	cpus, memMB := m.templateSize(template)
+	b.sb = Sandbox{ID: newID(), Template: template, CPUs: cpus, MemoryMB: memMB, Nproc: l.nproc(memMB), DiskMB: m.diskMB(template)}
 	b.making = &warmEntry{id: b.sb.ID, template: template, cpus: b.sb.CPUs, memMB: b.sb.MemoryMB, pids: l.pids(b.sb.Nproc), diskMB: b.sb.DiskMB, undo: undo{id: b.sb.ID}}
 	b.u = &b.making.undo
 	// The default egress policy now, so that a restore that wants it

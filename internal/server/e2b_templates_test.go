@@ -12,7 +12,8 @@ import (
 // TestE2BTemplates runs tests/e2b/templates.test.mjs: E2B's Template
 // builder (fromImage, runCmd, copy, setEnvs, setWorkdir, setUser,
 // setStartCmd with a ready check) built through the official SDK, a
-// sandbox of the alias, a cached rebuild and a failing step. The image is
+// sandbox of the alias, a cached rebuild, a build's cpuCount/memoryMB
+// sizing its sandboxes and a failing step. The image is
 // a two-layer GNU image in a registry on loopback, which the server may
 // reach only because --registry-allow names it. RUN steps get a network
 // slot: the test's fake internet (network_test.go) checks its egress.

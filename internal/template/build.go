@@ -105,7 +105,7 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		return Template{}, err
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
-		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner}
+		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner, Size: req.Size}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
@@ -334,9 +334,10 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 }
 
 // prepareRootfs installs envd and what the E2B SDK expects: /bin/bash, a
-// user named "user" with a home, a world-writable /tmp. The tree may come
-// from a client: every path is resolved inside it (os.Root), so a symlink
-// such as home/user -> /victim fails the build instead of reaching the host.
+// user named "user" with a home, a world-writable /tmp, a pip that installs
+// (pip.go). The tree may come from a client: every path is resolved inside
+// it (os.Root), so a symlink such as home/user -> /victim fails the build
+// instead of reaching the host.
 func prepareRootfs(rootfs, envdBin string) error {
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
@@ -376,6 +377,9 @@ func prepareRootfs(rootfs, envdBin string) error {
 		if err := ensureLine(root, l.file, l.prefix, l.line); err != nil {
 			return err
 		}
+	}
+	if err := allowPip(root); err != nil {
+		return err
 	}
 	err = root.Chown("home/user", 1000, 1000)
 	if err != nil && os.Geteuid() != 0 && errors.Is(err, fs.ErrPermission) {

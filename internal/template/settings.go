@@ -148,6 +148,9 @@ func checkSettings(req BuildRequest) error {
 	if err := req.Defaults.check(); err != nil {
 		return err
 	}
+	if err := req.Size.check(); err != nil {
+		return err
+	}
 	return req.Start.check()
 }
 

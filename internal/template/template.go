@@ -47,6 +47,8 @@ type Template struct {
 	// key may start sandboxes from a template; only its owner (or the
 	// operator) may rebuild, retag or delete it.
 	Owner string `json:"owner,omitempty"`
+	// Size is the CPUs and memory of the template's sandboxes.
+	Size
 	// InUse is the number of sandboxes using the template (not persisted).
 	InUse int `json:"inUse"`
 }
@@ -119,6 +121,28 @@ type BuildRequest struct {
 	// body; a named key's build of a name another key owns is refused.
 	// The operator's rebuild keeps the template's owner.
 	Owner string `json:"owner,omitempty"`
+	// Size is the CPUs and memory of the template's sandboxes.
+	Size
+}
+
+// Size is what a sandbox of the template gets when its create asks for
+// no CPUs or memory of its own (E2B's template cpuCount and memoryMB).
+// Zero fields: the server's defaults. The server's maximum caps both when
+// a sandbox starts: the template does not know the server it runs on.
+type Size struct {
+	CPUs     int `json:"cpuCount,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
+}
+
+// check validates a size from a client.
+func (z Size) check() error {
+	if z.CPUs < 0 || z.CPUs > 64 {
+		return errdefs.Invalid("cpuCount %d: give 1 to 64, or 0 for the server's default", z.CPUs)
+	}
+	if z.MemoryMB < 0 || (z.MemoryMB > 0 && z.MemoryMB < 64) || z.MemoryMB > 1<<20 {
+		return errdefs.Invalid("memoryMB %d: give at least 64, or 0 for the server's default", z.MemoryMB)
+	}
+	return nil
 }
 
 // MaxDiskMB bounds any write layer (1 TiB), the operator's --disk-mb and

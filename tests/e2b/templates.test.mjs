@@ -107,6 +107,21 @@ describe('templates in code through the e2b SDK', { concurrency: false }, () => 
     assert.deepEqual((await Template.getTags(alias)).map((t) => t.tag), ['default'])
   })
 
+  test("the build's cpuCount and memoryMB are its sandboxes' defaults", TS, async () => {
+    const name = `${alias}-sized`
+    const logs = []
+    await Template.build(Template().fromImage(IMAGE).runCmd('true'), name,
+      { cpuCount: 1, memoryMB: 1024, onBuildLogs: (e) => logs.push(e.message) })
+      .catch((err) => { console.log(`build of ${name} failed: ${err.message}\n${logs.join('\n')}`); throw err })
+    const sbx = await Sandbox.create(name)
+    boxes.push(sbx)
+    assert.match(await run(sbx, 'grep MemTotal /proc/meminfo'), /^MemTotal:\s+1048576 kB$/, 'the sandbox has the build\'s memory')
+    const info = await sbx.getInfo()
+    assert.equal(info.cpuCount, 1)
+    assert.equal(info.memoryMB, 1024)
+    await sbx.kill()
+  })
+
   test('a RUN step has a network slot with the default egress policy', TS, async () => {
     // INET_PUBLIC and INET_PRIVATE are host:port of an HTTP server in a
     // namespace the Go test made (its fake internet): the public address

@@ -315,6 +315,7 @@ class AsyncSandbox:
     async def create(cls: Type[A], template: Optional[str] = None, timeout: Optional[int] = None,
                      metadata: Optional[Dict[str, str]] = None, envs: Optional[Dict[str, str]] = None,
                      **opts: Any) -> A:
+        """As ``Sandbox.create`` (the same options; an unknown keyword raises ``TypeError``)."""
         return cls(await _run(Sandbox.create, template, timeout, metadata, envs, **opts))
 
     @classmethod

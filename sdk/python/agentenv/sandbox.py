@@ -117,9 +117,60 @@ SandboxPaginator = Paginator
 SnapshotPaginator = Paginator
 
 
-def _config(opts: Dict[str, Any]) -> ConnectionConfig:
-    keys = ("api_key", "api_url", "sandbox_url", "request_timeout", "domain", "debug")
-    return ConnectionConfig(**{k: opts.get(k) for k in keys})
+_CONNECTION_OPTS = ("api_key", "api_url", "sandbox_url", "request_timeout", "domain", "debug")
+
+
+def _config(opts: Dict[str, Any], what: str = "this call") -> ConnectionConfig:
+    """The connection settings among ``opts``; any other keyword is a
+    ``TypeError``, as Python's own calls raise, so a misspelt or unsupported
+    option is never silently dropped."""
+    unknown = sorted(set(opts) - set(_CONNECTION_OPTS))
+    if unknown:
+        raise TypeError(f"{what} got an unexpected keyword argument {unknown[0]!r} "
+                        f"(connection options are {', '.join(_CONNECTION_OPTS)})")
+    return ConnectionConfig(**{k: opts.get(k) for k in _CONNECTION_OPTS})
+
+
+_NETWORK_OPTS = {"allow_out": "allowOut", "deny_out": "denyOut", "allow_public_traffic": "allowPublicTraffic"}
+
+
+def _network_body(network: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """E2B's ``network`` create option (``allow_out``, ``deny_out``: IPv4
+    addresses or CIDRs; ``allow_public_traffic``) as the create body's."""
+    if network is None:
+        return {}
+    if not isinstance(network, dict):
+        raise TypeError(f"network must be a dict with {', '.join(_NETWORK_OPTS)}, not {type(network).__name__}")
+    unknown = sorted(set(network) - set(_NETWORK_OPTS))
+    if unknown:
+        raise TypeError(f"network got an unexpected key {unknown[0]!r} (it takes {', '.join(_NETWORK_OPTS)})")
+    out: Dict[str, Any] = {}
+    for k, wire in _NETWORK_OPTS.items():
+        v = network.get(k)
+        if v is None:
+            continue
+        if k == "allow_public_traffic":
+            out[wire] = bool(v)
+        elif isinstance(v, str) or not all(isinstance(a, str) for a in v):
+            raise TypeError(f"network {k} must be a list of IPv4 addresses or CIDRs (str)")
+        else:
+            out[wire] = list(v)
+    return {"network": out} if out else {}
+
+
+def _size_body(memory_mb: Optional[int], cpu_count: Optional[int]) -> Dict[str, Any]:
+    """agentenv's memory_mb and cpu_count create options as the body's
+    memoryMB and cpuCount (None: the template's, else the server's)."""
+    body: Dict[str, Any] = {}
+    for name, wire, v in (("memory_mb", "memoryMB", memory_mb), ("cpu_count", "cpuCount", cpu_count)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if v < 1:
+            raise exc.InvalidArgumentException(f"{name} {v}: give a positive number, or leave it out for the template's")
+        body[wire] = v
+    return body
 
 
 def _kill(config: ConnectionConfig, sandbox_id: str, request_timeout: Optional[float]) -> bool:
@@ -316,19 +367,28 @@ class Sandbox:
     def create(cls: Type[S], template: Optional[str] = None, timeout: Optional[int] = None,
                metadata: Optional[Dict[str, str]] = None, envs: Optional[Dict[str, str]] = None,
                secure: bool = True, allow_internet_access: bool = True,
-               lifecycle: Optional[SandboxLifecycle] = None, **opts: Any) -> S:
+               lifecycle: Optional[SandboxLifecycle] = None, network: Optional[Dict[str, Any]] = None,
+               memory_mb: Optional[int] = None, cpu_count: Optional[int] = None, **opts: Any) -> S:
         """Creates a sandbox from a template (or a snapshot ID).
 
         :param template: template name, or a snapshot ID; default "base"
         :param timeout: seconds the sandbox lives (default 300); ``set_timeout`` changes it
         :param metadata: key/value pairs to find it by (``Sandbox.list``)
         :param envs: environment variables of every command
+        :param allow_internet_access: egress to the internet (default on)
         :param lifecycle: what the timeout does, as E2B's: ``{"on_timeout": "pause",
             "auto_resume": True}``, or ``{"on_timeout": {"action": "pause", "keep_memory": False}}``
             (default: kill)
-        :param opts: ``api_key``, ``api_url``, ``sandbox_url``, ``request_timeout``
+        :param network: E2B's egress lists: ``{"allow_out": ["10.0.0.5"], "deny_out": ["1.1.1.1/32"],
+            "allow_public_traffic": False}`` (allow wins over deny)
+        :param memory_mb: memory in MiB (agentenv's; default the template's, else the server's
+            512); the server refuses more than its maximum
+        :param cpu_count: CPUs (agentenv's; default the template's, else the server's 2)
+        :param opts: ``api_key``, ``api_url``, ``sandbox_url``, ``request_timeout``, ``domain``,
+            ``debug``; any other keyword raises ``TypeError``
         """
-        config = _config(opts)
+        Sandbox.check_create_options({k: v for k, v in opts.items() if k not in _CONNECTION_OPTS})
+        config = _config(opts, "Sandbox.create()")
         body: Dict[str, Any] = {"templateID": template or DEFAULT_TEMPLATE,
                                 "timeout": int(timeout or DEFAULT_SANDBOX_TIMEOUT),
                                 "allow_internet_access": allow_internet_access}
@@ -337,8 +397,26 @@ class Sandbox:
         if envs:
             body["envVars"] = envs
         body.update(_lifecycle_body(lifecycle))
+        body.update(_network_body(network))
+        body.update(_size_body(memory_mb, cpu_count))
         d = config.api("POST", "/sandboxes", body, what="create sandbox")
         return cls._from_json(d, config)  # type: ignore[arg-type]
+
+    @staticmethod
+    def check_create_options(opts: Dict[str, Any], what: str = "Sandbox.create()",
+                             taken: Tuple[str, ...] = ()) -> None:
+        """Raises ``TypeError`` for a keyword in ``opts`` that ``create`` does
+        not take, or that the caller sets itself (``taken``), so that code
+        holding options for later creates (``agentenv.rl.SandboxEnv``) fails
+        when it is given them."""
+        for k in taken:
+            if k in opts:
+                raise TypeError(f"{what} sets {k} itself: leave {k!r} out of the create options")
+        named = [p for p in inspect.signature(Sandbox.create).parameters if p not in ("template", "opts") + taken]
+        unknown = sorted(set(opts) - set(named) - set(_CONNECTION_OPTS))
+        if unknown:
+            raise TypeError(f"{what} got an unexpected keyword argument {unknown[0]!r} "
+                            f"(create options are {', '.join(named + list(_CONNECTION_OPTS))})")
 
     @classmethod
     def _from_json(cls: Type[S], d: Dict[str, Any], config: ConnectionConfig) -> S:

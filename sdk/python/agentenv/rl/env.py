@@ -122,6 +122,8 @@ class SandboxEnv:
     :param max_output: characters of stdout and of stderr each command
         action keeps (the rest is cut in the sandbox, never sent)
     :param sandbox_opts: passed to ``Sandbox.create`` (``api_key``, ``api_url``, ``envs``...)
+        including its sizes and network: ``memory_mb``, ``cpu_count``, ``allow_internet_access``,
+        ``network``; a keyword ``Sandbox.create`` does not take raises ``TypeError`` here
     """
 
     metadata: Dict[str, Any] = {"render_modes": []}
@@ -139,6 +141,7 @@ class SandboxEnv:
         self.ended: Optional[Observation] = None
         self.max_steps, self.workdir, self.sandbox_timeout = max_steps, workdir, sandbox_timeout
         self.sandbox_opts = sandbox_opts
+        Sandbox.check_create_options(sandbox_opts, "SandboxEnv()", taken=("timeout",))  # sandbox_timeout
         self.sandbox: Optional[Sandbox] = None
         self.steps = 0
         self.seed: Optional[int] = None
