@@ -125,18 +125,20 @@ describe('templates in code through the e2b SDK', { concurrency: false }, () => 
   test('a RUN step has a network slot with the default egress policy', TS, async () => {
     // INET_PUBLIC and INET_PRIVATE are host:port of an HTTP server in a
     // namespace the Go test made (its fake internet): the public address
-    // must answer, the private one (RFC 1918) must be dropped. bash's
-    // /dev/tcp has no timeout: the blocked probe is killed after 3 s.
+    // must answer, the private one (RFC 1918) must be refused at once
+    // (blocked traffic is rejected, not dropped). bash's /dev/tcp has no
+    // timeout: a probe still connecting after 3 s is killed as hung.
     const [pubHost, pubPort] = process.env.INET_PUBLIC.split(':')
     const [privHost, privPort] = process.env.INET_PRIVATE.split(':')
     const probe = [
       `exec 3<>/dev/tcp/${pubHost}/${pubPort} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && echo "public: $(cat <&3 | tail -n 1)"`,
-      `(exec 4<>/dev/tcp/${privHost}/${privPort} && echo 'private: open') & p=$!; sleep 3; kill $p 2>/dev/null && echo 'private: blocked'; true`,
+      `(exec 4<>/dev/tcp/${privHost}/${privPort} && echo 'private: open' || echo 'private: blocked') & p=$!; sleep 3; kill $p 2>/dev/null && echo 'private: hung'; true`,
     ].join('; ')
     const t = Template().fromImage(IMAGE).skipCache().runCmd(probe)
     const { logs } = await build(t, `${alias}-net`)
     assert.ok(logs.includes('public: hello from the fake internet'), `the public address answers:\n${logs.join('\n')}`)
-    assert.ok(logs.includes('private: blocked'), `the private address is blocked:\n${logs.join('\n')}`)
+    assert.ok(logs.includes('private: blocked') && !logs.includes('private: open') && !logs.includes('private: hung'),
+      `the private address is refused at once:\n${logs.join('\n')}`)
   })
 
   test('a failing step throws BuildError with its index, command and output', TS, async () => {
