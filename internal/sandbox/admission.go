@@ -259,30 +259,26 @@ func (d *Disk) checkLocked(need int64, what string) error {
 // create's first layer blocks) and holds them until release (safe to call
 // more than once), by when what the work wrote counts on its own.
 func (d *Disk) Reserve(what string, bytes int64) (release func(), err error) {
-	if d == nil || bytes <= 0 {
+	if d == nil {
 		return func() {}, nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.checkLocked(bytes, what); err != nil {
-		return nil, err
-	}
-	d.pending += bytes
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			d.mu.Lock()
-			d.pending -= bytes
-			d.mu.Unlock()
-		})
-	}, nil
+	return d.hold(&d.pending, what, bytes)
 }
 
 // Charge admits bytes a stream is writing now (a template build's files):
 // held against the budget until release, but not as a reservation, since
 // the filesystem's free space shows them once written.
 func (d *Disk) Charge(what string, bytes int64) (release func(), err error) {
-	if d == nil || bytes <= 0 {
+	if d == nil {
+		return func() {}, nil
+	}
+	return d.hold(&d.writing, what, bytes)
+}
+
+// hold admits bytes for what and adds them to the counter (guarded by
+// d.mu) until the returned release, which is safe to call more than once.
+func (d *Disk) hold(counter *int64, what string, bytes int64) (release func(), err error) {
+	if bytes <= 0 {
 		return func() {}, nil
 	}
 	d.mu.Lock()
@@ -290,12 +286,12 @@ func (d *Disk) Charge(what string, bytes int64) (release func(), err error) {
 	if err := d.checkLocked(bytes, what); err != nil {
 		return nil, err
 	}
-	d.writing += bytes
+	*counter += bytes
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			d.mu.Lock()
-			d.writing -= bytes
+			*counter -= bytes
 			d.mu.Unlock()
 		})
 	}, nil
