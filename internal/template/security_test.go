@@ -53,7 +53,7 @@ func hostState(t *testing.T, dir string) string {
 
 // TestUploadCannotReachHost: a client's rootfs tarball with symlinks,
 // absolute names, ".." and hard links out must not read, write, chown or
-// chmod anything on the host (finding 2 of the security review: the build
+// chmod anything on the host (an earlier build
 // chowned, chmodded 1777 and appended to symlink targets).
 func TestUploadCannotReachHost(t *testing.T) {
 	s, dir, _ := newStore(t)
@@ -179,7 +179,7 @@ func TestImportDirOnly(t *testing.T) {
 }
 
 // TestBuildKeepsOtherTemplates: building X must not touch template X.old
-// (finding 5: the build removed "<name>.old" as its scratch directory).
+// (an earlier build removed "<name>.old" as its scratch directory).
 func TestBuildKeepsOtherTemplates(t *testing.T) {
 	s, dir, _ := newStore(t)
 	ctx := context.Background()
