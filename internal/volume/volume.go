@@ -295,12 +295,14 @@ func (s *Store) Get(owner, id string) (Volume, error) {
 	return v, nil
 }
 
-// ByName returns owner's volume called name.
+// ByName returns owner's volume called name. Names are unique per owner,
+// so the match is exact: the default key's owner "" names only its own
+// volumes, not another key's of the same name.
 func (s *Store) ByName(owner, name string) (Volume, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, v := range s.vols {
-		if v.Name == name && (owner == "" || v.Owner == owner) {
+		if v.Name == name && v.Owner == owner {
 			return v, nil
 		}
 	}

@@ -70,6 +70,10 @@ func TestVolumeLifecycle(t *testing.T) {
 	if got, err := s.ByName("alice", "data_1"); err != nil || got.ID != v.ID {
 		t.Fatalf("by name: %+v %v", got, err)
 	}
+	// The default key's owner "" is an owner of its own: alice's and
+	// bob's data_1 are not its.
+	_, err = s.ByName("", "data_1")
+	wantClass(t, err, errdefs.ErrNotFound, "the default owner naming another owner's volume")
 
 	if _, err := s.WriteFile(v.ID, "/a/b.txt", strings.NewReader("hello"), Attrs{}, true); err != nil {
 		t.Fatal(err)

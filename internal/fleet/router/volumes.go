@@ -128,10 +128,11 @@ func (r *Remote) GetVolume(ctx context.Context, owner, id string) (api.VolumeInf
 }
 
 // VolumeByName finds owner's volume called name: in the cache, else
-// through its name key in etcd.
+// through its name key in etcd. The owner matches exactly, as names are
+// unique per owner (the default key's "" is an owner, not a wildcard).
 func (r *Remote) VolumeByName(ctx context.Context, owner, name string) (volume.Volume, error) {
 	for _, rec := range r.cache.Volumes(owner) {
-		if rec.Name == name {
+		if rec.Name == name && rec.Owner == owner {
 			return volumeOf(rec), nil
 		}
 	}
