@@ -77,6 +77,9 @@ func startServer(t *testing.T, bin string) *server {
 	}
 	t.Cleanup(func() {
 		s.stop()
+		if err := testenv.DropFirewall("cli"); err != nil {
+			t.Log(err)
+		}
 		if t.Failed() {
 			t.Logf("agentenv serve log kept in %s/serve.log", dir)
 			return

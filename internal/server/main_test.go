@@ -65,8 +65,19 @@ var testDNS = sync.OnceValues(func() (*testenv.DNS, error) { return testenv.Star
 // address (network_test.go) and one nothing serves.
 var testNames = map[string]string{"inet.agentenv.test": "198.51.100.7", "known.agentenv.test": "203.0.113.77"}
 
-// startServerWith is startServer with changes to its configuration.
+// startServerWith is startServer with changes to its configuration. The
+// server's firewall table goes when the test ends.
 func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*server.Config)) *env {
+	t.Cleanup(func() {
+		if err := testenv.DropFirewall(tag); err != nil {
+			t.Log(err)
+		}
+	})
+	return launchServer(t, dataDir, cidr, tag, change)
+}
+
+// launchServer starts a server that outlives t (the shared server).
+func launchServer(t testing.TB, dataDir, cidr, tag string, change func(*server.Config)) *env {
 	envdDir := filepath.Join(dataDir, "bin")
 	os.MkdirAll(envdDir, 0o755)
 	dns, err := testDNS()
@@ -135,7 +146,7 @@ func sharedServer(t testing.TB) *env {
 			sharedErr = err
 			return
 		}
-		shared = startServer(t, dir, "10.120.0.0/20", "tst")
+		shared = launchServer(t, dir, "10.120.0.0/20", "tst", nil)
 	})
 	if sharedErr != nil {
 		t.Fatal(sharedErr)
@@ -168,6 +179,9 @@ func TestMain(m *testing.M) {
 			}
 		}
 		shared.stop()
+		if err := testenv.DropFirewall("tst"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
 		if code == 0 {
 			os.RemoveAll(shared.dataDir)
 		} else {

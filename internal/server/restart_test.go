@@ -119,6 +119,9 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 			}
 			p.stop(t)
 		}
+		if err := testenv.DropFirewall("rst"); err != nil {
+			t.Log(err)
+		}
 	})
 
 	keep, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(600))})

@@ -5,6 +5,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,4 +211,20 @@ func ServingAddrs(t testing.TB, logPath string, from int64, what string, timeout
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// DropFirewall deletes the nftables table of the server whose network tag
+// is tag, once its test is done with it. A server keeps its table when it
+// stops (its sandboxes may outlive it), so without this every test server
+// leaves one behind, and a later server on the same addresses with another
+// tag has its connections to sandboxes refused by the old rules.
+func DropFirewall(tag string) error {
+	table := "agentenv" + tag
+	if err := exec.Command("nft", "list", "table", "inet", table).Run(); err != nil {
+		return nil // none, or no nft
+	}
+	if out, err := exec.Command("nft", "delete", "table", "inet", table).CombinedOutput(); err != nil {
+		return fmt.Errorf("removing the test server's firewall table %s: %v: %s", table, err, out)
+	}
+	return nil
 }
