@@ -109,15 +109,26 @@ type stack struct {
 // template), the base plus one thin layer (fromTemplate base + one COPY of
 // /task), and the base plus seven thin layers, each adding one file of
 // /task and overriding /etc/layer.
+//
+// AGENTENV_LAYERS_BASE names a root tree to use as the base instead of
+// busybox (such as a Debian template's, extracted with fsck.erofs
+// --extract): the flat image is made from it with /task and /etc/layer
+// added, which are removed after.
 func stacks(tb testing.TB) []stack {
 	tb.Helper()
-	base := baseFiles(tb)
-	flat := maps.Clone(base)
+	task := map[string]string{"etc/layer": "layer 7\n"}
 	for i := 1; i <= 7; i++ {
-		flat[fmt.Sprintf("task/file%d", i)] = fmt.Sprintf("layer %d\n", i)
+		task[fmt.Sprintf("task/file%d", i)] = fmt.Sprintf("layer %d\n", i)
 	}
-	flat["etc/layer"] = "layer 7\n"
-	baseImage := erofsImage(tb, base)
+	var baseImage, flatImage string
+	if tree := os.Getenv("AGENTENV_LAYERS_BASE"); tree != "" {
+		baseImage, flatImage = treeImages(tb, tree, task)
+	} else {
+		base := baseFiles(tb)
+		flat := maps.Clone(base)
+		maps.Copy(flat, task)
+		baseImage, flatImage = erofsImage(tb, base), erofsImage(tb, flat)
+	}
 	var thin []string // top first
 	for i := 7; i >= 1; i-- {
 		thin = append(thin, erofsImage(tb, map[string]string{fmt.Sprintf("task/file%d", i): fmt.Sprintf("layer %d\n", i), "etc/layer": fmt.Sprintf("layer %d\n", i)}))
@@ -128,10 +139,45 @@ func stacks(tb testing.TB) []stack {
 	}
 	two := erofsImage(tb, one)
 	return []stack{
-		{name: "1-image", top: erofsImage(tb, flat)},
+		{name: "1-image", top: flatImage},
 		{name: "2-layers", top: two, lowers: []string{baseImage}},
 		{name: "8-layers", top: thin[0], lowers: append(slices.Clone(thin[1:]), baseImage)},
 	}
+}
+
+// treeImages makes an image of tree, and one of tree with files added.
+func treeImages(tb testing.TB, tree string, files map[string]string) (base, flat string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	base, flat = filepath.Join(dir, "base.erofs"), filepath.Join(dir, "flat.erofs")
+	mkfs := func(image string) {
+		if out, err := exec.Command("mkfs.erofs", "-E", "noinline_data", image, tree).CombinedOutput(); err != nil {
+			tb.Fatalf("mkfs.erofs: %v\n%s", err, out)
+		}
+	}
+	mkfs(base)
+	saved := map[string][]byte{}
+	for p, content := range files {
+		dst := filepath.Join(tree, p)
+		if old, err := os.ReadFile(dst); err == nil {
+			saved[dst] = old
+		}
+		os.MkdirAll(filepath.Dir(dst), 0o755)
+		if err := os.WriteFile(dst, []byte(content), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	mkfs(flat)
+	for p := range files {
+		dst := filepath.Join(tree, p)
+		if old, ok := saved[dst]; ok {
+			os.WriteFile(dst, old, 0o644)
+		} else {
+			os.Remove(dst)
+		}
+	}
+	os.Remove(filepath.Join(tree, "task"))
+	return base, flat
 }
 
 // layeredBundle writes agentenv's bundle (EROFS root, write layer on disk)
@@ -232,6 +278,9 @@ func TestRootLowerImages(t *testing.T) {
 // The stacks take turns, so all see the same host load:
 //
 //	AGENTENV_LAYERS_RUNSC=PATH go test -run '^$' -bench RootLayers -benchtime 20x ./internal/runscbuild
+//
+// AGENTENV_LAYERS_BASE (a root tree, see stacks) and AGENTENV_LAYERS_CMD
+// (the command run-true runs, space-separated) measure a larger base.
 func BenchmarkRootLayers(b *testing.B) {
 	bin := layersRunsc(b)
 	all := stacks(b)
@@ -241,13 +290,18 @@ func BenchmarkRootLayers(b *testing.B) {
 		return append(slices.Clone(all[k:]), all[:k]...)
 	}
 
+	// The command run-true runs (AGENTENV_LAYERS_CMD, space-separated).
+	runArgs := []string{"/bin/true"}
+	if c := os.Getenv("AGENTENV_LAYERS_CMD"); c != "" {
+		runArgs = strings.Fields(c)
+	}
 	b.Run("run-true", func(b *testing.B) {
 		root := b.TempDir()
 		cpu, wall := map[string][]time.Duration{}, map[string][]time.Duration{}
 		for i := 0; i < b.N; i++ {
 			for _, s := range turn(i) {
 				id := fmt.Sprintf("lr%d%s", i, strings.ReplaceAll(s.name, "-", ""))
-				bundle := layeredBundle(b, id, s, []string{"/bin/true"})
+				bundle := layeredBundle(b, id, s, runArgs)
 				c, w := acct.run(b, true, bin, append(globalArgs(b, root), "run", "--bundle", bundle, id)...)
 				cpu[s.name], wall[s.name] = append(cpu[s.name], c), append(wall[s.name], w)
 			}

@@ -15,7 +15,7 @@ import (
 // layers checks a sandbox on a stack of images (Spec.Lowers): it sees
 // the files of every layer, the highest copy of a path wins, its writes
 // stay in its write layer (the images are unchanged), and a checkpoint
-// restores onto the same stack. A runtime that does not stack refuses the
+// restores onto the same stack, twice (a fork), the children apart. A runtime that does not stack refuses the
 // spec (ErrInvalid).
 func layers(t *testing.T, env Env, r runtime.Runtime) {
 	ctx := context.Background()
@@ -49,14 +49,21 @@ func layers(t *testing.T, env Env, r runtime.Runtime) {
 	if err := cp.Checkpoint(ctx, s.ID, img); err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}
-	c := spec(t, env)
-	c.Image, c.Lowers, c.DiskMB = s.Image, s.Lowers, s.DiskMB
-	if err := cp.Restore(ctx, c, img); err != nil {
-		t.Fatalf("restore onto the stack: %v", err)
+	// Two children of one checkpoint (a fork): each continues from it,
+	// and neither sees the other's writes.
+	var kids []runtime.Spec
+	for i := range 2 {
+		c := spec(t, env)
+		c.Image, c.Lowers, c.DiskMB = s.Image, s.Lowers, s.DiskMB
+		if err := cp.Restore(ctx, c, img); err != nil {
+			t.Fatalf("restore %d onto the stack: %v", i, err)
+		}
+		t.Cleanup(func() { r.Destroy(ctx, c.ID) })
+		kids = append(kids, c)
 	}
-	t.Cleanup(func() { r.Destroy(ctx, c.ID) })
-	if got := exec(t, r, c.ID, "cat /layer/new /layer/file /etc/hostname"); got != "written\nchanged\ntop\n" {
-		t.Errorf("restored sandbox reads %q, want its writes over the stack", got)
+	exec(t, r, kids[0].ID, "echo first child > /layer/file")
+	if got := exec(t, r, kids[1].ID, "cat /layer/new /layer/file /etc/hostname"); got != "written\nchanged\ntop\n" {
+		t.Errorf("restored sandbox reads %q, want its writes over the stack (and not its sibling's)", got)
 	}
 	// A sandbox on the same stack does not see another's writes.
 	o := spec(t, env)
