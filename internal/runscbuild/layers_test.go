@@ -388,13 +388,24 @@ func pssKiB(tb testing.TB, pid int) int64 {
 	return 0
 }
 
-// reportStacks reports the medians of cpu and wall per stack.
+// reportStacks reports the medians of cpu and wall per stack, and the
+// median of the paired differences from the one image (run i of each
+// taken back to back), which the host's load drifts least.
 func reportStacks(b *testing.B, cpu, wall map[string][]time.Duration) {
 	b.Helper()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for _, name := range slices.Sorted(maps.Keys(cpu)) {
 		c, w := median(cpu[name]), median(wall[name])
-		b.ReportMetric(float64(c.Microseconds())/1000, "cpu-ms-p50-"+name)
-		b.ReportMetric(float64(w.Microseconds())/1000, "wall-ms-p50-"+name)
-		b.Logf("%s: %d runs, CPU p50 %.1f ms, wall p50 %.1f ms", name, len(cpu[name]), float64(c.Microseconds())/1000, float64(w.Microseconds())/1000)
+		b.ReportMetric(ms(c), "cpu-ms-p50-"+name)
+		b.ReportMetric(ms(w), "wall-ms-p50-"+name)
+		line := fmt.Sprintf("%s: %d runs, CPU p50 %.1f ms, wall p50 %.1f ms", name, len(cpu[name]), ms(c), ms(w))
+		if name != "1-image" {
+			dc, dw := make([]time.Duration, len(cpu[name])), make([]time.Duration, len(wall[name]))
+			for i := range dc {
+				dc[i], dw[i] = cpu[name][i]-cpu["1-image"][i], wall[name][i]-wall["1-image"][i]
+			}
+			line += fmt.Sprintf("; minus one image, paired: CPU p50 %+.1f ms, wall p50 %+.1f ms", ms(median(dc)), ms(median(dw)))
+		}
+		b.Log(line)
 	}
 }
