@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -283,5 +284,39 @@ func TestUnmarkedSnapshotsKind(t *testing.T) {
 		if sn.Kind != c.want {
 			t.Errorf("%s, unmarked: kind %q, want %q", c.name, sn.Kind, c.want)
 		}
+	}
+}
+
+// Admissions racing for the last places of a full store: as many succeed
+// as there are places, the others are refused.
+func TestAdmitConcurrent(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy(Policy{MaxCount: 5})
+	userAndAuto(t, s, 2, 4) // 2 user snapshots kept, 4 of agentenv's to collect
+	const racers = 16
+	results := make(chan error, racers)
+	var wg sync.WaitGroup
+	for range racers {
+		wg.Go(func() {
+			_, err := s.Admit() // held until the test ends
+			results <- err
+		})
+	}
+	wg.Wait()
+	close(results)
+	admitted := 0
+	for err := range results {
+		switch {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, errdefs.ErrInsufficientStorage):
+			t.Errorf("admit: %v, want nil or insufficient storage", err)
+		}
+	}
+	if got, want := admitted, 3; got != want {
+		t.Errorf("%d of %d racing admissions succeeded, want %d (5 places, 2 the user's)", got, racers, want)
 	}
 }
