@@ -19,6 +19,11 @@ type Spec struct {
 	// Image is the read-only root filesystem image (EROFS) shared by every
 	// sandbox of a template. Writes go to a per-sandbox write layer.
 	Image string
+	// Lowers are read-only EROFS images stacked below Image, top first
+	// (a layered template: Image is its top layer). A file in a higher
+	// layer hides the same path below. Only a runtime that is a
+	// LayerStacker saying yes takes them; others refuse the spec.
+	Lowers []string
 	// DiskMB is the size of the write layer, kept in a sparse file on the
 	// host's disk under Dir (see ocispec.FilestorePath); writing past it
 	// fails with ENOSPC inside the sandbox. Zero keeps the writes in
@@ -105,6 +110,18 @@ type Pauser interface {
 type Checkpointer interface {
 	Checkpoint(ctx context.Context, id, dir string) error
 	Restore(ctx context.Context, spec Spec, dir string) error
+}
+
+// LayerStacker is implemented by runtimes that may stack read-only images
+// (Spec.Lowers).
+//
+// Contract: StacksLayers reports whether this runtime's Create, Prepare
+// and Restore take a spec with Lowers; when it says no they refuse one
+// (ErrInvalid). A sandbox on a stack sees every layer (the highest copy of
+// a path), writes only to its own write layer, and a checkpoint of it
+// restores onto the same stack.
+type LayerStacker interface {
+	StacksLayers() bool
 }
 
 // Preparer is implemented by runtimes that can create a sandbox ahead of

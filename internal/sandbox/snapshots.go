@@ -71,7 +71,19 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 type SnapshotRequest struct {
 	Name     string
 	Metadata map[string]string
-	internal bool
+	// Automatic: agentenv asks for it for its own use (a fleet fork
+	// spilling over its parent's node), not a user: the retention policy
+	// collects it. A user's snapshot is kept until deleted.
+	Automatic bool
+	internal  bool
+}
+
+// kind is the snapshot kind the request makes.
+func (r SnapshotRequest) kind() string {
+	if r.internal || r.Automatic {
+		return snapshot.KindAuto
+	}
+	return snapshot.KindUser
 }
 
 // Snapshot saves a running sandbox (memory, processes, filesystem changes)
@@ -96,6 +108,15 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	if e.sb.State != StateRunning {
 		return snapshot.Snapshot{}, errdefs.Conflict("sandbox %q is %s: only a running sandbox can be snapshotted (resume it first)", id, e.sb.State)
 	}
+	if req.kind() == snapshot.KindUser {
+		// A user's snapshot is kept until deleted: a full store refuses
+		// it rather than collect another user's.
+		admitted, err := m.d.Snapshots.Admit()
+		if err != nil {
+			return snapshot.Snapshot{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
+		}
+		defer admitted()
+	}
 	// The checkpoint holds at most the sandbox's memory and what its
 	// write layer holds; once stored, the snapshot store counts it.
 	release, err := m.d.Disk.Reserve(fmt.Sprintf("a snapshot of sandbox %s", id), int64(e.sb.MemoryMB)<<20+m.LayerBytes(id))
@@ -116,7 +137,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	// lacks (see internal/snapshot).
 	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Parent: e.sb.Snapshot,
-		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Owner: e.sb.Owner,
+		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Kind: req.kind(), Owner: e.sb.Owner,
 		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, LayerBytes: m.LayerBytes(id), Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	})
 	if err != nil {

@@ -218,6 +218,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
+	snaps.SetPolicy(cfg.SnapshotPolicy)
 	disk = sandbox.NewDisk(sandbox.DiskConfig{Budget: budget, Reserve: reserve, Dir: cfg.DataDir, Templates: templates.DiskBytes, Snapshots: snaps.StoredBytes})
 	// A template's image that snapshots were taken on outlives its
 	// replacement (rebuild, new envd) while they exist.

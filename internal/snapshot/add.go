@@ -36,6 +36,7 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 	if sn.CreatedAt.IsZero() {
 		sn.CreatedAt = time.Now().UTC()
 	}
+	sn.Kind = kindOf(&sn)
 	sn.Files, sn.Size, sn.Stored = map[string]File{}, 0, 0
 	entries, err := os.ReadDir(dir)
 	if err != nil {

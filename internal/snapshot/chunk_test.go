@@ -402,7 +402,7 @@ func TestGCCountsSharedChunksOnce(t *testing.T) {
 	mem := newMemory(5, 256) // 1 MiB
 	for range 3 {
 		mem.change(8 << 10)
-		if _, err := s.Add(ckpt(t, s, map[string][]byte{"pages.img": bytes.Clone(mem.data)}), Snapshot{Sandbox: "sb", CreatedAt: time.Now().Add(-time.Hour)}); err != nil {
+		if _, err := s.Add(ckpt(t, s, map[string][]byte{"pages.img": bytes.Clone(mem.data)}), Snapshot{Sandbox: "sb", Kind: KindAuto, CreatedAt: time.Now().Add(-time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
 	}

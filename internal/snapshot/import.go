@@ -67,6 +67,7 @@ func (s *Store) Import(id string, sn Snapshot, fetch func(chunk string, size int
 		fresh = append(fresh, newChunk{name: c, tmp: dst})
 	}
 	sn.InUse, sn.Stored, sn.Chunks, sn.Timing = 0, 0, nil, Timing{}
+	sn.Kind = kindOf(&sn)
 	if err := s.commit(&sn, fresh); err != nil {
 		return Snapshot{}, err
 	}

@@ -41,6 +41,10 @@ type Snapshot struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Internal snapshots (made for a fork) are not listed.
 	Internal bool `json:"internal,omitempty"`
+	// Kind says who made it: KindUser (kept until deleted) or KindAuto
+	// (agentenv's own, collected by the retention policy). Empty on disk:
+	// made before the mark, read as kindOf says.
+	Kind string `json:"kind,omitempty"`
 	// Owner is the name of the API key whose sandbox it was taken of
 	// (named keys); only that key (and the operator) sees it.
 	Owner string `json:"owner,omitempty"`
@@ -74,6 +78,39 @@ type Snapshot struct {
 	InUse int `json:"inUse"`
 	// Timing says where Add spent its time (not persisted).
 	Timing Timing `json:"-"`
+}
+
+// The kinds of snapshot.
+const (
+	// KindUser: a user asked for it (the snapshot API, E2B's
+	// createSnapshot, `agentenv sandbox snapshot`). It lives until the
+	// user deletes it; a full store refuses new ones instead.
+	KindUser = "user"
+	// KindAuto: agentenv made it for its own use (a fork's checkpoint, a
+	// ready template, a fork spilling to another node); the retention
+	// policy collects it.
+	KindAuto = "auto"
+)
+
+// forkOfKey is the metadata a fleet fork spilling over its parent's node
+// put on the snapshot it made, before snapshots carried their kind.
+const forkOfKey = "agentenv.fork-of"
+
+// kindOf is a snapshot's kind, for one stored before snapshots were marked
+// too. Internal ones were agentenv's (fork checkpoints, ready templates),
+// as were those a fleet fork made (they carry forkOfKey); every other one
+// was made by the snapshot API at a user's request. Reading an unmarked
+// one as the user's is the safe mistake: a kept snapshot costs disk the
+// user can free, a deleted one is lost.
+func kindOf(sn *Snapshot) string {
+	switch {
+	case sn.Kind == KindUser || sn.Kind == KindAuto:
+		return sn.Kind
+	case sn.Internal, sn.Metadata[forkOfKey] != "":
+		return KindAuto
+	default:
+		return KindUser
+	}
 }
 
 // File is one checkpoint file: its size and its bytes, in order, as slices
@@ -123,6 +160,10 @@ type Store struct {
 	chunkRefs map[string]int
 	pins      map[string]int
 	chunkSize map[string]int64
+	// policy bounds the store (SetPolicy); admitted counts the user
+	// snapshots admitted (Admit) and not yet stored or given up.
+	policy   Policy
+	admitted int
 }
 
 // Open loads the snapshots under dir, drops those whose chunks are missing
@@ -150,6 +191,7 @@ func Open(dir string) (*Store, error) {
 			return nil, err
 		}
 		if sn != nil && s.complete(sn) {
+			sn.Kind = kindOf(sn)
 			s.snaps[sn.ID] = sn
 			for c := range sn.chunks() {
 				s.chunkRefs[c]++
@@ -411,19 +453,36 @@ func (s *Store) storedLocked() int64 {
 	return n
 }
 
-// Policy bounds the disk use of snapshots nothing needs.
+// Policy bounds the disk use of snapshots. The retention policy collects
+// only agentenv's own snapshots (KindAuto); a user's are kept until
+// deleted, and Admit refuses a new one when they alone fill the limits.
 type Policy struct {
 	MaxAge   time.Duration // 0: no age limit
 	MaxCount int           // 0: no count limit
 	MaxBytes int64         // 0: no size limit
 }
 
-// GC deletes unreferenced snapshots (no running sandbox, no child) beyond
-// the policy, oldest first, and returns the IDs it deleted. Internal
-// snapshots left over from an interrupted fork always go.
+// SetPolicy sets the limits Admit holds new user snapshots to (the same
+// the server's collector applies with GC).
+func (s *Store) SetPolicy(p Policy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policy = p
+}
+
+// GC deletes agentenv's own unreferenced snapshots (no running sandbox, no
+// child) beyond the policy, oldest first, and returns the IDs it deleted.
+// Internal snapshots left over from an interrupted fork always go; the
+// server's ready snapshots and a user's never do.
 func (s *Store) GC(p Policy) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.gcLocked(p, 0)
+}
+
+// gcLocked is GC leaving room for extra more snapshots under the count
+// limit.
+func (s *Store) gcLocked(p Policy, extra int) []string {
 	var deleted []string
 	for {
 		var all []*Snapshot
@@ -434,11 +493,11 @@ func (s *Store) GC(p Policy) []string {
 		sort.Slice(all, func(i, j int) bool { return all[i].CreatedAt.Before(all[j].CreatedAt) })
 		var victim *Snapshot
 		for _, sn := range all {
-			if s.refs[sn.ID] > 0 || s.hasChild(sn.ID) {
+			if sn.Kind == KindUser || s.refs[sn.ID] > 0 || s.hasChild(sn.ID) {
 				continue
 			}
 			tooOld := p.MaxAge > 0 && time.Since(sn.CreatedAt) > p.MaxAge
-			tooMany := p.MaxCount > 0 && len(all) > p.MaxCount
+			tooMany := p.MaxCount > 0 && len(all)+extra > p.MaxCount
 			tooBig := p.MaxBytes > 0 && total > p.MaxBytes
 			// Only the server's own ready snapshots are kept regardless.
 			ready := sn.Internal && strings.HasPrefix(sn.Name, "ready:")
@@ -453,6 +512,43 @@ func (s *Store) GC(p Policy) []string {
 		s.deleteLocked(victim.ID)
 		deleted = append(deleted, victim.ID)
 	}
+}
+
+// Admit makes room for one more user snapshot under the policy: it
+// collects agentenv's own snapshots first, and refuses (insufficient
+// storage) when what is left still fills the count or byte limit, rather
+// than deleting a user's snapshot. release gives the room back; call it
+// once the snapshot is stored or given up.
+func (s *Store) Admit() (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.policy
+	s.gcLocked(p, s.admitted+1)
+	// Counted as listed: the server's ready snapshots and a fork's
+	// passing checkpoint are not the user's to delete.
+	n := s.admitted
+	for _, sn := range s.snaps {
+		if !sn.Internal {
+			n++
+		}
+	}
+	if p.MaxCount > 0 && n >= p.MaxCount {
+		return nil, errdefs.InsufficientStorage("the snapshot store is full: it holds %d snapshots of its %d (--snapshot-max-count), and snapshots users made are kept until deleted: delete snapshots you no longer need (`agentenv snapshot delete ID`, DELETE /snapshots/ID), or ask the operator to raise --snapshot-max-count",
+			n, p.MaxCount)
+	}
+	if b := s.storedLocked(); p.MaxBytes > 0 && b >= p.MaxBytes {
+		return nil, errdefs.InsufficientStorage("the snapshot store is full: its snapshots take %d MiB of its %d MiB (--snapshot-max-bytes), and snapshots users made are kept until deleted: delete snapshots you no longer need (`agentenv snapshot delete ID`, DELETE /snapshots/ID), or ask the operator to raise --snapshot-max-bytes",
+			b>>20, p.MaxBytes>>20)
+	}
+	s.admitted++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.admitted--
+			s.mu.Unlock()
+		})
+	}, nil
 }
 
 func (s *Store) hasChild(id string) bool {

@@ -1,9 +1,13 @@
 package snapshot
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,7 +107,7 @@ func TestGC(t *testing.T) {
 		t.Fatal(err)
 	}
 	add := func(name string, age time.Duration, internal bool) Snapshot {
-		sn, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": name}), Snapshot{Name: name, Internal: internal, CreatedAt: time.Now().Add(-age)})
+		sn, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": name}), Snapshot{Name: name, Internal: internal, Kind: KindAuto, CreatedAt: time.Now().Add(-age)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +118,7 @@ func TestGC(t *testing.T) {
 	fresh := add("fresh", time.Minute, false)
 	leftover := add("fork-leftover", time.Minute, true)
 	ready := add("ready:busybox", 48*time.Hour, true)
-	// A user's snapshot with a reserved-looking name gets no exemption.
+	// A non-internal snapshot with a reserved-looking name gets no exemption.
 	fakeReady := add("ready:mine", 48*time.Hour, false)
 	_, _, release, err := s.Acquire(inUse.ID)
 	if err != nil {
@@ -139,5 +143,180 @@ func TestGC(t *testing.T) {
 	}
 	if got := s.GC(Policy{MaxCount: 1}); len(got) != 1 || got[0] != fresh.ID {
 		t.Errorf("GC by count deleted %v, want only %s (the others are in use or ready)", got, fresh.ID)
+	}
+}
+
+// userAndAuto fills a store with user snapshots (old ones) and agentenv's
+// own, and returns them.
+func userAndAuto(t *testing.T, s *Store, users, autos int) (user, auto []Snapshot) {
+	t.Helper()
+	for i := range users + autos {
+		kind := KindUser
+		if i >= users {
+			kind = KindAuto
+		}
+		sn, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": fmt.Sprint("state ", i)}),
+			Snapshot{Kind: kind, CreatedAt: time.Now().Add(-time.Duration(1000-i) * time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kind == KindUser {
+			user = append(user, sn)
+		} else {
+			auto = append(auto, sn)
+		}
+	}
+	return user, auto
+}
+
+func TestUserSnapshotsOutliveTheCollector(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The user's are the oldest, past the age limit, over the count and
+	// the byte limits: the collector takes only agentenv's own.
+	user, auto := userAndAuto(t, s, 3, 2)
+	deleted := s.GC(Policy{MaxCount: 2, MaxAge: time.Hour, MaxBytes: 1})
+	if got, want := len(deleted), len(auto); got != want {
+		t.Errorf("GC deleted %d snapshots, want %d (agentenv's own)", got, want)
+	}
+	for _, sn := range user {
+		if !s.Has(sn.ID) {
+			t.Errorf("GC deleted the user's snapshot %s", sn.ID)
+		}
+	}
+	for _, sn := range auto {
+		if s.Has(sn.ID) {
+			t.Errorf("GC kept agentenv's snapshot %s beyond the policy", sn.ID)
+		}
+	}
+}
+
+func TestAdmitRefusesWhenUsersFillTheStore(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy(Policy{MaxCount: 3})
+	user, auto := userAndAuto(t, s, 2, 2)
+	// Room is made by collecting agentenv's own snapshots.
+	release, err := s.Admit()
+	if err != nil {
+		t.Fatalf("admit with agentenv's snapshots to collect: %v", err)
+	}
+	for _, sn := range auto {
+		if s.Has(sn.ID) {
+			t.Errorf("admit kept agentenv's snapshot %s in a full store", sn.ID)
+		}
+	}
+	// Two user snapshots and one admitted: the store is full.
+	if _, err := s.Admit(); !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "--snapshot-max-count") {
+		t.Errorf("admit in a store full of user snapshots: %v, want insufficient storage naming --snapshot-max-count", err)
+	}
+	for _, sn := range user {
+		if !s.Has(sn.ID) {
+			t.Errorf("admit deleted the user's snapshot %s", sn.ID)
+		}
+	}
+	release()
+	release() // idempotent
+	if r, err := s.Admit(); err != nil {
+		t.Errorf("admit after the room was given back: %v", err)
+	} else {
+		r()
+	}
+	if err := s.Delete(user[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy(Policy{MaxBytes: 1})
+	if _, err := s.Admit(); !errors.Is(err, errdefs.ErrInsufficientStorage) || !strings.Contains(err.Error(), "--snapshot-max-bytes") {
+		t.Errorf("admit over the byte limit: %v, want insufficient storage naming --snapshot-max-bytes", err)
+	}
+}
+
+func TestUnmarkedSnapshotsKind(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		sn   Snapshot
+		want string
+	}{
+		{"made by the snapshot API", Snapshot{}, KindUser},
+		{"a fork's checkpoint", Snapshot{Internal: true}, KindAuto},
+		{"a ready template", Snapshot{Name: "ready:base", Internal: true}, KindAuto},
+		{"a fleet fork's", Snapshot{Metadata: map[string]string{forkOfKey: "sbx"}}, KindAuto},
+	}
+	ids := make([]string, len(cases))
+	for i, c := range cases {
+		sn, err := s.Add(checkpoint(t, s, map[string]string{"checkpoint.img": c.name}), c.sn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = sn.ID
+		// As written before snapshots carried their kind.
+		p := filepath.Join(dir, "meta", sn.ID+".json")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		json.Unmarshal(b, &m)
+		delete(m, "kind")
+		b, _ = json.Marshal(m)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cases {
+		sn, err := s2.Get(ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sn.Kind != c.want {
+			t.Errorf("%s, unmarked: kind %q, want %q", c.name, sn.Kind, c.want)
+		}
+	}
+}
+
+// Admissions racing for the last places of a full store: as many succeed
+// as there are places, the others are refused.
+func TestAdmitConcurrent(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy(Policy{MaxCount: 5})
+	userAndAuto(t, s, 2, 4) // 2 user snapshots kept, 4 of agentenv's to collect
+	const racers = 16
+	results := make(chan error, racers)
+	var wg sync.WaitGroup
+	for range racers {
+		wg.Go(func() {
+			_, err := s.Admit() // held until the test ends
+			results <- err
+		})
+	}
+	wg.Wait()
+	close(results)
+	admitted := 0
+	for err := range results {
+		switch {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, errdefs.ErrInsufficientStorage):
+			t.Errorf("admit: %v, want nil or insufficient storage", err)
+		}
+	}
+	if got, want := admitted, 3; got != want {
+		t.Errorf("%d of %d racing admissions succeeded, want %d (5 places, 2 the user's)", got, racers, want)
 	}
 }

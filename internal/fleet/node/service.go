@@ -104,7 +104,7 @@ func (s *nodeService) Connect(ctx context.Context, r *req[nodepb.TimeoutRequest]
 }
 
 func (s *nodeService) Snapshot(ctx context.Context, r *req[nodepb.SnapshotRequest]) (*resp[nodepb.SnapshotResponse], error) {
-	sn, err := s.b.Snapshot(ctx, r.Msg.GetId(), sandbox.SnapshotRequest{Name: r.Msg.GetName(), Metadata: r.Msg.GetMetadata()})
+	sn, err := s.b.Snapshot(ctx, r.Msg.GetId(), sandbox.SnapshotRequest{Name: r.Msg.GetName(), Metadata: r.Msg.GetMetadata(), Automatic: r.Msg.GetAutomatic()})
 	return answer(&nodepb.SnapshotResponse{Snapshot: nodepb.FromSnapshot(sn)}, err)
 }
 

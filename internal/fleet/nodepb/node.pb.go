@@ -1162,10 +1162,13 @@ func (x *PauseRequest) GetFilesOnly() bool {
 }
 
 type SnapshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Metadata      map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name     string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Metadata map[string]string      `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// automatic: agentenv makes it for its own use (a fork spilling over
+	// its parent's node): the retention policy collects it, unlike a user's.
+	Automatic     bool `protobuf:"varint,4,opt,name=automatic,proto3" json:"automatic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1219,6 +1222,13 @@ func (x *SnapshotRequest) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *SnapshotRequest) GetAutomatic() bool {
+	if x != nil {
+		return x.Automatic
+	}
+	return false
 }
 
 // Snapshot is a snapshot as API servers show it (no file layout).
@@ -2450,11 +2460,12 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\fPauseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
-	"files_only\x18\x02 \x01(\bR\tfilesOnly\"\xbf\x01\n" +
+	"files_only\x18\x02 \x01(\bR\tfilesOnly\"\xdd\x01\n" +
 	"\x0fSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12K\n" +
-	"\bmetadata\x18\x03 \x03(\v2/.agentenv.node.v1.SnapshotRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x03 \x03(\v2/.agentenv.node.v1.SnapshotRequest.MetadataEntryR\bmetadata\x12\x1c\n" +
+	"\tautomatic\x18\x04 \x01(\bR\tautomatic\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x04\n" +

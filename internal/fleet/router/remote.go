@@ -339,7 +339,7 @@ type rpcFunc[Req any] = func(context.Context, *connect.Request[Req]) (*connect.R
 
 // snapshotOn snapshots sandbox id on its node c.
 func snapshotOn(ctx context.Context, c *nodeClient, id string, req sandbox.SnapshotRequest) (snapshot.Snapshot, error) {
-	resp, err := call(ctx, c.rpc.Snapshot, &nodepb.SnapshotRequest{Id: id, Name: req.Name, Metadata: req.Metadata})
+	resp, err := call(ctx, c.rpc.Snapshot, &nodepb.SnapshotRequest{Id: id, Name: req.Name, Metadata: req.Metadata, Automatic: req.Automatic})
 	if err != nil {
 		return snapshot.Snapshot{}, err
 	}
@@ -391,7 +391,7 @@ func (r *Remote) Fork(ctx context.Context, id string, count int, d time.Duration
 		return nil, errdefs.Unavailable("sandbox %s mounts volumes of node %s, which cannot take %d more sandboxes now (full, cordoned or draining): its fork children can only run there",
 			id, c.name, count)
 	}
-	sn, err := snapshotOn(ctx, c, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}})
+	sn, err := snapshotOn(ctx, c, id, sandbox.SnapshotRequest{Metadata: map[string]string{forkOfKey: id}, Automatic: true})
 	if err != nil {
 		return nil, err
 	}

@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/runtime/pidfd"
 )
@@ -88,6 +89,9 @@ func (f *Fake) stateDir(id string) string { return filepath.Join(f.cfg.Root, id)
 func (f *Fake) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if spec.ID == "" || strings.ContainsAny(spec.ID, "/.") {
 		return fmt.Errorf("fake runtime: bad sandbox ID %q", spec.ID)
+	}
+	if len(spec.Lowers) > 0 {
+		return errdefs.Invalid("fake runtime: sandbox %s: it does not stack layers", spec.ID)
 	}
 	// As a real runtime would, refuse a missing image: the suite checks
 	// that a failed create leaves nothing.

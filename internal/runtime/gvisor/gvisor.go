@@ -263,3 +263,8 @@ func tail(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+var _ runtime.LayerStacker = (*Gvisor)(nil)
+
+// StacksLayers says whether the runsc build stacks images (patch 0008).
+func (g *Gvisor) StacksLayers() bool { return g.features.RootfsLowerImages }

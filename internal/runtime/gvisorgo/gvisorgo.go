@@ -433,3 +433,8 @@ func (g *Gvisor) Resume(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+var _ runtime.LayerStacker = (*Gvisor)(nil)
+
+// StacksLayers says whether the runsc build stacks images (patch 0008).
+func (g *Gvisor) StacksLayers() bool { return g.Features.RootfsLowerImages }

@@ -10,9 +10,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 )
@@ -72,6 +74,9 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string, f runscbin.Features) *
 			CgroupsPath: cgroupsPath,
 		},
 	}
+	if len(spec.Lowers) > 0 {
+		s.Annotations[LowersAnnotation] = strings.Join(spec.Lowers, ":")
+	}
 	for _, b := range spec.Binds {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source,
 			Options: []string{"rbind", "rw", "nosuid", "nodev"}})
@@ -86,10 +91,22 @@ func Build(spec runtime.Spec, rootfs, cgroupsPath string, f runscbin.Features) *
 	return s
 }
 
+// LowersAnnotation names the EROFS images stacked below the rootfs image
+// (runtime.Spec.Lowers), top first, ":"-separated as overlayfs's lowerdir.
+// A runsc with patch 0008 (runscbin.Features.RootfsLowerImages) opens them
+// in the sandbox process and gives the root overlay one lower layer each;
+// a checkpoint names them by position, so a restore must give the same
+// stack.
+const LowersAnnotation = "dev.agentenv.rootfs.lowers"
+
 // WriteBundle writes the OCI bundle for spec into spec.Dir and returns its
 // path. The state file records the bundle path, and the sandbox process
-// reads config.json from it, exactly as with `runsc create --bundle`.
+// reads config.json from it, exactly as with `runsc create --bundle`. A
+// spec with Lowers needs a runsc that stacks them (f.RootfsLowerImages).
 func WriteBundle(spec runtime.Spec, cgroupsPath string, f runscbin.Features) (string, error) {
+	if err := checkLowers(spec, f); err != nil {
+		return "", err
+	}
 	bundle := filepath.Join(spec.Dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
@@ -105,6 +122,23 @@ func WriteBundle(spec runtime.Spec, cgroupsPath string, f runscbin.Features) (st
 		return "", err
 	}
 	return bundle, os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
+}
+
+// checkLowers refuses a stack this runsc cannot mount or the annotation
+// cannot carry.
+func checkLowers(spec runtime.Spec, f runscbin.Features) error {
+	if len(spec.Lowers) == 0 {
+		return nil
+	}
+	if !f.RootfsLowerImages {
+		return errdefs.Invalid("sandbox %s: its template is a stack of %d layers, and this runsc cannot stack them: install agentenv's runsc build (make setup)", spec.ID, len(spec.Lowers)+1)
+	}
+	for _, p := range spec.Lowers {
+		if !filepath.IsAbs(p) || strings.Contains(p, ":") {
+			return errdefs.Invalid("sandbox %s: layer image %q: want an absolute path without ':'", spec.ID, p)
+		}
+	}
+	return nil
 }
 
 func resources(spec runtime.Spec) *specs.LinuxResources {

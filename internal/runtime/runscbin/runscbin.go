@@ -23,6 +23,9 @@ type Features struct {
 	// self filestore itself (patch 0002), so a write layer on disk needs
 	// no gofer process.
 	GoferlessFilestore bool `json:"goferless_filestore,omitempty"`
+	// RootfsLowerImages: the root overlay stacks EROFS images below the
+	// rootfs image (patch 0008, ocispec.LowersAnnotation).
+	RootfsLowerImages bool `json:"rootfs_lower_images,omitempty"`
 }
 
 // Version returns the build name of the runsc binary at path (its
@@ -38,8 +41,11 @@ func Version(path string) (string, Features, error) {
 	for _, l := range lines[1:] {
 		if names, ok := strings.CutPrefix(strings.TrimSpace(l), "agentenv:"); ok {
 			for _, n := range strings.Fields(names) {
-				if n == "goferless-self-filestore" {
+				switch n {
+				case "goferless-self-filestore":
 					feat.GoferlessFilestore = true
+				case "rootfs-lower-images":
+					feat.RootfsLowerImages = true
 				}
 			}
 		}
