@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/envdclient"
@@ -226,12 +227,7 @@ func (m *Manager) persist(sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(m.dir(sb.ID), "sandbox.json")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(m.dir(sb.ID), "sandbox.json"), b, 0o600); err != nil {
 		return err
 	}
 	if m.d.OnPersist != nil {

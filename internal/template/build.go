@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"io/fs"
@@ -314,7 +315,7 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.erofs: %w: %s (is erofs-utils installed? run make setup)", err, lastLines(string(out)))
 	}
-	if err := os.Rename(tmp, image); err != nil {
+	if err := atomicfile.Rename(tmp, image); err != nil {
 		return err
 	}
 	st, err := os.Stat(image)
