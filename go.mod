@@ -4,6 +4,8 @@ go 1.26.8
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/agentenv/agentenv/api v0.0.0
+	github.com/agentenv/agentenv/client v0.0.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/nftables v0.3.0
@@ -110,4 +112,12 @@ require (
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
 	sigs.k8s.io/json v0.0.0-20241010143419-9aa6b5e7a4b3 // indirect
 	sigs.k8s.io/structured-merge-diff/v4 v4.4.2 // indirect
+)
+
+// The Go client and its wire types are modules of their own (so a user of
+// the client pulls no server dependencies); the server builds against
+// them as they are in this tree, so both stay in step.
+replace (
+	github.com/agentenv/agentenv/api => ./api
+	github.com/agentenv/agentenv/client => ./client
 )

@@ -10,7 +10,8 @@
 // API key:
 //
 //	c := client.New("http://127.0.0.1:3000", "http://127.0.0.1:3001", os.Getenv("AGENTENV_API_KEY"))
-//	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(60))})
+//	timeout := int64(60) // seconds
+//	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: &timeout})
 //	...
 //	res, err := c.Exec(ctx, sb, "echo", []string{"hello"}, os.Stdout, os.Stderr)
 //

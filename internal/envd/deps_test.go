@@ -13,6 +13,7 @@ import (
 var allowedDeps = []string{
 	"github.com/agentenv/agentenv/cmd/envd",
 	"github.com/agentenv/agentenv/internal/envd",
+	"github.com/agentenv/agentenv/api/envd", // its generated protocol code
 	"connectrpc.com/connect",
 	"google.golang.org/protobuf",
 	"golang.org/x/sys",

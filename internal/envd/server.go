@@ -30,8 +30,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/api/envd/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
 )
 
 // Port is the port envd listens on inside the sandbox.

@@ -28,10 +28,10 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/api/envd/processpb"
+	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envd"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 )
 
 // DialFunc opens a connection to a sandbox (the server's marked dialer:
