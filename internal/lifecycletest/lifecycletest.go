@@ -1,4 +1,4 @@
-// Package lifecycletest is the unprivileged test tier (issue 18): the
+// Package lifecycletest is the unprivileged test tier: the
 // sandbox lifecycle (timeouts, pause/resume/kill races, recovery after a
 // crash, the proxy's route changes) tested through the real server, API,
 // manager and proxy on the fake runtime (internal/runtime/fake) and no

@@ -23,7 +23,7 @@ import (
 )
 
 // A pause without memory must use no tool of the sandbox and must not let
-// the sandbox exhaust the host (issue 16, finding 4): envd does the work,
+// the sandbox exhaust the host (no host tool reads its files): envd does the work,
 // the host keeps a capped stream. The lifecycle tests (lifecycle_test.go)
 // run on busybox and on gnuTemplate.
 

@@ -101,7 +101,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir}
 	// A data dir made beforehand with a lax mode (as `make demo` used to)
-	// is made root-only by the server (security finding 8).
+	// is made root-only by the server (it holds keys and tokens).
 	os.Chmod(dir, 0o755)
 	c := p.start(t)
 	ctx := context.Background()
