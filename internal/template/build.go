@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/agentenv/agentenv/internal/atomicfile"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"io/fs"
 	"os"
@@ -310,7 +309,7 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 		// then all the epoch.
 		args = append(args, "-T", "0", "-U", busyboxUUID)
 	}
-	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.erofs", append(args, tmp, rootfs)...))
+	out, err := exec.CommandContext(ctx, "mkfs.erofs", append(args, tmp, rootfs)...).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.erofs: %w: %s (is erofs-utils installed? run make setup)", err, lastLines(string(out)))
@@ -437,7 +436,7 @@ func copyInto(root *os.Root, src, name string, mode os.FileMode) error {
 // buildBusybox makes a tiny rootfs from the host's static busybox.
 func buildBusybox(rootfs string) error {
 	bb := "/bin/busybox"
-	out, err := childproc.Output(exec.Command(bb, "--list"))
+	out, err := exec.Command(bb, "--list").Output()
 	if err != nil {
 		return fmt.Errorf("busybox (package busybox-static; run make setup): %w", err)
 	}
@@ -510,7 +509,7 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	cmd := exec.CommandContext(ctx, "debootstrap", args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := childproc.Start(cmd); err != nil {
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("debootstrap (run make setup): %w", err)
 	}
 	var tailLines []string
