@@ -40,5 +40,6 @@ type (
 
 // EnvdPort is the port of envd, the daemon inside every sandbox that runs
 // commands and serves files; the proxy routes requests to it by the
-// E2b-Sandbox-Port header.
+// E2b-Sandbox-Port header. It is the server's envdapi.Port (the client
+// module cannot import the server's packages; a test checks they agree).
 const EnvdPort = 49983

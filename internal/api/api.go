@@ -16,7 +16,7 @@ import (
 	"time"
 
 	wire "github.com/agentenv/agentenv/api"
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
@@ -228,7 +228,7 @@ func toBoot(r *sandbox.BootRecord) *wire.BootRecord {
 func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
 	out := wire.Sandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
-		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
+		EnvdVersion: envdapi.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State.E2B()),
 		AllowInternetAccess: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}

@@ -13,7 +13,8 @@ import (
 var allowedDeps = []string{
 	"github.com/agentenv/agentenv/cmd/envd",
 	"github.com/agentenv/agentenv/internal/envd",
-	"github.com/agentenv/agentenv/api/envd", // its generated protocol code
+	"github.com/agentenv/agentenv/api/envd",         // its generated protocol code
+	"github.com/agentenv/agentenv/internal/envdapi", // what it shares with the host
 	"connectrpc.com/connect",
 	"google.golang.org/protobuf",
 	"golang.org/x/sys",

@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/runtime/fake"
@@ -60,7 +60,7 @@ func NewRuntime(cfg server.Config, nets *netns.Manager) (runtime.Runtime, error)
 		wd := fake.WorkDir(s)
 		// The template's flags first: the last of a repeated flag wins.
 		args := append([]string{cfg.Envd}, s.Args[1:]...)
-		return append(args, "-listen", net.JoinHostPort(slot.SandboxIP.String(), strconv.Itoa(envd.Port)),
+		return append(args, "-listen", net.JoinHostPort(slot.SandboxIP.String(), strconv.Itoa(envdapi.Port)),
 			"-user", me.Username, "-workdir", wd, "-changes-root", wd), nil
 	}})
 }

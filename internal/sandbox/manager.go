@@ -15,7 +15,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/dialer"
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
@@ -251,7 +251,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		"E2B_SANDBOX=true",
 		"E2B_SANDBOX_ID=" + sb.ID,
 		"E2B_TEMPLATE_ID=" + sb.Template,
-		envd.TokenEnv + "=" + sb.AccessToken,
+		envdapi.TokenEnv + "=" + sb.AccessToken,
 	}
 	env, args := m.templateProcess(sb, env)
 	return runtime.Spec{

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 )
@@ -358,8 +358,8 @@ func prepareRootfs(rootfs, envdBin string) error {
 	if _, err := root.Lstat("bin/bash"); errors.Is(err, os.ErrNotExist) {
 		// busybox has no bash applet: a script hands bash's arguments to sh,
 		// which accepts the SDK's `-l -c CMD`.
-		// envd recognises it and starts sh itself (envd.BashShim).
-		if err := root.WriteFile("bin/bash", []byte(envd.BashShim), 0o755); err != nil {
+		// envd recognises it and starts sh itself (envdapi.BashShim).
+		if err := root.WriteFile("bin/bash", []byte(envdapi.BashShim), 0o755); err != nil {
 			return err
 		}
 	}

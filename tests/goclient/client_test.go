@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
@@ -231,8 +232,8 @@ func TestPortHeaders(t *testing.T) {
 
 // EnvdPort is envd's port.
 func TestEnvdPort(t *testing.T) {
-	if client.EnvdPort != envd.Port {
-		t.Errorf("EnvdPort = %d, want envd.Port %d", client.EnvdPort, envd.Port)
+	if client.EnvdPort != envdapi.Port {
+		t.Errorf("EnvdPort = %d, want envdapi.Port %d", client.EnvdPort, envdapi.Port)
 	}
 }
 
