@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	connectrpc.com/connect v1.21.1
-	github.com/agentenv/agentenv/api v0.0.0
 	github.com/agentenv/agentenv/client v0.0.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/go-containerregistry v0.22.1
@@ -114,10 +113,7 @@ require (
 	sigs.k8s.io/structured-merge-diff/v4 v4.4.2 // indirect
 )
 
-// The Go client and its wire types are modules of their own (so a user of
-// the client pulls no server dependencies); the server builds against
-// them as they are in this tree, so both stay in step.
-replace (
-	github.com/agentenv/agentenv/api => ./api
-	github.com/agentenv/agentenv/client => ./client
-)
+// The Go client, with the wire types it shares with the server, is a
+// module of its own (a user of the client pulls no server dependency);
+// the server builds against it as it is in this tree, so both stay in step.
+replace github.com/agentenv/agentenv/client => ./client

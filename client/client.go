@@ -16,7 +16,7 @@
 //	res, err := c.Exec(ctx, sb, "echo", []string{"hello"}, os.Stdout, os.Stderr)
 //
 // The bodies it sends and receives are the types of package
-// github.com/agentenv/agentenv/api, which the server uses too and a test
+// github.com/agentenv/agentenv/client/api, which the server uses too and a test
 // checks against api/openapi.yaml; this package names the ones its methods
 // take (Sandbox, CreateRequest, Snapshot...) as aliases, so one import is
 // enough. An error the server answers is an *Error; an envd call to a

@@ -8,7 +8,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/client/api"
 )
 
 // CreateSandbox creates a sandbox.

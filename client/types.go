@@ -1,6 +1,6 @@
 package client
 
-import "github.com/agentenv/agentenv/api"
+import "github.com/agentenv/agentenv/client/api"
 
 // The API's bodies that this package's methods take and return. They are
 // the api package's types under the names a client reads best, so that

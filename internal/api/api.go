@@ -2,7 +2,7 @@
 // (so the official e2b SDKs work unchanged) plus agentenv's own routes under
 // /agentenv/. It maps error classes to HTTP at this edge only and must not
 // hold sandbox state of its own. Its JSON bodies are the public package
-// github.com/agentenv/agentenv/api (imported as wire), which the Go client
+// github.com/agentenv/agentenv/client/api (imported as wire), which the Go client
 // shares; a body shape belongs there, not here.
 package api
 
@@ -15,7 +15,7 @@ import (
 	"net/http"
 	"time"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"

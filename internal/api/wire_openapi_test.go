@@ -14,7 +14,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // wireSchemas maps each wire type to its schema in openapi.yaml, as a JSON
@@ -224,10 +224,11 @@ func jsonFields(typ reflect.Type) []field {
 	return out
 }
 
-// structTypes lists the struct types declared in package api's source.
+// structTypes lists the struct types declared in package api's source
+// (client/api).
 func structTypes(t *testing.T) []string {
 	t.Helper()
-	pkgs, err := parser.ParseDir(token.NewFileSet(), "../../api", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	pkgs, err := parser.ParseDir(token.NewFileSet(), "../../client/api", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

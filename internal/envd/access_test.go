@@ -18,9 +18,9 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	fspb "github.com/agentenv/agentenv/api/envd/filesystempb"
-	"github.com/agentenv/agentenv/api/envd/filesystempb/filesystempbconnect"
-	procpb "github.com/agentenv/agentenv/api/envd/processpb"
+	fspb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
 	"github.com/agentenv/agentenv/internal/testenv"
 )

@@ -13,8 +13,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/api/envd/filesystempb/filesystempbconnect"
-	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/envd"
 )
 

@@ -16,7 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/agentenv/agentenv/api/envd/filesystempb"
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd"
 )
 

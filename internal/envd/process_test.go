@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/agentenv/agentenv/api/envd/processpb"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	pb "github.com/agentenv/agentenv/api/envd/processpb"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
 )
 

@@ -25,8 +25,8 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/agentenv/agentenv/api/envd/filesystempb/filesystempbconnect"
-	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdapi/envdauth"
 )

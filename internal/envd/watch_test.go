@@ -12,7 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	pb "github.com/agentenv/agentenv/api/envd/filesystempb"
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd"
 )
 

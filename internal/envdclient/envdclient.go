@@ -28,8 +28,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/api/envd/processpb"
-	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envdapi"
 )

@@ -14,11 +14,11 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	fspb "github.com/agentenv/agentenv/api/envd/filesystempb"
-	"github.com/agentenv/agentenv/api/envd/filesystempb/filesystempbconnect"
-	procpb "github.com/agentenv/agentenv/api/envd/processpb"
-	"github.com/agentenv/agentenv/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/client"
+	fspb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 )
 
 // envdAs talks to a sandbox's envd as one user of the sandbox, as the E2B

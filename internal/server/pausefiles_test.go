@@ -16,8 +16,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	procpb "github.com/agentenv/agentenv/api/envd/processpb"
 	"github.com/agentenv/agentenv/client"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/testenv"
 )

@@ -1,8 +1,0 @@
-module github.com/agentenv/agentenv/api
-
-go 1.22
-
-require (
-	connectrpc.com/connect v1.18.1
-	google.golang.org/protobuf v1.36.6
-)
