@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/agentenv/agentenv/client v0.0.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/nftables v0.3.0
@@ -111,3 +112,8 @@ require (
 	sigs.k8s.io/json v0.0.0-20241010143419-9aa6b5e7a4b3 // indirect
 	sigs.k8s.io/structured-merge-diff/v4 v4.4.2 // indirect
 )
+
+// The Go client, with the wire types it shares with the server, is a
+// module of its own (a user of the client pulls no server dependency);
+// the server builds against it as it is in this tree, so both stay in step.
+replace github.com/agentenv/agentenv/client => ./client

@@ -10,12 +10,13 @@
 // API key:
 //
 //	c := client.New("http://127.0.0.1:3000", "http://127.0.0.1:3001", os.Getenv("AGENTENV_API_KEY"))
-//	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(60))})
+//	timeout := int64(60) // seconds
+//	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: &timeout})
 //	...
 //	res, err := c.Exec(ctx, sb, "echo", []string{"hello"}, os.Stdout, os.Stderr)
 //
 // The bodies it sends and receives are the types of package
-// github.com/agentenv/agentenv/api, which the server uses too and a test
+// github.com/agentenv/agentenv/client/api, which the server uses too and a test
 // checks against api/openapi.yaml; this package names the ones its methods
 // take (Sandbox, CreateRequest, Snapshot...) as aliases, so one import is
 // enough. An error the server answers is an *Error; an envd call to a

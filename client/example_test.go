@@ -27,7 +27,8 @@ func newClient() *client.Client {
 func Example() {
 	ctx := context.Background()
 	c := newClient()
-	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: new(int64(60))})
+	timeout := int64(60) // seconds
+	sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Timeout: &timeout})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -171,7 +172,8 @@ func ExampleClient_ConnectSandbox() {
 	if err := c.PauseSandbox(ctx, sb.SandboxID); err != nil {
 		log.Fatal(err)
 	}
-	sb, err = c.ConnectSandbox(ctx, sb.SandboxID, client.ConnectRequest{Timeout: new(int64(300))})
+	timeout := int64(300) // seconds
+	sb, err = c.ConnectSandbox(ctx, sb.SandboxID, client.ConnectRequest{Timeout: &timeout})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
 )
 
 // Files is a sandbox's filesystem through envd, as one user. Every call

@@ -11,8 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 )
 
 // ProcessRequest describes a command to start in a sandbox.

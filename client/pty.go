@@ -8,8 +8,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 )
 
 // PTYRequest describes a terminal session to start in a sandbox.

@@ -8,7 +8,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/client/api"
 )
 
 // CreateSandbox creates a sandbox.
@@ -91,7 +91,8 @@ func (c *Client) KillSandbox(ctx context.Context, id string) error {
 
 // SetTimeout sets a sandbox's remaining life.
 func (c *Client) SetTimeout(ctx context.Context, id string, seconds int) error {
-	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", api.TimeoutRequest{Timeout: new(int64(seconds))}, nil)
+	timeout := int64(seconds)
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", api.TimeoutRequest{Timeout: &timeout}, nil)
 }
 
 // ConnectSandbox is E2B's connect: a paused sandbox is resumed, a running
@@ -119,7 +120,8 @@ func (c *Client) UpdateNetwork(ctx context.Context, id string, req api.NetworkUp
 // with memory: false): nothing of it stays in memory, and a resume boots
 // it again with its files.
 func (c *Client) PauseSandboxFiles(ctx context.Context, id string) error {
-	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", api.PauseRequest{Memory: new(false)}, nil)
+	memory := false
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", api.PauseRequest{Memory: &memory}, nil)
 }
 
 // PauseSandbox freezes a sandbox.

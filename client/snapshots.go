@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/client/api"
 )
 
 // SnapshotSandbox snapshots a running sandbox.

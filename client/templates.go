@@ -10,7 +10,7 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/client/api"
 )
 
 // ListTemplates lists templates.

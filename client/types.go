@@ -1,6 +1,6 @@
 package client
 
-import "github.com/agentenv/agentenv/api"
+import "github.com/agentenv/agentenv/client/api"
 
 // The API's bodies that this package's methods take and return. They are
 // the api package's types under the names a client reads best, so that
@@ -40,5 +40,6 @@ type (
 
 // EnvdPort is the port of envd, the daemon inside every sandbox that runs
 // commands and serves files; the proxy routes requests to it by the
-// E2b-Sandbox-Port header.
+// E2b-Sandbox-Port header. It is the server's envdapi.Port (the client
+// module cannot import the server's packages; a test checks they agree).
 const EnvdPort = 49983

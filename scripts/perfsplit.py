@@ -16,7 +16,7 @@ agentenv/exe/runsc/runsc/runsc/runsc = its stubs, other:* = not the server's).
                                                         samples of KIND under FUNC, by callee chain
 
 At -F 1999 a sample is 0.5 ms of CPU. Used for docs/design.md, "CPU outside
-the sandbox's own processes", and docs/benchmarks.md, session 10.
+the sandbox's own processes", and the CPU split in docs/benchmarks.md.
 """
 import collections
 import re

@@ -2,7 +2,7 @@
 // (so the official e2b SDKs work unchanged) plus agentenv's own routes under
 // /agentenv/. It maps error classes to HTTP at this edge only and must not
 // hold sandbox state of its own. Its JSON bodies are the public package
-// github.com/agentenv/agentenv/api (imported as wire), which the Go client
+// github.com/agentenv/agentenv/client/api (imported as wire), which the Go client
 // shares; a body shape belongs there, not here.
 package api
 
@@ -15,8 +15,8 @@ import (
 	"net/http"
 	"time"
 
-	wire "github.com/agentenv/agentenv/api"
-	"github.com/agentenv/agentenv/internal/envd"
+	wire "github.com/agentenv/agentenv/client/api"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
@@ -228,7 +228,7 @@ func toBoot(r *sandbox.BootRecord) *wire.BootRecord {
 func (s *Server) toJSON(sb sandbox.Sandbox, withToken bool) wire.Sandbox {
 	out := wire.Sandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "agentenv",
-		EnvdVersion: envd.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
+		EnvdVersion: envdapi.Version, StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, Metadata: sb.Metadata, State: string(sb.State.E2B()),
 		AllowInternetAccess: sb.Network.AllowInternet, SnapshotID: sb.Snapshot, ParentSandboxID: sb.Parent,
 	}

@@ -20,7 +20,8 @@ import (
 	"sync"
 	"time"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -121,7 +122,7 @@ func (f *buildFiles) digest(owner, templateID, hash string) (string, error) {
 		return "", err
 	}
 	d := hex.EncodeToString(h.Sum(nil))
-	return d, writeFileAtomic(p+".sha256", []byte(d))
+	return d, atomicfile.WriteFile(p+".sha256", []byte(d), 0o600)
 }
 
 // token signs an upload of hash for owner's templateID, valid until exp:
@@ -206,24 +207,7 @@ func (f *buildFiles) store(owner, templateID, hash string, body io.Reader, max i
 	} else if err != nil {
 		return "", false, err
 	}
-	return digest, true, writeFileAtomic(final+".sha256", []byte(digest))
-}
-
-// writeFileAtomic writes b to p through a temporary file and a rename.
-func writeFileAtomic(p string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), p)
+	return digest, true, atomicfile.WriteFile(final+".sha256", []byte(digest), 0o600)
 }
 
 // remove forgets a template's files, every owner's, and its tags (it was
@@ -274,11 +258,7 @@ func (f *buildFiles) writeTagsLocked(templateID string, tags map[string]tagRecor
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return atomicfile.WriteFile(p, b, 0o600)
 }
 
 // setTags points tags at buildID (a finished build).

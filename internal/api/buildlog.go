@@ -5,7 +5,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // Build logs are bounded per build and in total. E2B's SDKs page through

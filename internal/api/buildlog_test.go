@@ -8,7 +8,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/imagebuild"
 	"github.com/agentenv/agentenv/internal/template"
 )

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // createAs makes a build of name for key and returns its answer, or the

@@ -18,9 +18,9 @@ import (
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
-// The researcher's path (issue 21): the agentenv binary, built from this
-// tree, against `agentenv serve` run from the same binary with its own
-// data dir, ports and network range.
+// The researcher's path through the CLI: the agentenv binary, built from
+// this tree, against `agentenv serve` run from the same binary with its
+// own data dir, ports and network range.
 
 const testKey = "cli-test-key"
 

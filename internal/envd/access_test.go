@@ -18,10 +18,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	fspb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
-	fspb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 

@@ -5,12 +5,13 @@ import (
 	"os"
 	"sync"
 	"syscall"
+
+	"github.com/agentenv/agentenv/internal/envdapi"
 )
 
-// BashShim is the /bin/bash agentenv puts in a template without bash (a
-// busybox one): E2B's SDKs run every command as `/bin/bash -l -c CMD`, and
-// the script hands those arguments to sh.
-const BashShim = "#!/bin/sh\nexec /bin/sh \"$@\"\n"
+// BashShim is the /bin/bash the host puts in a template without bash
+// (envdapi.BashShim).
+const BashShim = envdapi.BashShim
 
 // bashShimPath is where the shim is found; shimTarget is what it runs.
 var (

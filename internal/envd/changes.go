@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/internal/envdapi"
 )
 
 // A pause without memory (docs/design.md, "Lifecycle") keeps only a
@@ -25,11 +27,11 @@ import (
 // works for the host, and nothing is staged inside the sandbox (an archive
 // in /dev/shm counted against its memory and got it killed).
 
-// ChangesPath is the route of a sandbox's changed files: GET
-// ?since=<Unix nanoseconds> answers the archive (a tar stream, below), POST
-// with such an archive as body puts the files back. Both need the access
-// token; they act as root, as the host's own operations.
-const ChangesPath = "/agentenv/v1/changes"
+// ChangesPath is the route of a sandbox's changed files
+// (envdapi.ChangesPath): GET ?since=<Unix nanoseconds> answers the archive
+// (a tar stream, below), POST with such an archive as body puts the files
+// back.
+const ChangesPath = envdapi.ChangesPath
 
 // The archive holds, parents before children, every directory, regular
 // file, symlink and FIFO of the root filesystem whose ctime is after since

@@ -16,8 +16,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
 )
 
 // filesystemService implements the Connect filesystem.Filesystem service.

@@ -11,8 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd"
-	pb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
 )
 
 func statReq(path string) *pb.StatRequest { return &pb.StatRequest{Path: path} }

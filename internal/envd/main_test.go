@@ -13,9 +13,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/envd"
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
 )
 
 const testToken = "tok"

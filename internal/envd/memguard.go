@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 )
 
 // gVisor has no OOM killer: when a sandbox's processes pass its memory

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 )
 
 func TestParseMeminfo(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd"
-	pb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
 )
 
 // The E2B SDK unlocks features by envd's version: 0.6.4 is the newest it

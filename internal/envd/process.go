@@ -18,8 +18,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 )
 
 // keepaliveDefault is how often a stream sends a keepalive event when the

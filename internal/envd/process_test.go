@@ -14,8 +14,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 )
 
 // result is what one Start stream delivered.

@@ -11,7 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 )
 
 // openPTY makes a pseudo-terminal pair of the given size (as creack/pty

@@ -10,8 +10,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	pb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/envd"
-	pb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
 )
 
 // ptyScript answers lines typed at its terminal: "size" prints the

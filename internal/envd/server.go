@@ -11,9 +11,6 @@ package envd
 
 import (
 	"compress/gzip"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,30 +21,22 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/envdapi"
+	"github.com/agentenv/agentenv/internal/envdapi/envdauth"
 )
 
-// Port is the port envd listens on inside the sandbox.
-const Port = 49983
-
-// Version is reported to clients; the E2B SDK enables features by it.
-// 0.6.4 is the newest version the JS SDK (2.51.0) checks for, and envd
-// implements what every version up to it promises: server-chosen default
-// user (0.4.0), CloseStdin (0.5.2), octet-stream and gzip uploads (0.5.7),
-// file metadata xattrs (0.6.2), watch events with entries (0.6.3) and the
-// network-mount watch option (0.6.4).
-const Version = "0.6.4"
-
-// TokenEnv names the environment variable that carries the access token to
-// envd at start. envd removes it from its own environment.
-const TokenEnv = "AGENTENV_ENVD_ACCESS_TOKEN"
+// What envd shares with the host (internal/envdapi), under envd's names.
+const (
+	Port     = envdapi.Port
+	Version  = envdapi.Version
+	TokenEnv = envdapi.TokenEnv
+)
 
 // Config configures the daemon.
 type Config struct {
@@ -127,77 +116,12 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		s.mu.Lock()
 		token := s.token
 		s.mu.Unlock()
-		if msg := Refusal(r, token); msg != "" {
+		if msg := envdauth.Refusal(r, token); msg != "" {
 			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// Refusal says why a request to a route that needs envd's access token
-// may not pass, "" when it may: the token in X-Access-Token, or a signed
-// /files URL. The sandbox proxy asks it too, before traffic wakes a
-// paused sandbox.
-func Refusal(r *http.Request, token string) string {
-	if token == "" {
-		return ""
-	}
-	got := r.Header.Get("X-Access-Token")
-	if subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
-		return ""
-	}
-	if r.URL.Path != "/files" {
-		return "unauthorized access, please provide a valid access token or method signing if supported"
-	}
-	if got != "" {
-		return "access token present in header but does not match"
-	}
-	return signatureRefusal(r, token)
-}
-
-// signatureRefusal checks the signed /files URLs the E2B SDK makes
-// (uploadUrl/downloadUrl): signature=v1_<base64 sha256 of
-// "path:operation:user:token[:expiration]">, optionally expiring.
-func signatureRefusal(r *http.Request, token string) string {
-	q := r.URL.Query()
-	if !q.Has("signature") {
-		return "missing signature query parameter"
-	}
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
-	}
-	exp := q.Get("signature_expiration")
-	var expires int64
-	if q.Has("signature_expiration") {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return "invalid signature"
-		}
-		expires = n
-	}
-	want := FileSignature(q.Get("path"), op, q.Get("username"), token, exp)
-	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		return "invalid signature"
-	}
-	if q.Has("signature_expiration") && expires < time.Now().Unix() {
-		return "signature is already expired"
-	}
-	return ""
-}
-
-// FileSignature is the signature of a /files URL as E2B's SDKs make it:
-// "v1_" + unpadded base64 of SHA-256 over "path:operation:user:token",
-// with ":expiration" (Unix seconds) when the URL expires. operation is
-// "read" (GET) or "write" (POST).
-func FileSignature(path, operation, user, token, expiration string) string {
-	msg := path + ":" + operation + ":" + user + ":" + token
-	if expiration != "" {
-		msg += ":" + expiration
-	}
-	sum := sha256.Sum256([]byte(msg))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

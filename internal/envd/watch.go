@@ -15,7 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 )
 
 // watch follows one directory (optionally its subdirectories) with inotify.

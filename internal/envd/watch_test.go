@@ -12,8 +12,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	pb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	"github.com/agentenv/agentenv/internal/envd"
-	pb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
 )
 
 // upload writes data to path through POST /files, as the SDKs' write does.

@@ -1,7 +1,7 @@
 // Package envdclient is the server side's client of envd, the daemon inside
 // every sandbox: wait for its health, set a restored sandbox's access token
 // (/init), run a command and collect its output, and move a sandbox's
-// changed files out and back (envd.ChangesPath). Every caller on the host
+// changed files out and back (envdapi.ChangesPath). Every caller on the host
 // (the sandbox lifecycle, recovery, a template's start command, a pause
 // without memory) goes through it.
 //
@@ -28,10 +28,10 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 	"github.com/agentenv/agentenv/internal/dialer"
-	"github.com/agentenv/agentenv/internal/envd"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	"github.com/agentenv/agentenv/internal/envdapi"
 )
 
 // DialFunc opens a connection to a sandbox (the server's marked dialer:
@@ -41,7 +41,7 @@ type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 // Target is one sandbox's envd: its host-reachable address and the access
 // token its requests carry.
 type Target struct {
-	// Addr is host:port of envd (envd.Port on the sandbox's address).
+	// Addr is host:port of envd (envdapi.Port on the sandbox's address).
 	Addr  string
 	Token string
 }
@@ -218,11 +218,11 @@ func (c *Client) Init(ctx context.Context, t Target, token string, envs map[stri
 }
 
 // Changes opens envd's stream of the files changed after since and the
-// list of all paths (envd.ChangesPath). The caller closes it, and bounds
+// list of all paths (envdapi.ChangesPath). The caller closes it, and bounds
 // what it reads: the sandbox decides what it streams.
 func (c *Client) Changes(ctx context.Context, t Target, since time.Time) (io.ReadCloser, error) {
 	q := url.Values{"since": {strconv.FormatInt(since.UnixNano(), 10)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url(envd.ChangesPath+"?"+q.Encode()), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url(envdapi.ChangesPath+"?"+q.Encode()), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +241,7 @@ func (c *Client) Changes(ctx context.Context, t Target, since time.Time) (io.Rea
 // PutChanges hands envd a stream Changes gave (size bytes), which it
 // unpacks over its tree, deleting the paths the stream does not list.
 func (c *Client) PutChanges(ctx context.Context, t Target, r io.Reader, size int64) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url(envd.ChangesPath), r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url(envdapi.ChangesPath), r)
 	if err != nil {
 		return err
 	}

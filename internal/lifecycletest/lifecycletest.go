@@ -1,4 +1,4 @@
-// Package lifecycletest is the unprivileged test tier (issue 18): the
+// Package lifecycletest is the unprivileged test tier: the
 // sandbox lifecycle (timeouts, pause/resume/kill races, recovery after a
 // crash, the proxy's route changes) tested through the real server, API,
 // manager and proxy on the fake runtime (internal/runtime/fake) and no
@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/runtime/fake"
@@ -60,7 +60,7 @@ func NewRuntime(cfg server.Config, nets *netns.Manager) (runtime.Runtime, error)
 		wd := fake.WorkDir(s)
 		// The template's flags first: the last of a repeated flag wins.
 		args := append([]string{cfg.Envd}, s.Args[1:]...)
-		return append(args, "-listen", net.JoinHostPort(slot.SandboxIP.String(), strconv.Itoa(envd.Port)),
+		return append(args, "-listen", net.JoinHostPort(slot.SandboxIP.String(), strconv.Itoa(envdapi.Port)),
 			"-user", me.Username, "-workdir", wd, "-changes-root", wd), nil
 	}})
 }

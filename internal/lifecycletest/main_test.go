@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/runtime"
@@ -278,7 +278,7 @@ func (x *host) create(req sandbox.CreateRequest) sandbox.Sandbox {
 // health asks a sandbox's envd directly.
 func health(sb sandbox.Sandbox) error {
 	c := &http.Client{Timeout: 15 * time.Second} // a safety net on a loaded host
-	resp, err := c.Get("http://" + sb.Addr(envd.Port) + "/health")
+	resp, err := c.Get("http://" + sb.Addr(envdapi.Port) + "/health")
 	if err != nil {
 		return err
 	}

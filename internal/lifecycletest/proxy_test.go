@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
@@ -26,7 +26,7 @@ func viaProxyWith(t *testing.T, proxyURL, id, token string, timeout time.Duratio
 		req.Header.Set("X-Access-Token", token)
 	}
 	req.Header.Set("E2b-Sandbox-Id", id)
-	req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(envd.Port))
+	req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(envdapi.Port))
 	start := time.Now()
 	resp, err := (&http.Client{Timeout: timeout}).Do(req)
 	if err != nil {

@@ -27,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
 // File names of the local CA in its directory.
@@ -221,10 +223,10 @@ func create(certPath, keyPath, domain string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	if err := atomicfile.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := atomicfile.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		return nil, err
 	}
 	return &CA{cert: cert, key: key, Path: certPath}, nil
@@ -260,33 +262,6 @@ func fullyConstrained(c *x509.Certificate) bool {
 	return v4 && v6 &&
 		len(c.PermittedEmailAddresses) == 1 && c.PermittedEmailAddresses[0] == noName &&
 		len(c.PermittedURIDomains) == 1 && c.PermittedURIDomains[0] == noName
-}
-
-func writeFile(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// The umask may have narrowed the mode.
-		err = os.Chmod(tmp, mode)
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }
 
 func serial() *big.Int {

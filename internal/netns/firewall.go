@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -192,7 +191,7 @@ func nft(ctx context.Context, ruleset string) error {
 	cmd.Stdin = strings.NewReader(ruleset)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := childproc.Run(cmd); err != nil {
+	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("nft: %w: %s (is the nftables package installed? run make setup)", err, strings.TrimSpace(out.String()))
 	}
 	return nil

@@ -19,7 +19,6 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
-	"github.com/agentenv/agentenv/internal/childproc"
 	"github.com/agentenv/agentenv/internal/netns"
 )
 
@@ -247,7 +246,7 @@ func TestFirewallOnlyMarkedConnectionsReachSandboxes(t *testing.T) {
 	}
 	if setpriv, err := exec.LookPath("setpriv"); err == nil {
 		nobody := []string{"--reuid=65534", "--regid=65534", "--clear-groups"}
-		out, err := childproc.CombinedOutput(exec.Command(setpriv, append(nobody, "/bin/busybox", "nc", "-w", "2", slot.SandboxIP.String(), "8080")...))
+		out, err := exec.Command(setpriv, append(nobody, "/bin/busybox", "nc", "-w", "2", slot.SandboxIP.String(), "8080")...).CombinedOutput()
 		if err == nil || strings.Contains(string(out), "hi") {
 			t.Errorf("connection from uid 65534: got %q (%v), want it refused", out, err)
 		}
@@ -256,7 +255,7 @@ func TestFirewallOnlyMarkedConnectionsReachSandboxes(t *testing.T) {
 		helper := copyExecutable(t)
 		cmd := exec.Command(setpriv, append(nobody, "--inh-caps=+net_raw", "--ambient-caps=+net_raw", helper)...)
 		cmd.Env = append(os.Environ(), markedDialEnv+"="+addr)
-		out, err = childproc.CombinedOutput(cmd)
+		out, err = cmd.CombinedOutput()
 		if err == nil || strings.Contains(string(out), "hi") {
 			t.Errorf("marked connection from uid 65534 with CAP_NET_RAW: got %q (%v), want it refused", out, err)
 		} else if strings.Contains(string(out), "socket mark") {

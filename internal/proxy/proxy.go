@@ -23,7 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
+	"github.com/agentenv/agentenv/internal/envdapi/envdauth"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
@@ -51,7 +52,7 @@ type Sandboxes interface {
 
 // EnvdPort is the port of the in-sandbox daemon, which checks its own
 // access token and is exempt from traffic tokens.
-const EnvdPort = 49983
+const EnvdPort = envdapi.Port
 
 // TrafficTokenHeader carries a sandbox's traffic token (as in E2B).
 const TrafficTokenHeader = "E2b-Traffic-Access-Token"
@@ -311,7 +312,7 @@ func checkAccess(r *http.Request, port int, rt sandbox.Route) error {
 		if !rt.Wakes {
 			return nil
 		}
-		if msg := envd.Refusal(r, rt.EnvdToken); msg != "" {
+		if msg := envdauth.Refusal(r, rt.EnvdToken); msg != "" {
 			return tokenError{http.StatusUnauthorized, msg}
 		}
 		return nil
@@ -347,7 +348,7 @@ func SignedBy(r *http.Request, boxes Sandboxes) (string, bool) {
 	}
 	path, user, exp, sig := q.Get("path"), q.Get("username"), q.Get("signature_expiration"), []byte(q.Get("signature"))
 	return boxes.FindByToken(func(token string) bool {
-		return subtle.ConstantTimeCompare([]byte(envd.FileSignature(path, op, user, token, exp)), sig) == 1
+		return subtle.ConstantTimeCompare([]byte(envdauth.FileSignature(path, op, user, token, exp)), sig) == 1
 	})
 }
 

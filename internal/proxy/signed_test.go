@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi/envdauth"
 	"github.com/agentenv/agentenv/internal/proxy"
 )
 
@@ -43,7 +43,7 @@ func signedURL(base, path, op, user, token string, exp int64) string {
 		e = strconv.FormatInt(exp, 10)
 		q.Set("signature_expiration", e)
 	}
-	q.Set("signature", envd.FileSignature(path, op, user, token, e))
+	q.Set("signature", envdauth.FileSignature(path, op, user, token, e))
 	return base + "/files?" + q.Encode()
 }
 

@@ -17,6 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
 // Module is the Go module runsc is built from.
@@ -294,17 +296,19 @@ func (b *build) install(ctx context.Context) error {
 		return err
 	}
 	built := filepath.Join(b.bin, "runsc")
-	if err := os.Rename(built, b.Out); err == nil {
+	if err := atomicfile.Rename(built, b.Out); err == nil {
 		return nil
 	}
-	tmp := b.Out + ".tmp"
-	if err := copyFile(built, tmp); err != nil {
+	// Another filesystem: copied.
+	in, err := os.Open(built)
+	if err != nil {
 		return err
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	defer in.Close()
+	return atomicfile.Write(b.Out, 0o755, func(w io.Writer) error {
+		_, err := io.Copy(w, in)
 		return err
-	}
-	return os.Rename(tmp, b.Out)
+	})
 }
 
 func removeModcache(dir string) error {

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
 // WriteProxy lays out a GOPROXY=file:// directory at dir that serves one
@@ -72,28 +74,19 @@ func moduleFiles(src string) ([]string, error) {
 }
 
 func writeZip(name, src, prefix string, files []string) error {
-	f, err := os.Create(name + ".tmp")
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	zw := zip.NewWriter(f)
-	for _, rel := range files {
-		w, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + rel, Method: zip.Deflate})
-		if err != nil {
-			return err
+	return atomicfile.Write(name, 0o644, func(f io.Writer) error {
+		zw := zip.NewWriter(f)
+		for _, rel := range files {
+			w, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + rel, Method: zip.Deflate})
+			if err != nil {
+				return err
+			}
+			if err := copyInto(w, filepath.Join(src, filepath.FromSlash(rel))); err != nil {
+				return err
+			}
 		}
-		if err := copyInto(w, filepath.Join(src, filepath.FromSlash(rel))); err != nil {
-			return err
-		}
-	}
-	if err := zw.Close(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(name+".tmp", name)
+		return zw.Close()
+	})
 }
 
 func copyInto(w io.Writer, file string) error {

@@ -99,7 +99,7 @@ func TestPatchedCheckpointRestore(t *testing.T) {
 	// Ten seconds after its kernel started, a sandbox that still runs
 	// returns the start's pages (patch 0006).
 	if !logSays(t, restoreLogs, "boot.txt", regexp.MustCompile(`the start's garbage collected and its pages returned`)) {
-		t.Errorf("the restored sandbox did not return its start's pages (patch 0006 as of session 10 missing: run `make setup`)")
+		t.Errorf("the restored sandbox did not return its start's pages (patch 0006, which returns them, missing: run `make setup`)")
 	}
 
 	limit := runtime.NumCPU() + max(8, runtime.NumCPU())

@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
@@ -34,7 +34,7 @@ var _ Envd = (*envdclient.Client)(nil)
 
 // envdOf is the envd of sb.
 func envdOf(sb Sandbox) envdclient.Target {
-	return envdclient.Target{Addr: sb.Addr(envd.Port), Token: sb.AccessToken}
+	return envdclient.Target{Addr: sb.Addr(envdapi.Port), Token: sb.AccessToken}
 }
 
 // waitEnvd waits (at most 30 s) until sb's envd answers.
@@ -53,5 +53,5 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string, envs map[string]string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return m.envd.Init(ctx, envdclient.Target{Addr: sb.Addr(envd.Port), Token: oldToken}, sb.AccessToken, envs)
+	return m.envd.Init(ctx, envdclient.Target{Addr: sb.Addr(envdapi.Port), Token: oldToken}, sb.AccessToken, envs)
 }

@@ -29,7 +29,7 @@ import (
 // resume will boot on it.
 
 const (
-	// filesArchive is the stream envd made (envd.ChangesPath).
+	// filesArchive is the stream envd made (envdapi.ChangesPath).
 	filesArchive = "changes"
 	// filesTimeout bounds one pause or resume of a sandbox's files.
 	filesTimeout = 5 * time.Minute

@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/dialer"
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
@@ -226,12 +227,7 @@ func (m *Manager) persist(sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(m.dir(sb.ID), "sandbox.json")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(m.dir(sb.ID), "sandbox.json"), b, 0o600); err != nil {
 		return err
 	}
 	if m.d.OnPersist != nil {
@@ -255,7 +251,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		"E2B_SANDBOX=true",
 		"E2B_SANDBOX_ID=" + sb.ID,
 		"E2B_TEMPLATE_ID=" + sb.Template,
-		envd.TokenEnv + "=" + sb.AccessToken,
+		envdapi.TokenEnv + "=" + sb.AccessToken,
 	}
 	env, args := m.templateProcess(sb, env)
 	return runtime.Spec{

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/runtime"
 )
 
@@ -244,7 +245,7 @@ func (m *Manager) saveTombstone(sb Sandbox) {
 	dir := filepath.Join(m.d.Dir, "lost")
 	os.MkdirAll(dir, 0o700)
 	if b, err := json.Marshal(sb); err == nil {
-		os.WriteFile(filepath.Join(dir, sb.ID+".json"), b, 0o600)
+		atomicfile.WriteFile(filepath.Join(dir, sb.ID+".json"), b, 0o600)
 	}
 }
 

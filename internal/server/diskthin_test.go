@@ -29,8 +29,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/client"
+	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/imagebuild/imagebuildtest"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"

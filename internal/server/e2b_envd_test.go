@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/client"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
@@ -25,7 +24,7 @@ func TestSandboxShellCLI(t *testing.T) {
 	sb := e.create(t, client.CreateRequest{})
 	cmd := exec.Command(bin, "--server", e.api, "--proxy", e.proxy, "--api-key", e.key, "sandbox", "shell", sb.SandboxID)
 	cmd.Stdin = strings.NewReader("echo from-$((6*7)) as $(id -un); stty size\nexit 5\n")
-	out, err := childproc.CombinedOutput(cmd)
+	out, err := cmd.CombinedOutput()
 	t.Logf("agentenv sandbox shell output:\n%s", out)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 5 {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/childproc"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
@@ -48,7 +47,7 @@ func TestE2BHosts(t *testing.T) {
 	}
 	cmd.Env = append(cmd.Env, "E2B_API_URL="+e.api, "E2B_API_KEY="+e.key,
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(e.dataDir, "ca.pem"), "AGENTENV_PLAIN_PROXY="+e.proxy)
-	out, err := childproc.CombinedOutput(cmd)
+	out, err := cmd.CombinedOutput()
 	t.Logf("node --test hosts.test.mjs:\n%s", out)
 	if err != nil {
 		t.Fatalf("e2b SDK host tests failed: %v", err)

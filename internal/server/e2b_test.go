@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"github.com/agentenv/agentenv/internal/childproc"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +34,7 @@ func runSDKTest(t *testing.T, e *env, file string, extra ...string) {
 		// The SDK's volume content client does not read E2B_API_URL.
 		"E2B_VOLUME_API_URL="+e.api)
 	cmd.Env = append(cmd.Env, extra...)
-	out, err := childproc.CombinedOutput(cmd)
+	out, err := cmd.CombinedOutput()
 	t.Logf("node --test %s:\n%s", file, out)
 	if err != nil {
 		t.Fatalf("e2b SDK tests in %s failed: %v", file, err)

@@ -15,10 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/agentenv/agentenv/client"
-	fspb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
-	"github.com/agentenv/agentenv/internal/envd/gen/filesystempb/filesystempbconnect"
-	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
-	"github.com/agentenv/agentenv/internal/envd/gen/processpb/processpbconnect"
+	fspb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
+	"github.com/agentenv/agentenv/client/api/envd/filesystempb/filesystempbconnect"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
+	"github.com/agentenv/agentenv/client/api/envd/processpb/processpbconnect"
 )
 
 // envdAs talks to a sandbox's envd as one user of the sandbox, as the E2B

@@ -75,8 +75,8 @@ func closedWithin(c net.Conn, d time.Duration) bool {
 }
 
 // TestIdleConnectionsAreClosed: a keep-alive connection that sends no next
-// request is closed after the idle timeout (finding 7: idle keyless
-// connections used to stay open for ever), on the API and the proxy.
+// request is closed after the idle timeout, on the API and the proxy:
+// otherwise idle keyless connections stay open for ever.
 func TestIdleConnectionsAreClosed(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	api, proxy := startFront(t, server.HTTPLimits{IdleTimeout: idle})
@@ -101,8 +101,8 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 
 // TestConnCapPerSource: a source at its connection cap gets further
 // connections closed at once, while another source's requests are served
-// (finding 7: 379 idle connections of one client starved keyed requests);
-// a closed connection gives its slot back.
+// (hundreds of idle connections of one client must not starve keyed
+// requests); a closed connection gives its slot back.
 func TestConnCapPerSource(t *testing.T) {
 	const limit = 8
 	api, proxy := startFront(t, server.HTTPLimits{MaxConnsPerIP: limit})

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"net"
 	"net/http"
@@ -44,7 +43,7 @@ func fakeInternet(t *testing.T, e *env) inet {
 	const ns, table = "agentenv-test-inet", "7120"
 	run := func(args ...string) {
 		t.Helper()
-		if out, err := childproc.CombinedOutput(exec.Command(args[0], args[1:]...)); err != nil {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
 	}
@@ -75,7 +74,7 @@ func fakeInternet(t *testing.T, e *env) inet {
 	www := t.TempDir()
 	os.WriteFile(filepath.Join(www, "index.html"), []byte("hello from the fake internet\n"), 0o644)
 	srv := exec.Command("ip", "netns", "exec", ns, "/bin/busybox", "httpd", "-f", "-p", "7777", "-h", www)
-	if err := childproc.Start(srv); err != nil {
+	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
@@ -308,7 +307,7 @@ func TestPortsReachableOnlyThroughProxy(t *testing.T) {
 		testenv.NeedCommand(t, "curl", "curl")
 		asNobody := func(args ...string) (string, error) {
 			args = append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "curl", "-s", "-S", "-m", "3"}, args...)
-			out, err := childproc.CombinedOutput(exec.Command("setpriv", args...))
+			out, err := exec.Command("setpriv", args...).CombinedOutput()
 			return string(out), err
 		}
 		if out, err := asNobody("http://" + direct + "/"); err == nil || strings.Contains(out, "private") {

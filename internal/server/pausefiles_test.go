@@ -17,13 +17,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/agentenv/agentenv/client"
-	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // A pause without memory must use no tool of the sandbox and must not let
-// the sandbox exhaust the host (issue 16, finding 4): envd does the work,
+// the sandbox exhaust the host (no host tool reads its files): envd does the work,
 // the host keeps a capped stream. The lifecycle tests (lifecycle_test.go)
 // run on busybox and on gnuTemplate.
 

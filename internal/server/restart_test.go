@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"io"
 	"os"
 	"os/exec"
@@ -47,7 +46,7 @@ func (p *process) start(t *testing.T) *client.Client {
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	// If the test binary dies (timeout), the server goes with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := childproc.Start(p.cmd); err != nil {
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p.api, p.proxy = testenv.ServeAddrs(t, log.Name(), from, 60*time.Second)
@@ -101,7 +100,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	p := &process{bin: testenv.BuildAgentenv(t, t.TempDir()), dataDir: dir}
 	// A data dir made beforehand with a lax mode (as `make demo` used to)
-	// is made root-only by the server (security finding 8).
+	// is made root-only by the server (it holds keys and tokens).
 	os.Chmod(dir, 0o755)
 	c := p.start(t)
 	ctx := context.Background()

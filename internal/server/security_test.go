@@ -19,11 +19,11 @@ import (
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// TestTemplateBuildCannotReachHost turns the template findings of the
-// security review into tests through the API: a client cannot pick the
-// Debian mirror (finding 1: an unsigned mirror ran a package script as host
-// root), cannot name a host path (finding 2: host files were copied in),
-// and an uploaded rootfs with symlinks out builds without touching the host.
+// TestTemplateBuildCannotReachHost checks through the API that a template
+// build cannot reach the host: a client cannot pick the Debian mirror (an
+// unsigned mirror would run a package script as host root), cannot name a
+// host path (host files would be copied in), and an uploaded rootfs with
+// symlinks out builds without touching the host.
 func TestTemplateBuildCannotReachHost(t *testing.T) {
 	e := sharedServer(t)
 	ctx := context.Background()
@@ -147,7 +147,8 @@ func TestUploadedTemplateRuns(t *testing.T) {
 }
 
 // TestReservedSnapshotNames: user snapshots cannot take the names of the
-// server's ready snapshots (finding 9: GC skipped any "ready:*" name).
+// server's ready snapshots (GC skips any "ready:*" name, so such a user
+// snapshot would never be collected).
 func TestReservedSnapshotNames(t *testing.T) {
 	e := sharedServer(t)
 	sb := e.create(t, client.CreateRequest{})
@@ -159,8 +160,8 @@ func TestReservedSnapshotNames(t *testing.T) {
 
 // TestManyProcessesDoNotKillTheSandbox: a user starting processes until
 // the limit must see forks fail inside the sandbox, not the sandbox die
-// because the host memory cgroup was hit first (finding 7: 900 sleeps of
-// "user" killed a 512 MiB sandbox).
+// because the host memory cgroup was hit first (900 sleeps of "user" once
+// killed a 512 MiB sandbox).
 func TestManyProcessesDoNotKillTheSandbox(t *testing.T) {
 	e := sharedServer(t)
 	sb := e.create(t, client.CreateRequest{Timeout: new(int64(300))})

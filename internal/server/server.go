@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/runtime"
@@ -362,7 +363,7 @@ func apiKey(cfg Config, log *slog.Logger) (string, error) {
 	b := make([]byte, 20)
 	rand.Read(b)
 	key := "e2b_" + hex.EncodeToString(b)
-	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
 		return "", err
 	}
 	log.Info("generated an API key (set AGENTENV_API_KEY to choose one)", "path", path)

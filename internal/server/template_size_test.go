@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	wire "github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/client"
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // TestTemplateSizeIsSandboxDefault: a template built with E2B's build

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/volume"
 	"os"
 	"path/filepath"
@@ -309,16 +310,7 @@ func (s *Store) writeMeta(sn Snapshot) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(s.dir, "meta", sn.ID+".json")
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		os.Remove(p + ".tmp")
-		return err
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
-		os.Remove(p + ".tmp")
-		return err
-	}
-	return nil
+	return atomicfile.WriteFile(filepath.Join(s.dir, "meta", sn.ID+".json"), b, 0o600)
 }
 
 // Get returns a snapshot.

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/childproc"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 )
@@ -309,12 +309,12 @@ func (s *Store) finish(ctx context.Context, name, dir string, t *Template, progr
 		// then all the epoch.
 		args = append(args, "-T", "0", "-U", busyboxUUID)
 	}
-	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.erofs", append(args, tmp, rootfs)...))
+	out, err := exec.CommandContext(ctx, "mkfs.erofs", append(args, tmp, rootfs)...).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.erofs: %w: %s (is erofs-utils installed? run make setup)", err, lastLines(string(out)))
 	}
-	if err := os.Rename(tmp, image); err != nil {
+	if err := atomicfile.Rename(tmp, image); err != nil {
 		return err
 	}
 	st, err := os.Stat(image)
@@ -358,8 +358,8 @@ func prepareRootfs(rootfs, envdBin string) error {
 	if _, err := root.Lstat("bin/bash"); errors.Is(err, os.ErrNotExist) {
 		// busybox has no bash applet: a script hands bash's arguments to sh,
 		// which accepts the SDK's `-l -c CMD`.
-		// envd recognises it and starts sh itself (envd.BashShim).
-		if err := root.WriteFile("bin/bash", []byte(envd.BashShim), 0o755); err != nil {
+		// envd recognises it and starts sh itself (envdapi.BashShim).
+		if err := root.WriteFile("bin/bash", []byte(envdapi.BashShim), 0o755); err != nil {
 			return err
 		}
 	}
@@ -436,7 +436,7 @@ func copyInto(root *os.Root, src, name string, mode os.FileMode) error {
 // buildBusybox makes a tiny rootfs from the host's static busybox.
 func buildBusybox(rootfs string) error {
 	bb := "/bin/busybox"
-	out, err := childproc.Output(exec.Command(bb, "--list"))
+	out, err := exec.Command(bb, "--list").Output()
 	if err != nil {
 		return fmt.Errorf("busybox (package busybox-static; run make setup): %w", err)
 	}
@@ -509,7 +509,7 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	cmd := exec.CommandContext(ctx, "debootstrap", args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := childproc.Start(cmd); err != nil {
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("debootstrap (run make setup): %w", err)
 	}
 	var tailLines []string

@@ -14,8 +14,8 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
-// Template storage quotas (issue 16, finding 5: an 11.9 MB gzip upload
-// expanded to 2.6 GiB, and templates had no count or size limit). A build
+// Template storage quotas: an 11.9 MB gzip upload can expand to 2.6 GiB,
+// so templates have a count and a size limit. A build
 // charges what it writes as it writes it, against the templates' own quota
 // (Options.MaxTemplateBytes) and the host's disk budget (Options.Reserve);
 // a refused charge stops the build, whose staging directory is removed.

@@ -19,8 +19,8 @@ import (
 )
 
 // bomb streams a gzip'd tar whose entries fill writes: a few MB on the
-// wire that expand to whatever the entries say (issue 16: 11.9 MB of gzip
-// became 2.6 GiB). The writer stops when the test ends.
+// wire that expand to whatever the entries say (11.9 MB of gzip can become
+// 2.6 GiB). The writer stops when the test ends.
 func bomb(t *testing.T, fill func(tw *tar.Writer) error) io.Reader {
 	pr, pw := io.Pipe()
 	t.Cleanup(func() { pr.Close() })

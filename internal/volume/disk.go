@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/agentenv/agentenv/internal/childproc"
 )
 
 // A volume made while Config.SizeMB is set keeps its contents in an ext4
@@ -48,8 +46,8 @@ func makeDisk(ctx context.Context, dir string, sizeMB int64) error {
 	// No reserved blocks (the volume's user gets all of it); the inode
 	// tables and journal are zeroed lazily, so a create takes milliseconds
 	// and the image stays sparse.
-	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
-		"-E", "lazy_itable_init=1,lazy_journal_init=1", img))
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1", img).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s (is e2fsprogs installed? run make setup; or serve with --volume-size-mb 0 for volumes without a size limit)", err, strings.TrimSpace(string(out)))
 	}
@@ -70,8 +68,8 @@ func mountDisk(ctx context.Context, dir string) error {
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		return err
 	}
-	out, err := childproc.CombinedOutput(exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev",
-		filepath.Join(dir, diskImage), data))
+	out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev",
+		filepath.Join(dir, diskImage), data).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mount volume image %s: %w: %s (loop devices are needed for sized volumes; serve with --volume-size-mb 0 for plain directories)", dir, err, strings.TrimSpace(string(out)))
 	}

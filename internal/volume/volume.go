@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/template"
@@ -135,11 +136,7 @@ func loadKey(path string) ([]byte, error) {
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return nil, err
-	}
-	return b, os.Rename(tmp, path)
+	return b, atomicfile.WriteFile(path, b, 0o600)
 }
 
 // Close releases the open volume roots and unmounts the images of the
@@ -208,7 +205,7 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 		return fail(err)
 	}
 	b, _ := json.Marshal(v)
-	if err := writeFileSync(filepath.Join(dir, "volume.json"), b); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "volume.json"), b, 0o600); err != nil {
 		return fail(err)
 	}
 	s.vols[v.ID] = v
@@ -239,26 +236,6 @@ func (s *Store) DiskBytes() int64 {
 		}
 	}
 	return n
-}
-
-func writeFileSync(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // newID returns a random UUID (version 4), the shape E2B's volume IDs have.

@@ -1,5 +1,5 @@
 // What the official e2b SDK sees, measured against a running agentenv
-// server (the table of issue 7): create until a command has run, a command
+// server (the SDK's rows of the benchmark table): create until a command has run, a command
 // round trip, kill, rollouts/s at N in flight, and fork 16 until every
 // child ran a command. Not a test: prints one JSON object.
 //

@@ -7,8 +7,9 @@
 // tried again: the server's wait for envd ends when envd answers, not at
 // its next poll.
 //
-// It must stay tiny: no import beyond syscall and os, or its init moves
-// after the packages it exists to precede. Only cmd/envd imports it, and
+// It must stay tiny: no import beyond syscall, os and envdapi (constants,
+// importing nothing), or its init moves after the packages it exists to
+// precede. Only cmd/envd imports it, and
 // its init acts only in the sandbox's init process (pid 1), without a
 // -listen or -version flag: nothing else that links it listens.
 package listener
@@ -16,11 +17,9 @@ package listener
 import (
 	"os"
 	"syscall"
-)
 
-// Port is envd.Port (a test checks): importing envd here would run the
-// inits this package exists to precede.
-const Port = 49983
+	"github.com/agentenv/agentenv/internal/envdapi"
+)
 
 // early is the socket the init opened (nil if it did not).
 var early *os.File
@@ -38,7 +37,7 @@ func init() {
 			return
 		}
 	}
-	early = open(Port)
+	early = open(envdapi.Port)
 }
 
 // open listens on 0.0.0.0:port with raw system calls (package net would
@@ -57,7 +56,7 @@ func open(port int) *os.File {
 	return os.NewFile(uintptr(fd), "envd-listener")
 }
 
-// Take returns the socket listening on 0.0.0.0:Port that the init opened,
+// Take returns the socket listening on 0.0.0.0:envdapi.Port that the init opened,
 // once (nil: it opened none, or it was taken; listen the usual way).
 func Take() *os.File {
 	f := early

@@ -761,13 +761,6 @@ func (c *Cache) SnapshotOwner(id string) (owner string, ok bool) {
 	return owner, !first
 }
 
-// isSnapshot reports whether name is a snapshot ID some node published.
-func (c *Cache) IsSnapshot(name string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.snaps[name]) > 0
-}
-
 // Volume returns a volume's record, if the cache has it.
 func (c *Cache) Volume(id string) (VolumeRecord, bool) {
 	c.mu.RLock()

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/childproc"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,7 +140,7 @@ func (g *Gvisor) start(ctx context.Context, spec runtime.Spec, sub string, args 
 	full := append(append(g.globalArgs(network), sub), args...)
 	cmd := exec.CommandContext(ctx, g.runsc, append(full, "--bundle", bundle, spec.ID)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := childproc.Run(cmd); err != nil {
+	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc %s %s: %w: %s", sub, spec.ID, err, tail(logPath))
 	}
 	return nil
@@ -211,7 +210,7 @@ func (g *Gvisor) Exec(ctx context.Context, id string, args []string) (int, []byt
 	cmd := exec.CommandContext(ctx, g.runsc, append([]string{"--root", g.root, "exec", id}, args...)...)
 	out := runtime.NewTail(runtime.ExecOutputMax)
 	cmd.Stdout, cmd.Stderr = out, out
-	err := childproc.Run(cmd)
+	err := cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode(), out.Bytes(), nil
@@ -229,7 +228,7 @@ func (g *Gvisor) run(ctx context.Context, sub string, args ...string) ([]byte, e
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Stdin = nil
-	if err := childproc.Run(cmd); err != nil {
+	if err := cmd.Run(); err != nil {
 		return nil, &runscError{sub: sub, err: err, stderr: strings.TrimSpace(stderr.String())}
 	}
 	return stdout.Bytes(), nil

@@ -11,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-
-	"github.com/agentenv/agentenv/internal/childproc"
 )
 
 // Features are what a runsc build can do beyond upstream's, from the
@@ -32,7 +30,7 @@ type Features struct {
 // `--version` line and a digest of the binary: a `go install` build
 // reports no version of its own) and the features its patches add.
 func Version(path string) (string, Features, error) {
-	out, err := childproc.Output(exec.Command(path, "--version"))
+	out, err := exec.Command(path, "--version").Output()
 	if err != nil {
 		return "", Features{}, fmt.Errorf("%s --version: %w", path, err)
 	}

@@ -1,7 +1,8 @@
-package client
+package goclient_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,11 +12,14 @@ import (
 	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/envd"
+	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/testenv"
 )
 
@@ -24,7 +28,7 @@ import (
 // one answers) and for the API's GET /sandboxes/{id}. It returns a client,
 // a running sandbox and the current user's name (envd runs commands as
 // that user here).
-func fakeSandboxes(t *testing.T, states map[string]string) (*Client, Sandbox, string) {
+func fakeSandboxes(t *testing.T, states map[string]string) (*client.Client, client.Sandbox, string) {
 	t.Helper()
 	u, err := user.Current()
 	if err != nil {
@@ -51,7 +55,7 @@ func fakeSandboxes(t *testing.T, states map[string]string) (*Client, Sandbox, st
 		fmt.Fprintf(w, `{"sandboxID":%q,"state":%q}`, id, st)
 	}))
 	t.Cleanup(api.Close)
-	return New(api.URL, proxy.URL, "key"), Sandbox{SandboxID: "sb", EnvdAccessToken: "tok"}, u.Username
+	return client.New(api.URL, proxy.URL, "key"), client.Sandbox{SandboxID: "sb", EnvdAccessToken: "tok"}, u.Username
 }
 
 // Stdin streams to the process and ends with end-of-file; Kill ends it.
@@ -59,7 +63,7 @@ func TestProcessStdinAndKill(t *testing.T) {
 	c, sb, me := fakeSandboxes(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: "wc", Args: []string{"-c"}, User: me, Stdin: true})
+	p, err := c.StartProcess(ctx, sb, client.ProcessRequest{Cmd: "wc", Args: []string{"-c"}, User: me, Stdin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +73,7 @@ func TestProcessStdinAndKill(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(res.Stdout)) != fmt.Sprint(len(in)) {
 		t.Errorf("wc -c of piped input: %q, %v; want %d", res.Stdout, err, len(in))
 	}
-	p, err = c.StartProcess(ctx, sb, ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me})
+	p, err = c.StartProcess(ctx, sb, client.ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +83,11 @@ func TestProcessStdinAndKill(t *testing.T) {
 	if res, err := p.Wait(nil, nil); err != nil || res.ExitCode != -1 {
 		t.Errorf("after Kill: exit %d, %v; want -1 (a signal)", res.ExitCode, err)
 	}
-	p, err = c.StartProcess(ctx, sb, ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me, Timeout: 200 * time.Millisecond})
+	p, err = c.StartProcess(ctx, sb, client.ProcessRequest{Cmd: "sleep", Args: []string{"100"}, User: me, Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Wait(nil, nil); !errors.Is(err, ErrProcessTimeout) {
+	if _, err := p.Wait(nil, nil); !errors.Is(err, client.ErrProcessTimeout) {
 		t.Errorf("past its timeout: %v, want ErrProcessTimeout", err)
 	}
 }
@@ -132,13 +136,13 @@ func TestCopyRoundTrip(t *testing.T) {
 func TestNotRunningExplained(t *testing.T) {
 	c, _, me := fakeSandboxes(t, map[string]string{"sb-paused": "paused", "sb-gone": "gone"})
 	ctx := context.Background()
-	_, err := c.StartProcess(ctx, Sandbox{SandboxID: "sb-paused"}, ProcessRequest{Cmd: "true", User: me})
-	var nr *NotRunningError
+	_, err := c.StartProcess(ctx, client.Sandbox{SandboxID: "sb-paused"}, client.ProcessRequest{Cmd: "true", User: me})
+	var nr *client.NotRunningError
 	if !errors.As(err, &nr) || nr.State != "paused" || err.Error() != "sandbox sb-paused is paused: resume it with `agentenv sandbox resume sb-paused`" {
 		t.Errorf("paused: got %v", err)
 	}
-	_, err = c.Files(Sandbox{SandboxID: "sb-gone"}, me).Open(ctx, "/etc/hostname")
-	var ae *Error
+	_, err = c.Files(client.Sandbox{SandboxID: "sb-gone"}, me).Open(ctx, "/etc/hostname")
+	var ae *client.Error
 	if !errors.As(err, &nr) || !errors.As(err, &ae) || ae.Status != 404 || !strings.Contains(err.Error(), "it was killed at") {
 		t.Errorf("gone: got %v, want the API's 404 saying it was killed", err)
 	}
@@ -150,13 +154,13 @@ func TestListAndConnectProcess(t *testing.T) {
 	c, sb, me := fakeSandboxes(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := c.StartProcess(ctx, sb, ProcessRequest{Cmd: "head", Args: []string{"-n", "1"}, User: me, Stdin: true})
+	p, err := c.StartProcess(ctx, sb, client.ProcessRequest{Cmd: "head", Args: []string{"-n", "1"}, User: me, Stdin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Close() // stop reading; the process goes on
 	list, err := c.ListProcesses(ctx, sb)
-	if err != nil || !slices.ContainsFunc(list, func(pi ProcessInfo) bool { return pi.PID == p.PID && pi.Cmd == "head" }) {
+	if err != nil || !slices.ContainsFunc(list, func(pi client.ProcessInfo) bool { return pi.PID == p.PID && pi.Cmd == "head" }) {
 		t.Fatalf("ListProcesses: %+v, %v; want pid %d (head)", list, err, p.PID)
 	}
 	q, err := c.ConnectProcess(ctx, sb, p.PID, me)
@@ -205,14 +209,14 @@ func TestPortHeaders(t *testing.T) {
 	var got http.Header
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
 	defer proxy.Close()
-	c := New("http://api.invalid", proxy.URL, "key")
-	sb := Sandbox{SandboxID: "sb1", EnvdAccessToken: "envd-tok", TrafficAccessToken: "traffic-tok"}
+	c := client.New("http://api.invalid", proxy.URL, "key")
+	sb := client.Sandbox{SandboxID: "sb1", EnvdAccessToken: "envd-tok", TrafficAccessToken: "traffic-tok"}
 	for _, tt := range []struct {
 		port              int
 		header, wantToken string
 	}{
 		{8080, "E2b-Traffic-Access-Token", "traffic-tok"},
-		{EnvdPort, "X-Access-Token", "envd-tok"},
+		{client.EnvdPort, "X-Access-Token", "envd-tok"},
 	} {
 		hc, base := c.Port(sb, tt.port)
 		resp, err := hc.Get(base + "/x")
@@ -228,20 +232,79 @@ func TestPortHeaders(t *testing.T) {
 
 // EnvdPort is envd's port.
 func TestEnvdPort(t *testing.T) {
-	if EnvdPort != envd.Port {
-		t.Errorf("EnvdPort = %d, want envd.Port %d", EnvdPort, envd.Port)
+	if client.EnvdPort != envdapi.Port {
+		t.Errorf("EnvdPort = %d, want envdapi.Port %d", client.EnvdPort, envdapi.Port)
 	}
 }
 
-// The package builds for every OS a user may run it on: it must not reach
-// the server's Linux-only packages (the envd daemon, the sandbox manager).
+// clientModule is the Go client's module, relative to this package.
+const clientModule = "../../client"
+
+// The client module builds for every OS a user may run it on, with the Go
+// its go.mod names: it must not reach the server's Linux-only packages
+// (the envd daemon, the sandbox manager) nor newer Go than users have.
 func TestBuildsEverywhere(t *testing.T) {
-	testenv.NeedCommand(t, "go", "cross-compiles the package")
-	for _, goos := range []string{"darwin", "windows"} {
-		cmd := exec.Command("go", "build", "-o", os.DevNull, ".")
-		cmd.Env = append(cmd.Environ(), "GOOS="+goos, "GOARCH=amd64", "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("GOOS=%s go build: %v\n%s", goos, err, out)
+	testenv.NeedCommand(t, "go", "cross-compiles the client module")
+	// vet, on the host, also reports standard library calls newer than
+	// the go.mod's Go release.
+	for _, c := range []struct{ dir, goos, args string }{
+		{clientModule, "darwin", "build -o " + os.DevNull + " ./..."},
+		{clientModule, "windows", "build -o " + os.DevNull + " ./..."},
+		{clientModule, "", "vet ./..."},
+	} {
+		cmd := exec.Command("go", strings.Fields(c.args)...)
+		cmd.Dir = c.dir
+		cmd.Env = append(cmd.Environ(), "GOARCH=amd64", "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
+		if c.goos != "" {
+			cmd.Env = append(cmd.Env, "GOOS="+c.goos)
 		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("GOOS=%s go %s in %s: %v\n%s", c.goos, c.args, c.dir, err, out)
+		}
+	}
+}
+
+// serverModules are module path prefixes a client user must not pull:
+// the server's runtime, store, cluster and firewall dependencies, and the
+// server's own module.
+var serverModules = []string{"gvisor.dev/", "go.etcd.io/", "k8s.io/", "sigs.k8s.io/",
+	"github.com/vishvananda/", "github.com/google/nftables", "github.com/prometheus/", "github.com/spf13/"}
+
+// TestClientModuleIsSmall checks that the client module requires no
+// server dependency (so `go get .../client` pulls none), not the server's
+// own module, and names a Go release users have.
+func TestClientModuleIsSmall(t *testing.T) {
+	testenv.NeedCommand(t, "go", "lists the client module's requirements")
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Path}}", "all")
+	cmd.Dir = clientModule
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -m all in client/: %v\n%s", err, out)
+	}
+	mods := strings.Fields(string(out))
+	for _, m := range mods {
+		if m == "github.com/agentenv/agentenv" {
+			t.Errorf("the client module requires the server's module %s: move the types it needs into the api module", m)
+		}
+		for _, p := range serverModules {
+			if strings.HasPrefix(m, p) {
+				t.Errorf("the client module pulls %s, a server dependency", m)
+			}
+		}
+	}
+	t.Logf("client module: %d modules in go list -m all", len(mods))
+	cmd = exec.Command("go", "mod", "edit", "-json")
+	cmd.Dir = clientModule
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mod struct{ Go string }
+	if err := json.Unmarshal(out, &mod); err != nil {
+		t.Fatal(err)
+	}
+	minor, _, _ := strings.Cut(strings.TrimPrefix(mod.Go, "1."), ".")
+	if n, err := strconv.Atoi(minor); err != nil || !strings.HasPrefix(mod.Go, "1.") || n > 22 {
+		t.Errorf("client/go.mod says go %s, want 1.22 or older: users build the client with the Go they have", mod.Go)
 	}
 }

@@ -1,4 +1,4 @@
-package api
+package api_test
 
 import (
 	"encoding/json"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // wireSchemas maps each wire type to its schema in openapi.yaml, as a JSON
@@ -21,42 +23,42 @@ var wireSchemas = []struct {
 	v      any
 	schema string
 }{
-	{Sandbox{}, "#/components/schemas/Sandbox"},
-	{NewSandbox{}, "#/components/schemas/NewSandbox"},
-	{ConnectRequest{}, "#/components/schemas/ConnectRequest"},
-	{TimeoutRequest{}, "#/components/schemas/TimeoutRequest"},
-	{PauseRequest{}, "#/paths/~1sandboxes~1{id}~1pause/post/requestBody/content/application~1json/schema"},
-	{ResumeRequest{}, "#/components/schemas/ResumeRequest"},
-	{RefreshRequest{}, "#/paths/~1sandboxes~1{id}~1refreshes/post/requestBody/content/application~1json/schema"},
-	{NetworkUpdate{}, "#/paths/~1sandboxes~1{id}~1network/put/requestBody/content/application~1json/schema"},
-	{SandboxMetric{}, "#/components/schemas/SandboxMetric"},
-	{SandboxesMetrics{}, "#/paths/~1sandboxes~1metrics/get/responses/200/content/application~1json/schema"},
-	{SnapshotRequest{}, "#/components/schemas/SnapshotRequest"},
-	{Snapshot{}, "#/components/schemas/Snapshot"},
-	{ForkRequest{}, "#/components/schemas/ForkRequest"},
-	{ForkResult{}, "#/components/schemas/ForkResult"},
-	{Template{}, "#/components/schemas/Template"},
-	{BuildRequest{}, "#/components/schemas/BuildRequest"},
-	{BuildProgress{}, "#/components/schemas/BuildProgress"},
-	{BuildEvent{}, "#/components/schemas/BuildEvent"},
-	{Node{}, "#/components/schemas/Node"},
-	{Error{}, "#/components/schemas/Error"},
-	{Volume{}, "#/components/schemas/Volume"},
-	{VolumeAndToken{}, "#/components/schemas/VolumeAndToken"},
-	{NewVolume{}, "#/paths/~1volumes/post/requestBody/content/application~1json/schema"},
-	{VolumeEntryStat{}, "#/components/schemas/VolumeEntryStat"},
-	{VolumeMetadata{}, "#/paths/~1volumecontent~1{volumeID}~1path/patch/requestBody/content/application~1json/schema"},
-	{TemplateBuildRequestV3{}, "#/components/schemas/TemplateBuildRequestV3"},
-	{TemplateRequestResponseV3{}, "#/components/schemas/TemplateRequestResponseV3"},
-	{TemplateBuildFileUpload{}, "#/components/schemas/TemplateBuildFileUpload"},
-	{TemplateBuildStartV2{}, "#/components/schemas/TemplateBuildStartV2"},
-	{TemplateBuildInfo{}, "#/components/schemas/TemplateBuildInfo"},
-	{TemplateAliasResponse{}, "#/components/schemas/TemplateAliasResponse"},
-	{AssignTemplateTagsRequest{}, "#/components/schemas/AssignTemplateTagsRequest"},
-	{AssignedTemplateTags{}, "#/components/schemas/AssignedTemplateTags"},
-	{DeleteTemplateTagsRequest{}, "#/components/schemas/DeleteTemplateTagsRequest"},
-	{TemplateTag{}, "#/components/schemas/TemplateTag"},
-	{TemplateBuildLogsResponse{}, "#/components/schemas/TemplateBuildLogsResponse"},
+	{wire.Sandbox{}, "#/components/schemas/Sandbox"},
+	{wire.NewSandbox{}, "#/components/schemas/NewSandbox"},
+	{wire.ConnectRequest{}, "#/components/schemas/ConnectRequest"},
+	{wire.TimeoutRequest{}, "#/components/schemas/TimeoutRequest"},
+	{wire.PauseRequest{}, "#/paths/~1sandboxes~1{id}~1pause/post/requestBody/content/application~1json/schema"},
+	{wire.ResumeRequest{}, "#/components/schemas/ResumeRequest"},
+	{wire.RefreshRequest{}, "#/paths/~1sandboxes~1{id}~1refreshes/post/requestBody/content/application~1json/schema"},
+	{wire.NetworkUpdate{}, "#/paths/~1sandboxes~1{id}~1network/put/requestBody/content/application~1json/schema"},
+	{wire.SandboxMetric{}, "#/components/schemas/SandboxMetric"},
+	{wire.SandboxesMetrics{}, "#/paths/~1sandboxes~1metrics/get/responses/200/content/application~1json/schema"},
+	{wire.SnapshotRequest{}, "#/components/schemas/SnapshotRequest"},
+	{wire.Snapshot{}, "#/components/schemas/Snapshot"},
+	{wire.ForkRequest{}, "#/components/schemas/ForkRequest"},
+	{wire.ForkResult{}, "#/components/schemas/ForkResult"},
+	{wire.Template{}, "#/components/schemas/Template"},
+	{wire.BuildRequest{}, "#/components/schemas/BuildRequest"},
+	{wire.BuildProgress{}, "#/components/schemas/BuildProgress"},
+	{wire.BuildEvent{}, "#/components/schemas/BuildEvent"},
+	{wire.Node{}, "#/components/schemas/Node"},
+	{wire.Error{}, "#/components/schemas/Error"},
+	{wire.Volume{}, "#/components/schemas/Volume"},
+	{wire.VolumeAndToken{}, "#/components/schemas/VolumeAndToken"},
+	{wire.NewVolume{}, "#/paths/~1volumes/post/requestBody/content/application~1json/schema"},
+	{wire.VolumeEntryStat{}, "#/components/schemas/VolumeEntryStat"},
+	{wire.VolumeMetadata{}, "#/paths/~1volumecontent~1{volumeID}~1path/patch/requestBody/content/application~1json/schema"},
+	{wire.TemplateBuildRequestV3{}, "#/components/schemas/TemplateBuildRequestV3"},
+	{wire.TemplateRequestResponseV3{}, "#/components/schemas/TemplateRequestResponseV3"},
+	{wire.TemplateBuildFileUpload{}, "#/components/schemas/TemplateBuildFileUpload"},
+	{wire.TemplateBuildStartV2{}, "#/components/schemas/TemplateBuildStartV2"},
+	{wire.TemplateBuildInfo{}, "#/components/schemas/TemplateBuildInfo"},
+	{wire.TemplateAliasResponse{}, "#/components/schemas/TemplateAliasResponse"},
+	{wire.AssignTemplateTagsRequest{}, "#/components/schemas/AssignTemplateTagsRequest"},
+	{wire.AssignedTemplateTags{}, "#/components/schemas/AssignedTemplateTags"},
+	{wire.DeleteTemplateTagsRequest{}, "#/components/schemas/DeleteTemplateTagsRequest"},
+	{wire.TemplateTag{}, "#/components/schemas/TemplateTag"},
+	{wire.TemplateBuildLogsResponse{}, "#/components/schemas/TemplateBuildLogsResponse"},
 }
 
 // TestWireTypesMatchOpenAPI checks every wire type against its schema:
@@ -71,7 +73,7 @@ func TestWireTypesMatchOpenAPI(t *testing.T) {
 		typ := reflect.TypeOf(w.v)
 		checkSchema(t, spec, "api."+typ.Name(), typ, resolve(t, spec, w.schema), seen)
 	}
-	// Every struct type of this package must be checked (listed above or
+	// Every struct type of package api must be checked (listed above or
 	// reached as a field), so a new one cannot slip past the spec.
 	for _, name := range structTypes(t) {
 		found := false
@@ -86,7 +88,7 @@ func TestWireTypesMatchOpenAPI(t *testing.T) {
 
 func loadSpec(t *testing.T) any {
 	t.Helper()
-	b, err := os.ReadFile("openapi.yaml")
+	b, err := os.ReadFile("../../api/openapi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,10 +224,11 @@ func jsonFields(typ reflect.Type) []field {
 	return out
 }
 
-// structTypes lists the struct types declared in this package's source.
+// structTypes lists the struct types declared in package api's source
+// (client/api).
 func structTypes(t *testing.T) []string {
 	t.Helper()
-	pkgs, err := parser.ParseDir(token.NewFileSet(), ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	pkgs, err := parser.ParseDir(token.NewFileSet(), "../../client/api", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

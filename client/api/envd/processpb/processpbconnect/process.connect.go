@@ -14,7 +14,7 @@ import (
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	processpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	processpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	http "net/http"
 	strings "strings"
 )

@@ -13,7 +13,7 @@ import (
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	filesystempb "github.com/agentenv/agentenv/internal/envd/gen/filesystempb"
+	filesystempb "github.com/agentenv/agentenv/client/api/envd/filesystempb"
 	http "net/http"
 	strings "strings"
 )

@@ -1,5 +1,5 @@
 // Package api holds the JSON bodies of agentenv's REST API, the Go side of
-// openapi.yaml in this directory: what the server's handlers write and read
+// api/openapi.yaml at the repository's root: what the server's handlers write and read
 // and what the client package sends and decodes are these types, and a test
 // checks each against its schema in openapi.yaml. It must not hold
 // behaviour: no HTTP, no server state, only shapes and their field docs.

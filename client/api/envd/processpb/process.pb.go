@@ -1822,7 +1822,7 @@ const file_process_process_proto_rawDesc = "" +
 	"\n" +
 	"SendSignal\x12\x1a.process.SendSignalRequest\x1a\x1b.process.SendSignalResponse\x12E\n" +
 	"\n" +
-	"CloseStdin\x12\x1a.process.CloseStdinRequest\x1a\x1b.process.CloseStdinResponseBDZBgithub.com/agentenv/agentenv/internal/envd/gen/processpb;processpbb\x06proto3"
+	"CloseStdin\x12\x1a.process.CloseStdinRequest\x1a\x1b.process.CloseStdinResponseBBZ@github.com/agentenv/agentenv/client/api/envd/processpb;processpbb\x06proto3"
 
 var (
 	file_process_process_proto_rawDescOnce sync.Once
