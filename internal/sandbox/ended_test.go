@@ -43,7 +43,7 @@ func TestEndedIsBounded(t *testing.T) {
 	var e ended
 	now := time.Now()
 	for i := range maxEnded + 10 {
-		e.add(fmt.Sprint("sb-", i), false, now)
+		e.add(fmt.Sprint("sb-", i), EndKilled, now)
 	}
 	if len(e.byID) != maxEnded || len(e.order) != maxEnded {
 		t.Errorf("got %d IDs (%d in order), want %d", len(e.byID), len(e.order), maxEnded)
