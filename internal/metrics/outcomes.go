@@ -25,8 +25,8 @@ const (
 const (
 	EndKilled  = "killed"  // a client killed it
 	EndTimeout = "timeout" // its timeout passed
-	EndOOM     = "oom"     // it died out of memory
-	EndLost    = "lost"    // it died on its own, or was gone after a restart
+	EndOOM     = "oom"     // the host's memory cgroup killed it
+	EndLost    = "lost"    // it died on its own otherwise, or was gone after a restart
 )
 
 // ExecResults and EndCauses are the fixed label values, each shown at 0
@@ -155,6 +155,20 @@ func (o *outcomes) bound(v string) string {
 	return v
 }
 
+// totals are the counts by class, all label values together.
+func (o *outcomes) totals() (exec, ends map[string]float64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	sum := func(m map[[2]string]float64) map[string]float64 {
+		out := map[string]float64{}
+		for k, v := range m {
+			out[k[0]] += v
+		}
+		return out
+	}
+	return sum(o.exec), sum(o.ends)
+}
+
 // outcomeCollector serves the counts. Its label names depend on the
 // operator's key, so it describes nothing (an unchecked collector).
 type outcomeCollector struct{ o *outcomes }
@@ -173,7 +187,7 @@ func (c *outcomeCollector) Collect(ch chan<- prometheus.Metric) {
 		"Commands proxied to envd by how they ended: ok (exit 0), nonzero, timeout (killed at its timeout), oom (killed for memory), error (the stream ended in another error).",
 		labels("result"), nil)
 	endDesc := prometheus.NewDesc("agentenv_sandbox_ends_total",
-		"Sandboxes that ended, by cause: killed (by a client), timeout, oom, lost (died on its own, or gone after a restart).",
+		"Sandboxes that ended, by cause: killed (by a client), timeout (its timeout passed), oom (the host's memory cgroup killed it), lost (died on its own otherwise, or gone after a restart). Spares of the hot pool that no client had are not counted.",
 		labels("cause"), nil)
 	c.o.mu.Lock()
 	defer c.o.mu.Unlock()
