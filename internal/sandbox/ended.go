@@ -36,16 +36,16 @@ func (e *ended) add(id string, cause string, now time.Time) {
 	}
 }
 
-// how says how the sandbox id ended, if it is remembered. Callers hold
-// m.mu.
-func (e *ended) how(id string) (string, bool) {
+// how says how the sandbox id ended, and its cause, if it is remembered.
+// Callers hold m.mu.
+func (e *ended) how(id string) (string, string, bool) {
 	r, ok := e.byID[id]
 	if !ok {
-		return "", false
+		return "", "", false
 	}
 	at := r.at.Format("2006-01-02 15:04:05 MST")
 	if r.cause != EndTimeout {
-		return "it was killed at " + at, true
+		return "it was killed at " + at, r.cause, true
 	}
-	return "it timed out at " + at + " (give it a longer timeout when you create it, or extend it while it runs)", true
+	return "it timed out at " + at + " (give it a longer timeout when you create it, or extend it while it runs)", r.cause, true
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -85,3 +86,36 @@ func (m *Manager) deathOf(ctx context.Context, sb Sandbox) death {
 	}
 	return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
 }
+
+// EndCause is why the sandbox an error is about ended (one of the End
+// constants), when the error says: a request for a sandbox that is gone
+// and whose end is remembered. A lost sandbox whose cause is not known
+// (lost on a fleet node that went away) is EndLost; other errors give "".
+func EndCause(err error) string {
+	var e *endedError
+	if errors.As(err, &e) {
+		return e.cause
+	}
+	if errors.Is(err, ErrLost) {
+		return EndLost
+	}
+	return ""
+}
+
+// WithEndCause is err saying that its sandbox ended for cause (err
+// itself when cause is ""): for errors that crossed a wire.
+func WithEndCause(err error, cause string) error {
+	if cause == "" || err == nil {
+		return err
+	}
+	return &endedError{cause: cause, err: err}
+}
+
+// endedError is an error about a sandbox that ended, with its cause.
+type endedError struct {
+	cause string
+	err   error
+}
+
+func (e *endedError) Error() string { return e.err.Error() }
+func (e *endedError) Unwrap() error { return e.err }

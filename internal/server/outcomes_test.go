@@ -147,6 +147,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	}
 	want["end killed"]++
 	check("a kill")
+	e.wantEndCause(t, sb.SandboxID, "killed")
 	if err := e.client.KillSandbox(ctx, sb.SandboxID); !isStatus(err, 404) {
 		t.Fatalf("second kill: got %v, want 404", err)
 	}
@@ -161,9 +162,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	short := e.create(t, client.CreateRequest{Timeout: new(int64(1)), Metadata: md})
 	want["end timeout"]++
 	check("a sandbox's timeout")
-	if _, err := e.client.GetSandbox(ctx, short.SandboxID); !isStatus(err, 404) {
-		t.Errorf("get after its timeout: %v, want 404", err)
-	}
+	e.wantEndCause(t, short.SandboxID, "timeout")
 
 	full := e.create(t, client.CreateRequest{MemoryMB: 512, Metadata: md})
 	oomKill(t, e, full, "/dev/shm/fill")
@@ -172,6 +171,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	if _, err := e.client.GetSandbox(ctx, full.SandboxID); err == nil || !strings.Contains(err.Error(), "ran out of its memory limit (512 MiB)") {
 		t.Errorf("get after the OOM: %v, want it to say it ran out of its memory limit (512 MiB)", err)
 	}
+	e.wantEndCause(t, full.SandboxID, "oom")
 
 	lost := e.create(t, client.CreateRequest{Metadata: md})
 	if n := killProcessesOf(t, lost.SandboxID); n == 0 {
@@ -179,6 +179,25 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	}
 	want["end lost"]++
 	check("a sandbox whose processes were killed from outside")
+	e.wantEndCause(t, lost.SandboxID, "lost")
+}
+
+// wantEndCause checks that GET /sandboxes/{id} answers 404 with end_cause
+// cause in its body.
+func (e *env) wantEndCause(t *testing.T, id, cause string) {
+	t.Helper()
+	_, err := e.client.GetSandbox(context.Background(), id)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != 404 || ce.EndCause != cause {
+		t.Errorf("get of sandbox %s that ended: got %v (end cause %q), want 404 with end_cause %q", id, err, endCauseOf(ce), cause)
+	}
+}
+
+func endCauseOf(ce *client.Error) string {
+	if ce == nil {
+		return ""
+	}
+	return ce.EndCause
 }
 
 // killProcessesOf SIGKILLs the host processes whose command line names

@@ -72,7 +72,10 @@ type ErrorDetail struct {
 	// class is the errdefs class ("insufficient_storage", ...).
 	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
 	// lost: the sandbox was lost (its node restarted without it).
-	Lost          bool `protobuf:"varint,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	Lost bool `protobuf:"varint,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	// end_cause: the sandbox the error is about ended, and why ("killed",
+	// "timeout", "oom", "lost").
+	EndCause      string `protobuf:"bytes,3,opt,name=end_cause,json=endCause,proto3" json:"end_cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -119,6 +122,13 @@ func (x *ErrorDetail) GetLost() bool {
 		return x.Lost
 	}
 	return false
+}
+
+func (x *ErrorDetail) GetEndCause() string {
+	if x != nil {
+		return x.EndCause
+	}
+	return ""
 }
 
 type Network struct {
@@ -2342,10 +2352,11 @@ var File_node_v1_node_proto protoreflect.FileDescriptor
 const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"\x12node/v1/node.proto\x12\x10agentenv.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\a\n" +
-	"\x05Empty\"7\n" +
+	"\x05Empty\"T\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x12\n" +
-	"\x04lost\x18\x02 \x01(\bR\x04lost\"\x91\x01\n" +
+	"\x04lost\x18\x02 \x01(\bR\x04lost\x12\x1b\n" +
+	"\tend_cause\x18\x03 \x01(\tR\bendCause\"\x91\x01\n" +
 	"\aNetwork\x12%\n" +
 	"\x0eallow_internet\x18\x01 \x01(\bR\rallowInternet\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
