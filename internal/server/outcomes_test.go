@@ -135,8 +135,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	c, cancel := context.WithTimeout(ctx, 60*time.Second)
 	res, err := e.client.Exec(c, sb, "/tmp/memhog", []string{"1536"}, nil, nil)
 	cancel()
-	if res.ExitCode != 137 || err == nil || !strings.Contains(err.Error(), "out of memory") {
-		t.Fatalf("allocating 1.5 GiB in 512 MiB: got exit code %d, %v; want 137 and out of memory", res.ExitCode, err)
+	if res.ExitCode != 137 || !errors.Is(err, client.ErrOutOfMemory) || client.Cause(err) != client.CauseOOM {
+		t.Fatalf("allocating 1.5 GiB in 512 MiB: got exit code %d, %v (cause %q); want 137 and client.ErrOutOfMemory", res.ExitCode, err, client.Cause(err))
 	}
 	want["exec oom"]++
 	check("an exec killed out of memory")
