@@ -73,18 +73,25 @@ type death struct{ cause, reason string }
 
 // deathOf says why sandbox sb's processes exited without a kill: out of
 // memory when the host's OOM killer killed a process in its memory cgroup
-// (read before its teardown removes the cgroup), lost otherwise.
+// (read before its teardown removes the cgroup), lost otherwise. Without
+// the cgroup's count (no cgroups), the reason names both.
 func (m *Manager) deathOf(ctx context.Context, sb Sandbox) death {
-	if st, ok := m.d.Runtime.(runtime.Statser); ok {
-		if s, err := st.Stats(ctx, sb.ID); err == nil && s.OOMKills > 0 {
-			limit := "its memory limit"
-			if s.MemLimit > 0 {
-				limit = fmt.Sprintf("its memory limit (%d MiB)", s.MemLimit>>20)
-			}
-			return death{EndOOM, "it stopped unexpectedly: it ran out of " + limit + " and the host killed it (give it more memory when you create it, or keep its processes, files in /dev/shm and in-memory write layer within it)"}
-		}
+	st, ok := m.d.Runtime.(runtime.Statser)
+	if !ok {
+		return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
 	}
-	return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
+	s, err := st.Stats(ctx, sb.ID)
+	switch {
+	case err != nil:
+		return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
+	case s.OOMKills > 0:
+		limit := "its memory limit"
+		if s.MemLimit > 0 {
+			limit = fmt.Sprintf("its memory limit (%d MiB)", s.MemLimit>>20)
+		}
+		return death{EndOOM, "it stopped unexpectedly: it ran out of " + limit + " and the host killed it (give it more memory when you create it, or keep its processes, files in /dev/shm and in-memory write layer within it)"}
+	}
+	return death{EndLost, "it stopped unexpectedly (its init process exited, or its kernel crashed or was killed; not for memory)"}
 }
 
 // EndCause is why the sandbox an error is about ended (one of the End

@@ -97,8 +97,8 @@ func TestEndsToldOnceByCause(t *testing.T) {
 	if _, err := m.Get(oom); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "ran out of its memory limit (512 MiB)") || EndCause(err) != EndOOM {
 		t.Errorf("get after an OOM death: %v (end cause %q), want not found saying it ran out of its memory limit (512 MiB), cause oom", err, EndCause(err))
 	}
-	if _, err := m.Get(lost); !errors.Is(err, ErrLost) || EndCause(err) != EndLost {
-		t.Errorf("get after a death: %v (end cause %q), want lost, cause lost", err, EndCause(err))
+	if _, err := m.Get(lost); !errors.Is(err, ErrLost) || EndCause(err) != EndLost || !strings.Contains(err.Error(), "not for memory") {
+		t.Errorf("get after a death: %v (end cause %q), want lost saying not for memory, cause lost", err, EndCause(err))
 	}
 	pooledDied := die(StatePooled, 0)
 	pooled, _ := addSandbox(t, m, StatePooled)
