@@ -145,7 +145,7 @@ func (p *Process) Wait(stdout, stderr io.Writer) (ExecResult, error) {
 			res.ExitCode = int(end.GetExitCode())
 			res.Stdout, res.Stderr = outBuf.Bytes(), errBuf.Bytes()
 			if end.Error != nil && end.GetError() != "" {
-				return res, fmt.Errorf("process error: %s", end.GetError())
+				return res, endError(end.GetError())
 			}
 			return res, nil
 		}

@@ -86,7 +86,7 @@ func (p *PTY) Output(w io.Writer) (int, error) {
 		}
 		if end := ev.GetEnd(); end != nil {
 			if end.GetError() != "" {
-				return int(end.GetExitCode()), fmt.Errorf("process error: %s", end.GetError())
+				return int(end.GetExitCode()), endError(end.GetError())
 			}
 			return int(end.GetExitCode()), nil
 		}

@@ -340,6 +340,10 @@ type Error struct {
 	ErrorCode string `json:"error_code"`
 	// Message says what went wrong and, where possible, what to do.
 	Message string `json:"message"`
+	// EndCause, on a 404 for a sandbox that ended, says why, for
+	// programs: killed, timeout, oom or lost (agentenv's; E2B's
+	// SDKs ignore it). Empty when the server does not remember.
+	EndCause string `json:"end_cause,omitempty"`
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }

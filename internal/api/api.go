@@ -181,7 +181,7 @@ func writeError(w http.ResponseWriter, err error) {
 		// The same request may succeed in a moment (503, 429): say when.
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, wire.Error{Status: status, ErrorCode: code, Message: err.Error()})
+	writeJSON(w, status, wire.Error{Status: status, ErrorCode: code, Message: err.Error(), EndCause: sandbox.EndCause(err)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

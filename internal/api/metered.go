@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -33,8 +34,17 @@ func (m *metered) Create(ctx context.Context, req sandbox.CreateRequest) (sandbo
 	return timed(m, "create", func() (sandbox.Sandbox, error) { return m.Backend.Create(ctx, req) })
 }
 
+// Kill does not count a kill of a sandbox that does not exist (any more)
+// as a failed kill: E2B's SDKs kill what may have ended already, and read
+// the 404 as "it is gone", which is what the kill was for.
 func (m *metered) Kill(ctx context.Context, id string) error {
-	_, err := timed(m, "kill", func() (struct{}, error) { return struct{}{}, m.Backend.Kill(ctx, id) })
+	var err error
+	timed(m, "kill", func() (struct{}, error) {
+		if err = m.Backend.Kill(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
+			return struct{}{}, nil
+		}
+		return struct{}{}, err
+	})
 	return err
 }
 

@@ -224,5 +224,6 @@ func apiCmd(g *globals) *cobra.Command {
 	keys.add(cmd, "the only key that may cordon, uncordon, drain and forget nodes (without it, nobody may); it sees every key's sandboxes")
 	etcdFlags(cmd, &run.EtcdAuth)
 	f.BoolVar(&debug, "debug", false, "log every request")
+	metricsLabelFlags(cmd, &run.Metrics)
 	return cmd
 }

@@ -345,16 +345,16 @@ func testNotRunning(t *testing.T, s *server) {
 	s.ok(t, "", "sandbox", "resume", id)
 	s.ok(t, "", "sandbox", "exec", id, "true")
 	s.ok(t, "", "sandbox", "kill", id)
-	if r := s.run(t, "", "sandbox", "exec", id, "true"); r.code != 3 || !strings.Contains(r.stderr, "it was killed at") {
-		t.Errorf("exec on a killed sandbox: %v; want exit 3 saying it was killed", r)
+	if r := s.run(t, "", "sandbox", "exec", id, "true"); r.code != 3 || !strings.Contains(r.stderr, "it was killed at") || !strings.Contains(r.stderr, "\ncause: killed (") {
+		t.Errorf("exec on a killed sandbox: %v; want exit 3 saying it was killed, cause killed", r)
 	}
 	short := strings.TrimSpace(s.ok(t, "", "sandbox", "create", "--timeout", "1", "busybox"))
 	waitFor(t, 30*time.Second, "end of the sandbox at its timeout", func() bool {
 		_, err := s.c.GetSandbox(context.Background(), short)
 		return err != nil
 	})
-	if r := s.run(t, "", "sandbox", "exec", short, "true"); r.code != 3 || !strings.Contains(r.stderr, "it timed out at") {
-		t.Errorf("exec on a timed-out sandbox: %v; want exit 3 saying it timed out", r)
+	if r := s.run(t, "", "sandbox", "exec", short, "true"); r.code != 3 || !strings.Contains(r.stderr, "it timed out at") || !strings.Contains(r.stderr, "\ncause: sandbox_timeout (") {
+		t.Errorf("exec on a timed-out sandbox: %v; want exit 3 saying it timed out, cause sandbox_timeout", r)
 	}
 }
 

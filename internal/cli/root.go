@@ -126,7 +126,7 @@ func Main(ctx context.Context, args []string) int {
 		fmt.Fprintln(os.Stderr, "error:", ue)
 		return 2
 	}
-	fmt.Fprintln(os.Stderr, "error:", err)
+	printError(os.Stderr, err)
 	var ce *client.Error
 	if errors.As(err, &ce) {
 		switch {
@@ -137,4 +137,23 @@ func Main(ctx context.Context, args []string) int {
 		}
 	}
 	return 1
+}
+
+// causeHints say, beside an error, what ended the sandbox or the command
+// (client.Cause) and what to do, as the Python SDK's exception.cause does.
+var causeHints = map[string]string{
+	client.CauseOOM:            "out of memory: give the sandbox more memory (sandbox create --memory-mb), or make the command use less",
+	client.CauseLost:           "the sandbox died on its own: create a new one",
+	client.CauseSandboxTimeout: "the sandbox reached its timeout: create it with a longer --timeout",
+	client.CauseKilled:         "the sandbox was killed",
+	client.CauseCommandTimeout: "the command reached its --timeout and was killed",
+}
+
+// printError prints err and, when it says what ended the sandbox or the
+// command, a line naming the cause.
+func printError(w io.Writer, err error) {
+	fmt.Fprintln(w, "error:", err)
+	if c := client.Cause(err); c != "" {
+		fmt.Fprintf(w, "cause: %s (%s)\n", c, causeHints[c])
+	}
 }

@@ -194,7 +194,8 @@ func sandboxExec(g *globals) *cobra.Command {
 			"not a terminal to its stdin (then end-of-file). With one argument, COMMAND is run by\n" +
 			"`/bin/bash -l -c` (like the E2B SDK); with more, it is run directly. Flags after the ID are\n" +
 			"agentenv's: put a command with flags of its own after `--`. Ctrl-C kills the command in the\n" +
-			"sandbox and exits with status 130; a command killed at its --timeout exits with 124.",
+			"sandbox and exits with status 130; a command killed at its --timeout exits with 124, and one\n" +
+			"killed because the sandbox ran out of memory with 137 (the sandbox lives on).",
 		Example:     "  agentenv sandbox exec ID 'echo hi; exit 3'\n  echo 'print(1)' | agentenv sandbox exec ID python3 -\n  agentenv sandbox exec --cwd /tmp -e A=1 ID -- ls -la",
 		Args:        cobra.MinimumNArgs(2),
 		Annotations: map[string]string{passesCommand: "1"},
@@ -222,9 +223,14 @@ func sandboxExec(g *globals) *cobra.Command {
 				req.Stdin = !term.IsTerminal(int(os.Stdin.Fd()))
 			}
 			code, err := runExec(cmd.Context(), c, sb, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
-			if errors.Is(err, client.ErrProcessTimeout) {
-				fmt.Fprintln(cmd.ErrOrStderr(), "error:", err)
+			switch {
+			case errors.Is(err, client.ErrProcessTimeout):
+				printError(cmd.ErrOrStderr(), err)
 				return ExitError{Code: 124}
+			case errors.Is(err, client.ErrOutOfMemory):
+				// Killed (SIGKILL) as a shell reports it; the sandbox lives.
+				printError(cmd.ErrOrStderr(), err)
+				return ExitError{Code: max(code, 137)}
 			}
 			if err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/template"
@@ -165,8 +166,17 @@ func (h *hostFlags) add(cmd *cobra.Command) {
 	f.IntVar(&cfg.TemplateOptions.MaxDiskMB, "max-disk-mb", 0, "largest write layer, in MiB, a client may ask for in a template build (diskMB; above it 400) (default: 10240, or --disk-mb if larger)")
 	f.IntVar(&cfg.TemplateOptions.MaxTemplates, "max-templates", 100, "most templates this server stores (builds of new names count; 0: no limit)")
 	f.StringVar(&h.maxTemplateBytes, "max-template-bytes", "50G", "most disk all templates take together (root trees and images); a build past it stops with 507 (0: no limit beyond --disk-reserve and --disk-budget)")
+	metricsLabelFlags(cmd, &cfg.Metrics)
 	f.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", 0, "most open connections from one source address (an IPv6 /64 counts as one) to the API, the proxy or the node port; more are closed at once (default: a quarter of the open-file limit, at most 4096; -1: no cap)")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close a keep-alive connection of the API, the proxy or the node port that sends no request for this long")
+}
+
+// metricsLabelFlags defines the flags of the metadata label of /metrics'
+// command results and sandbox ends (serve, node and api).
+func metricsLabelFlags(cmd *cobra.Command, l *server.MetricsLabel) {
+	f := cmd.Flags()
+	f.StringVar(&l.Key, "metrics-label-key", "", "a sandbox metadata key (e.g. run) whose value labels agentenv_exec_results_total and agentenv_sandbox_ends_total in /metrics, to tell training runs apart; the label has the key's name")
+	f.IntVar(&l.Values, "metrics-label-values", metrics.DefaultLabelValues, "with --metrics-label-key: most distinct values the label keeps; sandboxes with values seen after them count under \"other\" (until the server restarts), so a value per sandbox cannot grow /metrics without bound")
 }
 
 // domainFlags defines --domain and the proxy's HTTPS flags of serve and api.

@@ -198,6 +198,10 @@ func TestFleet(t *testing.T) {
 			{"https://10.231.0.11:3100/metrics", `agentenv_snapshot_store_bytes{role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_sandboxes_reaped_total{role="node"}`},
 			{"https://10.231.0.11:3100/metrics", `agentenv_host_cpu_seconds_total{mode="busy",role="node"}`},
+			// Outcomes, labelled by --metrics-label-key run: commands on
+			// the API role (its proxy), sandbox ends on the node.
+			{f.apiURLs[0][0] + "/metrics", `agentenv_exec_results_total{result="ok",role="api",run=""}`},
+			{"https://10.231.0.11:3100/metrics", `agentenv_sandbox_ends_total{cause="killed",role="node",run=""}`},
 		} {
 			// The API role serves its metrics to the fleet's key only (they
 			// count every key's sandboxes); the node port needs none.
@@ -277,16 +281,29 @@ func TestFleet(t *testing.T) {
 
 	t.Run("one etcd member stopped changes nothing", func(t *testing.T) {
 		f.etcd[2].stop(syscall.SIGKILL)
-		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox"})
+		run := map[string]string{"run": "fleet-etcd"}
+		sb, err := c.CreateSandbox(ctx, client.CreateRequest{TemplateID: "busybox", Metadata: run})
 		if err != nil {
 			t.Fatalf("create with one etcd member down: %v", err)
 		}
+		// The API role labels a command by its sandbox's metadata from
+		// its cache of etcd: wait until the cache has the sandbox.
+		eventually(t, 30*time.Second, "the sandbox listed by its metadata", func() error {
+			if l, err := c.ListSandboxes(ctx, run); err != nil || len(l) != 1 {
+				return fmt.Errorf("listed %d, %v", len(l), err)
+			}
+			return nil
+		})
 		if out, err := execOut(ctx, c, sb, "echo ok"); err != nil || out != "ok" {
 			t.Fatalf("exec: %q %v", out, err)
 		}
 		if err := c.KillSandbox(ctx, sb.SandboxID); err != nil {
 			t.Fatal(err)
 		}
+		api := f.apiURLs[len(f.apiURLs)-1][0] + "/metrics"
+		eventually(t, 30*time.Second, "the command counted under its run", func() error {
+			return metricHas(f.nodeHTTP, api, `agentenv_exec_results_total{result="ok",role="api",run="fleet-etcd"} 1`)
+		})
 		time.Sleep(leaseTTL + time.Second) // longer than the lease TTL: no node may be lost
 		m, err := nodeCounts(ctx, c)
 		if err != nil {
@@ -707,4 +724,25 @@ func TestFleet(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// metricHas says why url's /metrics (read with the fleet's key) lacks the
+// line want, or nil.
+func metricHas(hc *http.Client, url, want string) error {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-API-Key", apiKey)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	if !strings.Contains(b.String(), want+"\n") {
+		return fmt.Errorf("%s has no line %s", url, want)
+	}
+	return nil
 }

@@ -253,7 +253,7 @@ func (f *fleetEnv) startNode(i int) *proc {
 		"--name", name, "--etcd", f.etcdURL, "--listen", fmt.Sprintf("10.231.0.%d:3100", 10+i),
 		"--data-dir", nodeData, "--cluster-secret-file", filepath.Join(f.dir, "secret"),
 		"--network-cidr", fmt.Sprintf("10.232.%d.0/20", 16*(i-1)), "--network-tag", "f" + string(rune('a'+i-1)),
-		"--lease-ttl", leaseTTL.String(), "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T",
+		"--lease-ttl", leaseTTL.String(), "--warm-pool", "1", "--slot-pool", "2", "--max-sandboxes", "100", "--disk-budget", "1T", "--metrics-label-key", "run",
 		"--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key"), "--tls-ca", filepath.Join(f.dir, "ca.crt")}
 	args = append(args, f.etcdFlags()...)
 	script := fmt.Sprintf("mount --bind %q %q && exec \"$@\"", real, nodeData)
@@ -268,7 +268,7 @@ func (f *fleetEnv) startAPI(i int) {
 		"--listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0",
 		"--domain", fleetDomain, "--proxy-tls-listen", "127.0.0.1:0", "--ca-dir", filepath.Join(f.dir, "proxy-ca"),
 		"--cluster-secret-file", filepath.Join(f.dir, "secret"), "--operator-key-file", filepath.Join(f.dir, "operator-key"),
-		"--api-keys-file", filepath.Join(f.dir, "api-keys"),
+		"--api-keys-file", filepath.Join(f.dir, "api-keys"), "--metrics-label-key", "run",
 		"--tls-ca", filepath.Join(f.dir, "ca.crt"), "--tls-cert", filepath.Join(f.dir, "node.crt"), "--tls-key", filepath.Join(f.dir, "node.key")}
 	p := f.start(fmt.Sprintf("api%d", i), append(args, f.etcdFlags()...)...)
 	f.apis = append(f.apis, p)

@@ -251,6 +251,9 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	cfg.Host.Unreachable = append(cfg.Host.Unreachable, etcdAddrs(cfg.Etcd)...)
 	cfg.Node.MaxSandboxes = cfg.Host.Limits.MaxSandboxes
 	reg := server.NewMetrics("node")
+	if err := cfg.Host.Metrics.Apply(reg); err != nil {
+		return err
+	}
 	cfg.Node.Metrics = reg
 	nd := node.New(cfg.Node)
 	if err := nd.Check(ctx); err != nil {
@@ -328,6 +331,9 @@ type APIRun struct {
 	// only, with TLSCert/TLSKey as this API server's certificate.
 	TLSCA, TLSCert, TLSKey string
 	Log                    *slog.Logger
+	// Metrics labels the counts of command results with the value of one
+	// metadata key of the sandboxes (nodes count their ends).
+	Metrics server.MetricsLabel
 	// Ready, if set, is called with the bound addresses.
 	Ready func(apiAddr, proxyAddr string)
 }
@@ -357,6 +363,15 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	}
 	remote := router.NewRemote(cli, cache, cfg.Secret, tlsConf, log)
 	reg := server.NewMetrics("api")
+	if err := cfg.Metrics.Apply(reg); err != nil {
+		return err
+	}
+	reg.SetMetadata(func(id string) map[string]string {
+		if rec, ok := cache.Sandbox(id); ok {
+			return rec.Sandbox.Metadata
+		}
+		return nil
+	})
 	remote.Observe = reg.ObserveOp
 	reg.SetNodes(func() []metrics.NodeInfo {
 		var out []metrics.NodeInfo

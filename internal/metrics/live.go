@@ -35,6 +35,11 @@ type Point struct {
 	MemTotal int64 `json:"memTotal"`
 	// InFlight is the operations under way at the interval's end.
 	InFlight int `json:"inFlight"`
+	// Exec counts the commands that ended in the interval by result
+	// (ExecResults), Ends the sandboxes that ended by cause (EndCauses):
+	// a rollout's rates.
+	Exec map[string]int64 `json:"exec"`
+	Ends map[string]int64 `json:"ends"`
 }
 
 // ErrorCount is how many operations of a kind failed with a cause.
@@ -67,6 +72,9 @@ type reading struct {
 	buckets map[string][]uint64 // per op, cumulative counts per bucket (+Inf last)
 	busy    float64             // host CPU seconds
 	total   float64
+	// exec and ends are the outcome counts by class, all label values
+	// together.
+	exec, ends map[string]float64
 }
 
 // RunHistory samples the registry every interval into the live history,
@@ -153,6 +161,7 @@ func (r *Registry) read() reading {
 		}
 		rd.buckets[op] = append(counts, h.GetSampleCount())
 	}
+	rd.exec, rd.ends = r.out.totals()
 	if fs, err := procfs.NewDefaultFS(); err == nil {
 		if st, err := fs.Stat(); err == nil {
 			busy, idle := cpuTimes(st.CPUTotal)
@@ -165,7 +174,7 @@ func (r *Registry) read() reading {
 // point is the interval between two readings, with the host's memory and
 // the operations in flight now.
 func (r *Registry) point(a, b reading) Point {
-	p := Point{At: b.at.UTC(), Ops: map[string]OpPoint{}}
+	p := Point{At: b.at.UTC(), Ops: map[string]OpPoint{}, Exec: deltas(ExecResults, a.exec, b.exec), Ends: deltas(EndCauses, a.ends, b.ends)}
 	for _, op := range LiveOps {
 		cur := b.buckets[op]
 		delta := make([]uint64, len(cur))
@@ -195,6 +204,15 @@ func (r *Registry) point(a, b reading) Point {
 		}
 	}
 	return p
+}
+
+// deltas is b - a for each class.
+func deltas(classes []string, a, b map[string]float64) map[string]int64 {
+	out := make(map[string]int64, len(classes))
+	for _, c := range classes {
+		out[c] = int64(max(b[c]-a[c], 0))
+	}
+	return out
 }
 
 // opPoint reads the count, p50 and p95 from cumulative bucket counts

@@ -91,3 +91,36 @@ func TestLive(t *testing.T) {
 		t.Errorf("execs over the history: got %d, want 1", execs)
 	}
 }
+
+// TestLiveOutcomes: each interval of the live history counts the commands
+// by result and the sandbox ends by cause that happened in it, all label
+// values together, every class present.
+func TestLiveOutcomes(t *testing.T) {
+	reg := metrics.New("serve")
+	if err := reg.SetLabelKey("run", 1); err != nil {
+		t.Fatal(err)
+	}
+	reg.SetMetadata(func(id string) map[string]string { return map[string]string{"run": id} })
+	reg.ObserveExec(metrics.ExecOK, "r1")
+	reg.ObserveExec(metrics.ExecOK, "r2")
+	reg.ObserveExec(metrics.ExecOOM, "r1")
+	reg.ObserveSandboxEnd(metrics.EndTimeout, map[string]string{"run": "r3"})
+	p := reg.Live().History[0]
+	for _, tc := range []struct {
+		what string
+		got  map[string]int64
+		want map[string]int64
+	}{
+		{"exec", p.Exec, map[string]int64{"ok": 2, "nonzero": 0, "timeout": 0, "oom": 1, "error": 0}},
+		{"ends", p.Ends, map[string]int64{"killed": 0, "timeout": 1, "oom": 0, "lost": 0}},
+	} {
+		if len(tc.got) != len(tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.what, tc.got, tc.want)
+		}
+		for k, v := range tc.want {
+			if n, ok := tc.got[k]; !ok || n != v {
+				t.Errorf("%s %s: got %d (present %v), want %d", tc.what, k, n, ok, v)
+			}
+		}
+	}
+}

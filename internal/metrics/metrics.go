@@ -1,7 +1,8 @@
 // Package metrics is agentenv's Prometheus instrumentation: one Registry per
 // server role (serve, node, api) serving /metrics, with operation latencies
 // and errors by cause, the steps of sandbox boots, operations in flight, HTTP routes, sandboxes by state
-// and template, warm and hot pools, the snapshot store, timeout reaps, the
+// and template, warm and hot pools, the snapshot store, timeout reaps, commands
+// by result and sandbox ends by cause, the
 // host's CPU and memory, node capacity and fleet nodes. Gauges are read through callbacks at scrape time, so nothing
 // has to push.
 //
@@ -87,6 +88,9 @@ type Registry struct {
 
 	// hideTemplates: see HideTemplateNames.
 	hideTemplates atomic.Bool
+
+	// out counts exec results and sandbox ends (outcomes.go).
+	out outcomes
 }
 
 // New returns a Registry for role ("serve", "node" or "api"), which every
@@ -130,7 +134,7 @@ func New(role string) *Registry {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		r.opDuration, r.opErrors, r.httpRequests, r.httpDuration, r.inFlight, r.bootStep,
-		&callbackCollector{r: r}, newHostCollector(),
+		&callbackCollector{r: r}, &outcomeCollector{o: &r.out}, newHostCollector(),
 	)
 	return r
 }

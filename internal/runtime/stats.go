@@ -16,6 +16,10 @@ type Stats struct {
 	MemLimit int64
 	// MemCache is file page cache charged to the sandbox.
 	MemCache int64
+	// OOMKills counts the processes the host's OOM killer killed in the
+	// sandbox's memory cgroup: past 0, a sandbox that died ran out of its
+	// memory limit.
+	OOMKills int64
 }
 
 // Statser is implemented by runtimes that can report a sandbox's resource

@@ -41,18 +41,21 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return m.kill(ctx, e, "")
+	return m.kill(ctx, e, death{})
 }
 
-// kill moves e to killing, unlists it and starts its teardown. A reason
-// (the sandbox died on its own) leaves a tombstone that Get reports.
-func (m *Manager) kill(ctx context.Context, e *entry, reason string) error {
-	return m.killWhen(ctx, e, reason, nil)
+// kill moves e to killing, unlists it and starts its teardown. A death
+// (the sandbox died on its own) leaves a tombstone that Get reports; the
+// zero death is a kill by a client or by the sandbox's timer. Only the
+// call that moves the sandbox to killing tells the end observer.
+func (m *Manager) kill(ctx context.Context, e *entry, d death) error {
+	return m.killWhen(ctx, e, d, nil)
 }
 
 // killWhen is kill, done only if cond (when not nil) still holds under
 // the sandbox's lock; otherwise it does nothing.
-func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond func(Sandbox) bool) error {
+func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(Sandbox) bool) error {
+	reason := d.reason
 	e.mu.Lock()
 	id := e.sb.ID
 	if cond != nil && e.sb.State != StateKilling && !cond(e.sb) {
@@ -83,8 +86,9 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 	e.mu.Unlock()
 
 	var tomb Sandbox
+	cause := d.cause
 	if reason != "" {
-		sb.Reason = reason
+		sb.Reason, sb.EndCause = reason, cause
 		tomb = lostRecord(sb)
 	}
 	now := m.d.Clock.Now()
@@ -94,11 +98,12 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 		m.lost[id] = tomb
 	} else if was != StatePooled {
 		// Past its end while running: its timer (or a kill racing it).
-		timedOut := was == StateRunning && !now.Before(sb.EndAt)
-		m.ended.add(id, timedOut, now)
-		if timedOut {
+		cause = EndKilled
+		if was == StateRunning && !now.Before(sb.EndAt) {
+			cause = EndTimeout
 			m.reaped.Add(1)
 		}
+		m.ended.add(id, cause, now)
 	}
 	if was == StatePooled {
 		// No longer waiting in the hot pool: let it refill.
@@ -109,6 +114,9 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, reason string, cond fu
 	m.mu.Unlock()
 	if reason != "" {
 		m.saveTombstone(tomb)
+	}
+	if was != StatePooled {
+		m.noteEnd(cause, sb)
 	}
 	m.runTeardown(ctx, t, tracked, false)
 	return nil
@@ -293,17 +301,18 @@ func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64
 			return
 		}
 		e.mu.Lock()
-		state, rebooted := e.sb.State, e.boot != boot || e.sb.State == StatePausedFiles
+		sb, rebooted := e.sb, e.boot != boot || e.sb.State == StatePausedFiles
 		e.mu.Unlock()
+		state := sb.State
 		if state == StateKilling || rebooted {
 			return // being killed, or stopped by a pause without memory, on purpose
 		}
-		reason := "it stopped unexpectedly (out of its memory limit, or its init process exited)"
+		d := m.deathOf(context.Background(), sb)
 		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
-			reason += "; last output: " + tail
+			d.reason += "; last output: " + tail
 		}
-		m.d.Log.Warn("sandbox died", "sandbox", id, "state", state, "reason", reason)
-		if err := m.kill(context.Background(), e, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.d.Log.Warn("sandbox died", "sandbox", id, "state", state, "cause", d.cause, "reason", d.reason)
+		if err := m.kill(context.Background(), e, d); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.d.Log.Error("clean up dead sandbox", "sandbox", id, "err", err)
 		}
 	}()

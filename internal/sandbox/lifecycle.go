@@ -55,7 +55,7 @@ func (m *Manager) expire(e *entry) {
 		m.d.Log.Info("sandbox timed out", "sandbox", id)
 	}
 	expired := func(sb Sandbox) bool { return sb.State == StateRunning && !m.d.Clock.Now().Before(sb.EndAt) }
-	if err := m.killWhen(ctx, e, "", expired); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := m.killWhen(ctx, e, death{}, expired); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		m.d.Log.Error("kill on timeout", "sandbox", id, "err", err)
 	}
 }

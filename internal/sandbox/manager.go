@@ -104,6 +104,8 @@ type Manager struct {
 	retryBase, grace time.Duration
 	// stepObs is told of every boot step (boot.go).
 	stepObs atomic.Pointer[StepObserver]
+	// ends tells an observer of every sandbox end (ends.go).
+	ends endNotes
 }
 
 // entry is a live sandbox with its runtime-only parts.
@@ -329,7 +331,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 			sb := e.sb
 			e.mu.Unlock()
 			paused := func(sb Sandbox) bool { return sb.State.Paused() }
-			return sb, m.killWhen(context.Background(), e, "", paused)
+			return sb, m.killWhen(context.Background(), e, death{}, paused)
 		}
 		defer e.mu.Unlock()
 		// Counts from the resume.

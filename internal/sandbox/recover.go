@@ -219,8 +219,9 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	if sb.Slot.Namespace != "" {
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 	}
-	sb.Reason = reason
+	sb.Reason, sb.EndCause = reason, EndLost
 	m.tombstone(sb)
+	m.noteEnd(EndLost, sb)
 	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 

@@ -25,10 +25,10 @@ func (r *registry) lookup(id string) (*entry, error) {
 		return e, nil
 	}
 	if sb, ok := r.lost[id]; ok {
-		return nil, fmt.Errorf("sandbox %q was lost: %s: %w", id, sb.Reason, ErrLost)
+		return nil, WithEndCause(fmt.Errorf("sandbox %q was lost: %s: %w", id, sb.Reason, ErrLost), sb.EndCause)
 	}
-	if how, ok := r.ended.how(id); ok {
-		return nil, errdefs.NotFound("sandbox %q does not exist: %s", id, how)
+	if how, cause, ok := r.ended.how(id); ok {
+		return nil, WithEndCause(errdefs.NotFound("sandbox %q does not exist: %s", id, how), cause)
 	}
 	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
 }

@@ -148,8 +148,10 @@ type Sandbox struct {
 	Remaining time.Duration `json:"remaining,omitempty"`
 	// Network is the sandbox's egress policy.
 	Network Network `json:"network"`
-	// Reason says why a sandbox was lost.
-	Reason string `json:"reason,omitempty"`
+	// Reason says why a sandbox was lost; EndCause is the same as one of
+	// the End constants (EndOOM, EndLost), for programs.
+	Reason   string `json:"reason,omitempty"`
+	EndCause string `json:"endCause,omitempty"`
 	// Timeout is the timeout the sandbox was created with: an auto-resume
 	// (and a resume with no time left) runs it again (as E2B).
 	Timeout time.Duration `json:"timeout,omitempty"`

@@ -36,7 +36,7 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	for _, id := range m.hot.Of(template) {
 		// Only if still pooled: a create may have just taken it.
 		if e, err := m.entry(id); err == nil {
-			m.killWhen(context.Background(), e, "", func(sb Sandbox) bool { return sb.State == StatePooled })
+			m.killWhen(context.Background(), e, death{}, func(sb Sandbox) bool { return sb.State == StatePooled })
 		}
 	}
 	m.settle(func(sb Sandbox) bool { return sb.Template == template })

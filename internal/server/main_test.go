@@ -89,7 +89,8 @@ func launchServer(t testing.TB, dataDir, cidr, tag string, change func(*server.C
 		Runsc: "runsc", Envd: testenv.BuildEnvd(t, envdDir), NetworkCIDR: cidr, NetworkTag: tag, DNSResolvers: []string{dns.Addr},
 		Domain: testDomain, ProxyTLS: server.ProxyTLS{Listen: "127.0.0.1:0"},
 		APIKey: testKey, APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, OperatorKey: operatorKey, Limits: testLimits(), SlotPool: testSlotPool, VolumeSizeMB: testVolumeMB, ReadyTemplates: true, WarmPool: 2, Runtime: os.Getenv("AGENTENV_TEST_RUNTIME"),
-		Log: slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics: server.MetricsLabel{Key: "run"},
+		Log:     slog.New(slog.NewTextHandler(logWriter(dataDir), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if change != nil {
 		change(&cfg)

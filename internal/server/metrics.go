@@ -1,11 +1,13 @@
 package server
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
 )
 
@@ -48,7 +50,8 @@ func WithKeyedMetrics(reg *metrics.Registry, h, scrape http.Handler) http.Handle
 
 // MeterProxy records the latency of commands (and file calls) proxied to
 // envd, and counts them in flight: what an exec costs as the client sees
-// it.
+// it. It counts each command's result (ok, nonzero, timeout, oom) from the
+// end of its stream, read as it passes.
 func MeterProxy(reg *metrics.Registry, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op := metrics.ProxyOp(r)
@@ -61,15 +64,56 @@ func MeterProxy(reg *metrics.Registry, h http.Handler) http.Handler {
 		// command's end event arrives (before the stream's trailer).
 		done := reg.Begin(op)
 		defer done(nil)
-		h.ServeHTTP(w, r)
+		if op != metrics.OpExec {
+			h.ServeHTTP(w, r)
+			return
+		}
+		ew := &execWriter{ResponseWriter: w}
+		start := time.Now()
+		id, _, _ := proxy.Target(r.Header, r.Host)
+		defer func() {
+			if res := ew.result(r, time.Since(start)); res != "" {
+				reg.ObserveExec(res, id)
+			}
+		}()
+		h.ServeHTTP(ew, r)
 	})
+}
+
+// MetricsLabel is the operator's choice of a metadata key whose value
+// labels agentenv_exec_results_total and agentenv_sandbox_ends_total
+// (--metrics-label-key), and how many distinct values it keeps
+// (--metrics-label-values; past them, "other").
+type MetricsLabel struct {
+	Key    string
+	Values int
+}
+
+// Apply sets the label on reg, or says why it cannot be one.
+func (l MetricsLabel) Apply(reg *metrics.Registry) error {
+	if l.Values < 0 {
+		return fmt.Errorf("--metrics-label-values %d: give a count, or 0 for the default (%d)", l.Values, metrics.DefaultLabelValues)
+	}
+	if err := reg.SetLabelKey(l.Key, l.Values); err != nil {
+		return fmt.Errorf("--metrics-label-key: %w", err)
+	}
+	return nil
 }
 
 // WatchHost reports a host's sandboxes by state and template, its warm and
 // hot pools, its snapshot store and its timeout reaps at every scrape, and
-// records the steps of its sandboxes' boots.
+// records the steps of its sandboxes' boots and its sandboxes' ends by
+// cause.
 func WatchHost(reg *metrics.Registry, h *Host) {
 	h.Manager.ObserveBootSteps(reg.ObserveBootStep)
+	h.Manager.ObserveEnds(func(cause string, sb sandbox.Sandbox) { reg.ObserveSandboxEnd(cause, sb.Metadata) })
+	reg.SetMetadata(func(id string) map[string]string {
+		sb, err := h.Manager.Get(id)
+		if err != nil {
+			return nil
+		}
+		return sb.Metadata
+	})
 	reg.SetSandboxes(func() []metrics.SandboxCount { return CountSandboxes(h.Manager.List(sandbox.Filter{})) })
 	reg.SetPools(func() metrics.Pools {
 		p := h.Manager.Pools()

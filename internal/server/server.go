@@ -106,7 +106,10 @@ type Config struct {
 	// MetricsHideTemplates leaves template names, which tenants choose,
 	// out of /metrics' labels.
 	MetricsHideTemplates bool
-	Log                  *slog.Logger
+	// Metrics labels the counts of command results and sandbox ends with
+	// the value of one metadata key (see metrics.Registry.SetLabelKey).
+	Metrics MetricsLabel
+	Log     *slog.Logger
 
 	// Network is "namespaces" (the default: a namespace, veths and
 	// firewall rules per sandbox) or "none": no network and no isolation,
@@ -314,6 +317,13 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if err := api.CheckKeys(acfg); err != nil {
 		return err
 	}
+	reg := NewMetrics("serve")
+	if err := cfg.Metrics.Apply(reg); err != nil {
+		return err
+	}
+	if cfg.MetricsHideTemplates {
+		reg.HideTemplateNames()
+	}
 	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -325,10 +335,6 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 		return err
 	}
 	front.Limits = cfg.HTTP
-	reg := NewMetrics("serve")
-	if cfg.MetricsHideTemplates {
-		reg.HideTemplateNames()
-	}
 	WatchHost(reg, h)
 	backend := api.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)

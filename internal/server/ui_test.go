@@ -60,6 +60,10 @@ func TestLivePage(t *testing.T) {
 		t.Errorf("/ui without a key: want the key form shown and no data rendered; DOM:\n%.2000s", dom)
 	}
 
+	// A kill of a sandbox that is gone is what the SDKs do: not an error.
+	if err := e.client.KillSandbox(ctx, "no-such-sandbox-0123456789"); !isStatus(err, 404) {
+		t.Fatalf("kill of an unknown sandbox: got %v, want 404", err)
+	}
 	a := e.create(t, client.CreateRequest{Metadata: map[string]string{"run": "ui-a", "policy": "ppo"}})
 	b := e.create(t, client.CreateRequest{Metadata: map[string]string{"run": "ui-b", "policy": "grpo"}})
 	e.sh(t, a, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done") // some CPU, an exec
@@ -126,6 +130,13 @@ func TestLivePage(t *testing.T) {
 		if m == nil || int64(atoi(m[1])) < max(fed[op], 1) {
 			t.Errorf("/ui latency chart of %s: got %v, want at least %d operations counted", op, m, max(fed[op], 1))
 		}
+	}
+	// The rollout table counts at least the two commands above as ok.
+	if m := regexp.MustCompile(`data-kind="exec" data-class="ok" data-n="(\d+)"`).FindStringSubmatch(dom); m == nil || atoi(m[1]) < 2 {
+		t.Errorf("/ui rollouts: commands ok %v, want at least 2", m)
+	}
+	if strings.Contains(dom, "<td>kill</td><td>not_found</td>") {
+		t.Errorf("/ui errors: a kill of a sandbox that is gone is shown as an error")
 	}
 	for _, s := range []string{"run=ui-a", "policy=grpo"} {
 		if !strings.Contains(dom, s) {

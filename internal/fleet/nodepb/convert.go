@@ -226,6 +226,7 @@ func FromTemplate(t api.TemplateInfo) *Template {
 		Name: t.Name, Source: t.Source, Packages: t.Packages, CreatedAt: ts(t.CreatedAt), ImageSize: t.ImageSize, EnvdHash: t.EnvdHash,
 		Env: t.Env, Workdir: t.Workdir, User: t.User, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: int32(t.ReadyTimeout),
 		DiskMb: int32(t.DiskMB), InUse: int32(t.InUse), Ready: t.Ready, Owner: t.Owner,
+		CpuCount: int32(t.CPUs), MemoryMb: int32(t.MemoryMB),
 	}
 }
 
@@ -236,6 +237,7 @@ func ToTemplate(p *Template) api.TemplateInfo {
 		EnvdHash: p.GetEnvdHash(), Defaults: template.Defaults{Env: p.GetEnv(), Workdir: p.GetWorkdir(), User: p.GetUser()},
 		Start:  template.Start{StartCmd: p.GetStartCmd(), ReadyCmd: p.GetReadyCmd(), ReadyTimeout: int(p.GetReadyTimeout())},
 		DiskMB: int(p.GetDiskMb()), InUse: int(p.GetInUse()), Owner: p.GetOwner(),
+		Size: template.Size{CPUs: int(p.GetCpuCount()), MemoryMB: int(p.GetMemoryMb())},
 	}}
 }
 

@@ -42,6 +42,12 @@ func Code(err error) (connect.Code, *ErrorDetail) {
 	if errors.Is(err, sandbox.ErrLost) {
 		detail = &ErrorDetail{Lost: true}
 	}
+	if cause := sandbox.EndCause(err); cause != "" {
+		if detail == nil {
+			detail = &ErrorDetail{}
+		}
+		detail.EndCause = cause
+	}
 	for _, c := range codes {
 		if errors.Is(err, c.class) {
 			if c.shared {
@@ -108,9 +114,9 @@ func decode(code connect.Code, msg string, detail *ErrorDetail) error {
 		class = errors.New(msg)
 	}
 	if detail.GetLost() {
-		return &coded{msg: msg, class: errors.Join(sandbox.ErrLost, class)}
+		class = &coded{msg: msg, class: errors.Join(sandbox.ErrLost, class)}
 	}
-	return class
+	return sandbox.WithEndCause(class, detail.GetEndCause())
 }
 
 type coded struct {

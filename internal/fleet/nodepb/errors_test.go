@@ -39,6 +39,14 @@ func TestErrorsCrossAsCodes(t *testing.T) {
 	if !errors.Is(got, sandbox.ErrLost) || !errors.Is(got, errdefs.ErrNotFound) || got.Error() != lost.Error() {
 		t.Errorf("lost: got %v (lost %v, not found %v), want both", got, errors.Is(got, sandbox.ErrLost), errors.Is(got, errdefs.ErrNotFound))
 	}
+	// How a sandbox ended crosses too, for the API's 404.
+	for _, cause := range []string{sandbox.EndKilled, sandbox.EndTimeout, sandbox.EndOOM} {
+		ended := sandbox.WithEndCause(errdefs.NotFound("sandbox %q does not exist: it ended", "x"), cause)
+		got := nodepb.Unwire(nodepb.Wire(ended))
+		if sandbox.EndCause(got) != cause || !errors.Is(got, errdefs.ErrNotFound) || got.Error() != ended.Error() {
+			t.Errorf("ended (%s): got %v with end cause %q, want not found with end cause %q", cause, got, sandbox.EndCause(got), cause)
+		}
+	}
 	if got := nodepb.Unwire(nodepb.Wire(errors.New("disk on fire"))); errdefs.Classified(got) || got.Error() != "disk on fire" {
 		t.Errorf("unclassified: got %v (classified %v)", got, errdefs.Classified(got))
 	}

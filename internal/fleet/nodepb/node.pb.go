@@ -72,7 +72,10 @@ type ErrorDetail struct {
 	// class is the errdefs class ("insufficient_storage", ...).
 	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
 	// lost: the sandbox was lost (its node restarted without it).
-	Lost          bool `protobuf:"varint,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	Lost bool `protobuf:"varint,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	// end_cause: the sandbox the error is about ended, and why ("killed",
+	// "timeout", "oom", "lost").
+	EndCause      string `protobuf:"bytes,3,opt,name=end_cause,json=endCause,proto3" json:"end_cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -119,6 +122,13 @@ func (x *ErrorDetail) GetLost() bool {
 		return x.Lost
 	}
 	return false
+}
+
+func (x *ErrorDetail) GetEndCause() string {
+	if x != nil {
+		return x.EndCause
+	}
+	return ""
 }
 
 type Network struct {
@@ -1789,7 +1799,10 @@ type Template struct {
 	InUse        int32                  `protobuf:"varint,14,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
 	Ready        bool                   `protobuf:"varint,15,opt,name=ready,proto3" json:"ready,omitempty"`
 	// The API key name that built it ("": the operator's, shared).
-	Owner         string `protobuf:"bytes,16,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,16,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The CPUs and memory of its sandboxes (0: the server's default).
+	CpuCount      int32 `protobuf:"varint,17,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb      int32 `protobuf:"varint,18,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1934,6 +1947,20 @@ func (x *Template) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *Template) GetCpuCount() int32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *Template) GetMemoryMb() int32 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
 }
 
 type TemplateRef struct {
@@ -2352,10 +2379,11 @@ var File_node_v1_node_proto protoreflect.FileDescriptor
 const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"\x12node/v1/node.proto\x12\x10agentenv.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\a\n" +
-	"\x05Empty\"7\n" +
+	"\x05Empty\"T\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x12\n" +
-	"\x04lost\x18\x02 \x01(\bR\x04lost\"\x91\x01\n" +
+	"\x04lost\x18\x02 \x01(\bR\x04lost\x12\x1b\n" +
+	"\tend_cause\x18\x03 \x01(\tR\bendCause\"\x91\x01\n" +
 	"\aNetwork\x12%\n" +
 	"\x0eallow_internet\x18\x01 \x01(\bR\rallowInternet\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
@@ -2520,7 +2548,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"ChildError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x125\n" +
-	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\xa1\x04\n" +
+	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\xdb\x04\n" +
 	"\bTemplate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -2540,7 +2568,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\adisk_mb\x18\r \x01(\x05R\x06diskMb\x12\x15\n" +
 	"\x06in_use\x18\x0e \x01(\x05R\x05inUse\x12\x14\n" +
 	"\x05ready\x18\x0f \x01(\bR\x05ready\x12\x14\n" +
-	"\x05owner\x18\x10 \x01(\tR\x05owner\x1a6\n" +
+	"\x05owner\x18\x10 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tcpu_count\x18\x11 \x01(\x05R\bcpuCount\x12\x1b\n" +
+	"\tmemory_mb\x18\x12 \x01(\x05R\bmemoryMb\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +

@@ -68,6 +68,10 @@ func readV1(root, rel string) (runtime.Stats, error) {
 	// gVisor's guest memory is a memfd: shmem, counted in cache but not
 	// file page cache.
 	s.MemCache = max(kv["total_cache"]-kv["total_shmem"], 0)
+	// "oom_kill N" since Linux 4.13; older kernels give none (0).
+	if oc, err := readKV(filepath.Join(mem, "memory.oom_control")); err == nil {
+		s.OOMKills = oc["oom_kill"]
+	}
 	return s, nil
 }
 
@@ -91,6 +95,9 @@ func readV2(dir string) (runtime.Stats, error) {
 	}
 	s.MemUsed = max(usage-kv["inactive_file"], 0)
 	s.MemCache = max(kv["file"]-kv["shmem"], 0)
+	if ev, err := readKV(filepath.Join(dir, "memory.events")); err == nil {
+		s.OOMKills = ev["oom_kill"]
+	}
 	return s, nil
 }
 

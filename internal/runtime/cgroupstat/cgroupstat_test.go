@@ -31,12 +31,13 @@ func TestReadV1(t *testing.T) {
 		"memory/agentenv/x/memory.usage_in_bytes": "300000000\n",
 		"memory/agentenv/x/memory.limit_in_bytes": "536870912\n",
 		"memory/agentenv/x/memory.stat":           "cache 9\ntotal_cache 120000000\ntotal_shmem 100000000\ntotal_inactive_file 5000000\n",
+		"memory/agentenv/x/memory.oom_control":    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 	})
 	got, err := readV1(root, "/agentenv/x")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := runtime.Stats{CPU: 1500 * time.Millisecond, MemUsed: 295000000, MemLimit: 536870912, MemCache: 20000000}
+	want := runtime.Stats{CPU: 1500 * time.Millisecond, MemUsed: 295000000, MemLimit: 536870912, MemCache: 20000000, OOMKills: 2}
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
@@ -56,12 +57,13 @@ func TestReadV2(t *testing.T) {
 		"memory.current": "400000000\n",
 		"memory.max":     "max\n",
 		"memory.stat":    "anon 1\nfile 150000000\nshmem 100000000\ninactive_file 10000000\n",
+		"memory.events":  "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n",
 	})
 	got, err := readV2(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := runtime.Stats{CPU: 2500 * time.Millisecond, MemUsed: 390000000, MemCache: 50000000}
+	want := runtime.Stats{CPU: 2500 * time.Millisecond, MemUsed: 390000000, MemCache: 50000000, OOMKills: 1}
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
