@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	procpb "github.com/agentenv/agentenv/internal/envd/gen/processpb"
+	procpb "github.com/agentenv/agentenv/client/api/envd/processpb"
 	"github.com/agentenv/agentenv/internal/metrics"
 )
 
