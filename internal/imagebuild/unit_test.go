@@ -105,7 +105,7 @@ func TestMirror(t *testing.T) {
 func hex64() string { return strings.Repeat("ab", 32) }
 
 // A build's sandboxes get the server's limits unless it asks for its
-// own; more memory than the server gives is refused.
+// own; more CPUs or memory than the server gives is refused.
 func TestLimitsFor(t *testing.T) {
 	b := &Builder{cfg: Config{Limits: Limits{Pids: 1024}.withDefaults()}}
 	cases := []struct {
@@ -120,6 +120,8 @@ func TestLimitsFor(t *testing.T) {
 		{Spec{MemoryMB: 128}, DefaultLimits.CPUs, 128, 124, false},
 		{Spec{MemoryMB: 16}, DefaultLimits.CPUs, 16, 32, false},
 		{Spec{MemoryMB: DefaultLimits.MaxMemoryMB + 1}, 0, 0, 0, true},
+		{Spec{CPUs: DefaultLimits.MaxCPUs}, DefaultLimits.MaxCPUs, DefaultLimits.MemoryMB, 1024, false},
+		{Spec{CPUs: DefaultLimits.MaxCPUs + 1}, 0, 0, 0, true},
 	}
 	for _, c := range cases {
 		got, err := b.limitsFor(c.spec)
