@@ -284,14 +284,15 @@ func (s *Server) startStepBuild(w http.ResponseWriter, r *http.Request) {
 	// The name may have become another key's since the build was made.
 	err = s.mayBuild(r, tb, b.templateID)
 	var spec imagebuild.Spec
+	var from string
 	if err == nil {
-		spec, err = s.buildSpec(r, tb, b, req)
+		spec, from, err = s.buildSpec(r, tb, b, req)
 	}
 	if err == nil {
 		err = s.notInUse(r, b.templateID)
 	}
 	if err == nil {
-		err = tb.start(b, spec, s.backend(r))
+		err = tb.start(b, spec, from, s.backend(r))
 	}
 	if err != nil {
 		writeError(w, err)
@@ -314,8 +315,58 @@ func (s *Server) notInUse(r *http.Request, name string) error {
 const maxSteps = 512
 
 // buildSpec checks a start request's shape and turns it into the
-// builder's Spec. What a step does is the builder's to check.
-func (s *Server) buildSpec(r *http.Request, tb *TemplateBuilds, b *stepBuild, req wire.TemplateBuildStartV2) (imagebuild.Spec, error) {
+// builder's Spec; from says what the build starts from, for its log.
+// What a step does is the builder's to check.
+func (s *Server) buildSpec(r *http.Request, tb *TemplateBuilds, b *stepBuild, req wire.TemplateBuildStartV2) (spec imagebuild.Spec, from string, err error) {
+	spec, err = s.buildSpecSteps(r, tb, b, req)
+	if err != nil {
+		return spec, "", err
+	}
+	from = "template " + spec.FromTemplate
+	if spec.FromImage != "" {
+		from = spec.FromImage
+		if name, ok := s.templateForImage(r, tb, b.owner, spec); ok {
+			from = fmt.Sprintf("%s: the template %s on this server (a template of that name is used before any pull)", spec.FromImage, name)
+			spec.FromImage, spec.FromTemplate = "", name
+		}
+	}
+	return spec, from, nil
+}
+
+// templateForImage returns the template a fromImage reference stands for
+// on this server (Dockerfiles' FROM base, for a template "base"): as
+// Docker uses a local image before pulling, a reference of a name alone,
+// NAME or NAME:TAG (no registry host, no path, no digest), whose NAME is
+// a template of the operator or of the build's owner and whose TAG is
+// none, "latest", "default" or one of the template's tags. Anything else
+// is pulled: python:3.12 stays Docker Hub's unless the template "python"
+// has the tag 3.12. Another key's template never stands for an image:
+// names are first come, first served, and one key's "python" must not
+// become every key's FROM python (fromTemplate names it explicitly). A
+// build with registry credentials means a registry: it is always pulled.
+func (s *Server) templateForImage(r *http.Request, tb *TemplateBuilds, owner string, spec imagebuild.Spec) (string, bool) {
+	ref := spec.FromImage
+	if spec.Registry != nil || strings.ContainsAny(ref, "/@") {
+		return "", false
+	}
+	name, tag, _ := strings.Cut(ref, ":")
+	if template.ValidName(name) != nil {
+		return "", false
+	}
+	t, err := s.backend(r).GetTemplate(r.Context(), name)
+	if err != nil || t.Owner != "" && t.Owner != owner {
+		return "", false
+	}
+	switch tag {
+	case "", "latest", "default":
+		return name, true
+	}
+	_, tagged := tb.files.tagged(name, tag)
+	return name, tagged
+}
+
+// buildSpecSteps checks the request's shape and its steps.
+func (s *Server) buildSpecSteps(r *http.Request, tb *TemplateBuilds, b *stepBuild, req wire.TemplateBuildStartV2) (imagebuild.Spec, error) {
 	spec := imagebuild.Spec{Name: b.templateID, Owner: b.owner, FromImage: strings.TrimSpace(req.FromImage), Force: req.Force,
 		StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, CPUs: b.cpus, MemoryMB: b.memoryMB}
 	from := strings.TrimSpace(req.FromTemplate)
@@ -502,11 +553,19 @@ func (s *Server) stepBuildLogs(w http.ResponseWriter, r *http.Request) {
 }
 
 // templateAlias answers whether a template of that name exists (the
-// SDK's Template.exists).
+// SDK's Template.exists), and with a tag ("alias:tag") whether the tag is
+// the template's, so that a caller that builds what does not exist builds
+// a missing tag too. Every key may start sandboxes from every template,
+// so another key's template exists for the caller as well.
 func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
-	alias, _, err := parseName(r.PathValue("alias"))
+	alias, tag, err := parseName(r.PathValue("alias"))
 	if err == nil {
 		_, err = s.backend(r).GetTemplate(r.Context(), alias)
+	}
+	if err == nil && tag != "" && tag != "default" {
+		if tb := s.cfg.TemplateBuilds; tb == nil || !tb.hasTag(alias, tag) {
+			err = errdefs.NotFound("template %q has no tag %q (GET /templates/%s/tags lists them)", alias, tag, alias)
+		}
 	}
 	if err != nil {
 		writeError(w, err)

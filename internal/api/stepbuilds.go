@@ -217,6 +217,12 @@ func (tb *TemplateBuilds) get(id identity, templateID, buildID string) (*stepBui
 	return b, nil
 }
 
+// hasTag reports whether tag names a build of template name.
+func (tb *TemplateBuilds) hasTag(name, tag string) bool {
+	_, ok := tb.files.tagged(name, tag)
+	return ok
+}
+
 // unfinished reports whether b was started and has not ended.
 func (b *stepBuild) unfinished() bool {
 	b.mu.Lock()
@@ -251,10 +257,11 @@ func (tb *TemplateBuilds) builderLocked(owner, templateID string) error {
 // perKeyQueue is how many builds one named key may have waiting.
 func (tb *TemplateBuilds) perKeyQueue() int { return max(tb.cfg.MaxQueued/2, 1) }
 
-// start runs b with spec in the background through backend. It cancels
-// the template's running build of the same owner, if any, and waits for
-// it before starting; another owner's is not touched (refused).
-func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, backend Backend) error {
+// start runs b with spec in the background through backend; from says
+// what the build starts from, for its log. It cancels the template's
+// running build of the same owner, if any, and waits for it before
+// starting; another owner's is not touched (refused).
+func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, from string, backend Backend) error {
 	if tb.ctx.Err() != nil {
 		return errdefs.Unavailable("the server is shutting down")
 	}
@@ -285,7 +292,7 @@ func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, backend Back
 	tb.current[b.templateID] = b
 
 	tb.running.Add(1)
-	go tb.run(ctx, b, prev, spec, backend)
+	go tb.run(ctx, b, prev, spec, from, backend)
 	return nil
 }
 
@@ -304,7 +311,7 @@ func (tb *TemplateBuilds) keySlot(owner string) chan struct{} {
 	return ks
 }
 
-func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild, spec imagebuild.Spec, backend Backend) {
+func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild, spec imagebuild.Spec, from string, backend Backend) {
 	defer tb.running.Done()
 	defer close(b.done)
 	queued := true
@@ -351,10 +358,6 @@ func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild
 	defer cancelT()
 	b.setStatus(statusBuilding)
 	began := time.Now()
-	from := spec.FromImage
-	if from == "" {
-		from = "template " + spec.FromTemplate
-	}
 	b.add(wire.BuildLogEntry{Level: "info", Message: fmt.Sprintf("Building template %s (build %s) from %s, %d step(s)", b.templateID, b.buildID, from, len(spec.Steps))})
 	// Each line may discard finished builds' logs, never this one's.
 	defer tb.logs.reclaim()

@@ -314,6 +314,13 @@ func TestStepBuildEndToEnd(t *testing.T) {
 	if code, _ := e.do("GET", "/templates/aliases/nope", nil, nil); code != 404 {
 		t.Errorf("alias of an unknown template: HTTP %d, want 404", code)
 	}
+	// With a tag: the template's tags exist, others do not (a caller
+	// that builds what is missing builds a new tag too).
+	for alias, want := range map[string]int{"app:v1": 200, "app:default": 200, "app:v2": 404} {
+		if code, body := e.do("GET", "/templates/aliases/"+alias, nil, nil); code != want {
+			t.Errorf("alias %s: HTTP %d %s, want %d", alias, code, body, want)
+		}
+	}
 	var tags []wire.TemplateTag
 	e.do("GET", "/templates/app/tags", nil, &tags)
 	if len(tags) != 1 || tags[0].Tag != "v1" || tags[0].BuildID != r.BuildID {

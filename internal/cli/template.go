@@ -3,10 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/agentenv/agentenv/client"
@@ -65,31 +63,14 @@ func templateBuild(g *globals) *cobra.Command {
 				defer r.Close()
 				tarball = r
 			}
-			bar := progressbar.NewOptions(100,
-				progressbar.OptionSetWriter(os.Stderr),
-				progressbar.OptionSetDescription("building "+req.Name),
-				progressbar.OptionSetWidth(30),
-				progressbar.OptionShowElapsedTimeOnFinish(),
-				progressbar.OptionClearOnFinish(),
-			)
-			if g.json {
-				bar = progressbar.NewOptions(100, progressbar.OptionSetVisibility(false))
-			}
-			show := func(p client.BuildProgress) {
-				msg := p.Message
-				if len(msg) > 40 {
-					msg = msg[:40]
-				}
-				bar.Describe(fmt.Sprintf("%-9s %-40s", p.Phase, msg))
-				bar.Set(int(p.Percent))
-			}
+			bar := newBuildProgress(cmd.ErrOrStderr(), req.Name, g.json)
 			var t client.Template
 			if tarball != nil {
-				t, err = c.UploadTemplateWith(cmd.Context(), req, tarball, show)
+				t, err = c.UploadTemplateWith(cmd.Context(), req, tarball, bar.show)
 			} else {
-				t, err = c.BuildTemplate(cmd.Context(), req, show)
+				t, err = c.BuildTemplate(cmd.Context(), req, bar.show)
 			}
-			bar.Finish()
+			bar.finish()
 			if err != nil {
 				return err
 			}

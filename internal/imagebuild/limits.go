@@ -23,10 +23,12 @@ type Limits struct {
 	Pids int
 	// MaxMemoryMB is the most memory a build may ask for.
 	MaxMemoryMB int
+	// MaxCPUs is the most CPUs a build may ask for.
+	MaxCPUs int
 }
 
 // DefaultLimits are the limits of a Config that sets none.
-var DefaultLimits = Limits{CPUs: 2, MemoryMB: 2048, Pids: 1024, MaxMemoryMB: 8192}
+var DefaultLimits = Limits{CPUs: 2, MemoryMB: 2048, Pids: 1024, MaxMemoryMB: 8192, MaxCPUs: 8}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -41,6 +43,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxMemoryMB <= 0 {
 		l.MaxMemoryMB = max(d.MaxMemoryMB, l.MemoryMB)
+	}
+	if l.MaxCPUs <= 0 {
+		l.MaxCPUs = max(d.MaxCPUs, l.CPUs)
 	}
 	return l
 }
@@ -69,6 +74,9 @@ func (b *Builder) limitsFor(spec Spec) (sandboxLimits, error) {
 	}
 	if out.memoryMB > l.MaxMemoryMB {
 		return out, errdefs.Invalid("memoryMB %d is more than this server gives a build (%d MiB): ask for less", out.memoryMB, l.MaxMemoryMB)
+	}
+	if out.cpus > l.MaxCPUs {
+		return out, errdefs.Invalid("cpuCount %d is more than this server gives a build (%d): ask for less", out.cpus, l.MaxCPUs)
 	}
 	out.pids = int64(l.Pids)
 	if byMem := int64(out.memoryMB) << 20 / 2 / hostBytesPerProcess; byMem < out.pids {

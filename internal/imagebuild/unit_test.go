@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func TestStaticPrefix(t *testing.T) {
@@ -105,7 +107,7 @@ func TestMirror(t *testing.T) {
 func hex64() string { return strings.Repeat("ab", 32) }
 
 // A build's sandboxes get the server's limits unless it asks for its
-// own; more memory than the server gives is refused.
+// own; more CPUs or memory than the server gives is refused.
 func TestLimitsFor(t *testing.T) {
 	b := &Builder{cfg: Config{Limits: Limits{Pids: 1024}.withDefaults()}}
 	cases := []struct {
@@ -120,6 +122,8 @@ func TestLimitsFor(t *testing.T) {
 		{Spec{MemoryMB: 128}, DefaultLimits.CPUs, 128, 124, false},
 		{Spec{MemoryMB: 16}, DefaultLimits.CPUs, 16, 32, false},
 		{Spec{MemoryMB: DefaultLimits.MaxMemoryMB + 1}, 0, 0, 0, true},
+		{Spec{CPUs: DefaultLimits.MaxCPUs}, DefaultLimits.MaxCPUs, DefaultLimits.MemoryMB, 1024, false},
+		{Spec{CPUs: DefaultLimits.MaxCPUs + 1}, 0, 0, 0, true},
 	}
 	for _, c := range cases {
 		got, err := b.limitsFor(c.spec)
@@ -132,5 +136,25 @@ func TestLimitsFor(t *testing.T) {
 		if err != nil || got.cpus != c.cpus || got.memoryMB != c.mb || got.pids != c.pids {
 			t.Errorf("limitsFor(cpus %d, memory %d) = %+v, %v; want cpus %d, memory %d, pids %d", c.spec.CPUs, c.spec.MemoryMB, got, err, c.cpus, c.mb, c.pids)
 		}
+	}
+}
+
+// A build's CPUs and memory become its sandbox's cgroup limits: the CPU
+// quota (gVisor shows a sandbox at least 2 CPUs whatever its quota, so
+// the quota is what bounds a 1-CPU build) and the memory limit.
+func TestLimitsApply(t *testing.T) {
+	b := &Builder{cfg: Config{Limits: Limits{Pids: 1024}.withDefaults()}}
+	l, err := b.limitsFor(Spec{CPUs: 1, MemoryMB: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{}}
+	l.apply(spec)
+	r := spec.Linux.Resources
+	if r == nil || r.CPU == nil || r.CPU.Quota == nil || r.CPU.Period == nil || *r.CPU.Quota != int64(*r.CPU.Period) {
+		t.Fatalf("CPU limits of a 1-CPU build = %+v, want a quota of one period", r)
+	}
+	if r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit != 1024<<20 {
+		t.Errorf("memory limit of a 1024 MiB build = %+v, want %d bytes", r.Memory, 1024<<20)
 	}
 }

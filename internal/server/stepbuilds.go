@@ -26,8 +26,8 @@ type StepBuilds struct {
 	MaxConcurrent int
 	// Sandbox bounds every build sandbox: CPUs and memory of a build that
 	// asks for none, and the process cap (zero fields: imagebuild's
-	// defaults; the most memory a build may ask for is the sandboxes'
-	// maximum).
+	// defaults; the most CPUs and memory a build may ask for are the
+	// sandboxes' maximums).
 	Sandbox imagebuild.Limits
 	// LogMB bounds one build's log and LogsTotalMB all builds' logs
 	// together, in memory (0: the API's defaults).
@@ -53,6 +53,9 @@ func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 		limits := cfg.StepBuilds.Sandbox
 		if limits.MaxMemoryMB == 0 {
 			limits.MaxMemoryMB = max(cfg.Limits.MaxMemMB, limits.MemoryMB)
+		}
+		if limits.MaxCPUs == 0 {
+			limits.MaxCPUs = max(cfg.Limits.MaxCPUs, limits.CPUs)
 		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
 			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log, Meter: h.Disk.Opener()})
