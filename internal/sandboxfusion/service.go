@@ -65,6 +65,8 @@ type Config struct {
 	// MemoryMB is the memory of a pooled sandbox; a call asking more
 	// gets a sandbox of its own size.
 	MemoryMB int
+	// Ready, if set, is called with the bound address once it serves.
+	Ready func(addr string)
 }
 
 // memoryHeadroomMB is what a sandbox has beyond the call's limit: envd,

@@ -36,6 +36,9 @@ func ServeSandboxFusion(ctx context.Context, cfg sandboxfusion.Config, backend s
 		auth = "key required: header X-API-Key, or the URL http://HOST:PORT/KEY/run_code"
 	}
 	log.Info("sandboxfusion serving", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+"/run_code", "auth", auth, "template", svc.Template(), "languages", sandboxfusion.Languages())
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
 	return func() {
 		cancel()
 		shctx, c := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
