@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"strconv"
 )
 
 // jupyterDriver runs the cells of a /run_jupyter call one after another
@@ -101,11 +100,8 @@ func (s *Service) RunJupyter(ctx context.Context, req RunJupyterRequest) RunJupy
 	if err := c.write(ctx, files); err != nil {
 		return fail(err)
 	}
-	line := "python3 " + jupyterDriverPath + " " + jupyterInputPath + " " + jupyterOutputPath
-	if mem > 0 {
-		line = "prlimit --as=" + strconv.FormatInt(int64(mem)<<20, 10) + " -- " + line
-	}
-	resp := RunJupyterResponse{Driver: c.command(ctx, line, "", total), Cells: []CellResult{}, Files: map[string]string{}}
+	argv := runArgv(language{run: []string{"/usr/bin/python3", jupyterDriverPath, jupyterInputPath, jupyterOutputPath}, limitAS: true}, mem)
+	resp := RunJupyterResponse{Driver: c.command(ctx, argv, nil, total), Cells: []CellResult{}, Files: map[string]string{}}
 	if d := resp.Driver; d.Status == CommandError {
 		resp.Status, resp.Message = SandboxError, deref(d.Stderr)
 		return resp

@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"path"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/client"
@@ -20,10 +18,8 @@ const (
 	// codeDir is the directory the code, its files and fetch_files'
 	// relative paths are in (SandboxFusion's temporary directory).
 	codeDir = "/tmp/code"
-	// stdinPath holds the call's stdin, outside codeDir.
-	stdinPath = "/tmp/.sandboxfusion-stdin"
 	// maxOutput is the most of each of stdout and stderr a command
-	// returns; the rest is dropped in the sandbox.
+	// returns; the rest is dropped.
 	maxOutput = 8 << 20
 	// maxFetch is the most bytes one fetched file may have.
 	maxFetch = 32 << 20
@@ -91,9 +87,6 @@ func (s *Service) RunCode(ctx context.Context, req RunCodeRequest) RunCodeRespon
 		}
 		files[inDir(name)] = b
 	}
-	if req.Stdin != nil {
-		files[stdinPath] = []byte(*req.Stdin)
-	}
 	c, err := s.begin(ctx, mem, compileT+runT)
 	if err != nil {
 		return fail(err)
@@ -103,15 +96,15 @@ func (s *Service) RunCode(ctx context.Context, req RunCodeRequest) RunCodeRespon
 		return fail(err)
 	}
 	resp := RunCodeResponse{Files: map[string]string{}}
-	if lang.compile != "" {
-		resp.CompileResult = c.command(ctx, lang.compile, "", compileT)
+	if lang.compile != nil {
+		resp.CompileResult = c.command(ctx, lang.compile, nil, compileT)
 	}
 	if cr := resp.CompileResult; cr == nil || cr.Status == Finished && *cr.ReturnCode == 0 {
-		stdin := ""
+		var stdin []byte
 		if req.Stdin != nil {
-			stdin = stdinPath
+			stdin = []byte(*req.Stdin)
 		}
-		resp.RunResult = c.command(ctx, runLine(lang, mem), stdin, runT)
+		resp.RunResult = c.command(ctx, runArgv(lang, mem), stdin, runT)
 	}
 	resp.Files, err = c.fetch(ctx, req.FetchFiles)
 	if err != nil {
@@ -129,18 +122,17 @@ func inDir(name string) string {
 	return path.Join(codeDir, name)
 }
 
-// runLine is the run command of lang under memory limit mem (MiB; -1 none).
-func runLine(lang language, mem int) string {
-	run := lang.run
+// runArgv is the run command of lang under memory limit mem (MiB; -1 none).
+func runArgv(lang language, mem int) []string {
 	switch {
 	case mem <= 0:
+		return lang.run
 	case lang.limitAS:
-		run = fmt.Sprintf("prlimit --as=%d -- %s", int64(mem)<<20, run)
+		return append([]string{"/usr/bin/prlimit", "--as=" + strconv.FormatInt(int64(mem)<<20, 10), "--"}, lang.run...)
 	case lang.heapFlag != "":
-		prog, rest, _ := strings.Cut(run, " ")
-		run = fmt.Sprintf("%s %s%d %s", prog, lang.heapFlag, mem, rest)
+		return append([]string{lang.run[0], lang.heapFlag + strconv.Itoa(mem)}, lang.run[1:]...)
 	}
-	return run
+	return lang.run
 }
 
 // outcome is SandboxFusion's status of a call from its commands: an Error
@@ -242,48 +234,7 @@ func (c *call) fetch(ctx context.Context, names []string) (map[string]string, er
 	return out, nil
 }
 
-// timedOut is the exit code of coreutils' timeout when it stopped the
-// command.
-const timedOut = 124
-
-// command runs line with bash in codeDir, its stdin from stdin (empty:
-// /dev/null), stopped at limit. Its output goes to files in the sandbox
-// and only the first maxOutput bytes of each come back.
-func (c *call) command(ctx context.Context, line, stdin string, limit time.Duration) *CommandResult {
-	if stdin == "" {
-		stdin = "/dev/null"
-	}
-	secs := strconv.FormatFloat(limit.Seconds(), 'f', 3, 64)
-	script := fmt.Sprintf(`cd %s || exit 1
-timeout -k 1 %s bash -c %s < %s > /tmp/.sandboxfusion-out 2> /tmp/.sandboxfusion-err
-rc=$?
-head -c %d /tmp/.sandboxfusion-out
-head -c %d /tmp/.sandboxfusion-err >&2
-exit $rc`, codeDir, secs, shellQuote(line), stdin, maxOutput, maxOutput)
-	start := time.Now()
-	p, err := c.s.envd.StartProcess(ctx, c.sb, client.ProcessRequest{Cmd: "/bin/bash", Args: []string{"-c", script}, Timeout: limit + 10*time.Second})
-	if err != nil {
-		return errorResult(fmt.Errorf("start the command in the sandbox: %w", err))
-	}
-	res, err := p.Wait(nil, nil)
-	took := time.Since(start).Seconds()
-	stdout, stderr := string(res.Stdout), string(res.Stderr)
-	switch {
-	case errors.Is(err, client.ErrProcessTimeout), err == nil && res.ExitCode == timedOut && time.Since(start) >= limit:
-		return &CommandResult{Status: TimeLimitExceeded, ExecutionTime: &took, Stdout: &stdout, Stderr: &stderr}
-	case err != nil:
-		return errorResult(fmt.Errorf("run the command in the sandbox (it may have passed its memory limit): %w", err))
-	}
-	code := res.ExitCode
-	return &CommandResult{Status: Finished, ExecutionTime: &took, ReturnCode: &code, Stdout: &stdout, Stderr: &stderr}
-}
-
 func errorResult(err error) *CommandResult {
 	msg, empty := err.Error(), ""
 	return &CommandResult{Status: CommandError, Stdout: &empty, Stderr: &msg}
-}
-
-// shellQuote quotes s as one bash word.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

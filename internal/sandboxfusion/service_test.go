@@ -134,13 +134,13 @@ func TestRunLineLimitsMemory(t *testing.T) {
 		mem  int
 		want string
 	}{
-		{"python", -1, "python3 main.py"},
-		{"python", 100, "prlimit --as=104857600 -- python3 main.py"},
-		{"nodejs", 100, "node --max-old-space-size=100 main.js"},
-		{"cpp", 1, "prlimit --as=1048576 -- ./main"},
+		{"python", -1, "/usr/bin/python3 main.py"},
+		{"python", 100, "/usr/bin/prlimit --as=104857600 -- /usr/bin/python3 main.py"},
+		{"nodejs", 100, "/usr/bin/node --max-old-space-size=100 main.js"},
+		{"cpp", 1, "/usr/bin/prlimit --as=1048576 -- /tmp/code/main"},
 	} {
-		if got := runLine(languages[tc.lang], tc.mem); got != tc.want {
-			t.Errorf("runLine(%s, %d) = %q, want %q", tc.lang, tc.mem, got, tc.want)
+		if got := strings.Join(runArgv(languages[tc.lang], tc.mem), " "); got != tc.want {
+			t.Errorf("runArgv(%s, %d) = %q, want %q", tc.lang, tc.mem, got, tc.want)
 		}
 	}
 }
