@@ -49,9 +49,10 @@ func (c *call) command(ctx context.Context, argv []string, stdin []byte, limit t
 	for code == nil && stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if st := ev.GetStart(); st != nil && hasStdin {
-			if err := sendStdin(sctx, pc, st.GetPid(), stdin); err != nil && sctx.Err() == nil {
-				return errorResult(fmt.Errorf("send stdin to %s: %w", argv[0], err))
-			}
+			// A process may end before it has read all its stdin (or
+			// before envd closes it): it is not an error of the call, and
+			// the stream still brings its end.
+			sendStdin(sctx, pc, st.GetPid(), stdin)
 		}
 		if d := ev.GetData(); d != nil {
 			stdout.add(d.GetStdout())

@@ -35,7 +35,7 @@ type pool struct {
 
 func newPool(size, memMB int, create func(context.Context, int, time.Duration) (client.Sandbox, error), kill func(string), log *slog.Logger) *pool {
 	return &pool{memMB: memMB, create: create, kill: kill, log: log,
-		ready: make(chan pooled, max(size, 0)), want: make(chan struct{}, 1)}
+		ready: make(chan pooled, max(size, 0)), want: make(chan struct{}, poolWorkers)}
 }
 
 // take hands out a pooled sandbox of memMB, if one is ready.

@@ -31,6 +31,14 @@ func ServeSandboxFusion(ctx context.Context, cfg sandboxfusion.Config, backend s
 		defer close(done)
 		srv.Serve(LimitConnsPerIP(ln, limits, log))
 	}()
+	// Closed when ctx ends, as the API and the proxy are: a call taken
+	// after the proxy has gone would fail.
+	go func() {
+		<-sctx.Done()
+		shctx, c := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer c()
+		srv.Shutdown(shctx)
+	}()
 	auth := "none (loopback)"
 	if cfg.Key != "" {
 		auth = "key required: header X-API-Key, or the URL http://HOST:PORT/KEY/run_code"
@@ -41,9 +49,6 @@ func ServeSandboxFusion(ctx context.Context, cfg sandboxfusion.Config, backend s
 	}
 	return func() {
 		cancel()
-		shctx, c := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer c()
-		srv.Shutdown(shctx)
 		<-done
 		svc.Wait()
 	}, nil

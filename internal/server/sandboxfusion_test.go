@@ -164,6 +164,18 @@ func TestSandboxFusion(t *testing.T) {
 		})
 	}
 
+	t.Run("stdin not read", func(t *testing.T) {
+		// verl's cases read one line with input() and end; a program may
+		// also end without reading any: what it left unread is no error.
+		big := strings.Repeat("1 2\n", 1<<18)
+		for _, code := range []string{"a, b = map(int, input().split())\nprint(a + b)", "print(3)"} {
+			resp := c.verl(t, "python", code, &big, 10, 1024)
+			if resp.Status != sandboxfusion.Success || str(resp.RunResult.Stdout) != "3\n" {
+				t.Errorf("%q with 1 MiB of stdin: got %s, want Success printing 3", code, show(resp))
+			}
+		}
+	})
+
 	t.Run("compile error", func(t *testing.T) {
 		resp := c.verl(t, "cpp", "int main() { return undeclared; }", nil, 10, 1024)
 		cr := resp.CompileResult
