@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -80,29 +81,34 @@ func show(v any) string {
 	return string(b)
 }
 
-// startSandboxFusion starts a server serving SandboxFusion's API and
-// waits until its runner template is built and calls run.
-func startSandboxFusion(t *testing.T) sfClient {
+// sfShared is the package's server with a SandboxFusion service, started
+// on first use (its runner template takes minutes to build, once) and
+// stopped by TestMain.
+var sfShared struct {
+	once sync.Once
+	e    *env
+	url  string
+}
+
+// sandboxFusion returns the shared SandboxFusion service once its runner
+// template is built and calls run.
+func sandboxFusion(t *testing.T) sfClient {
 	testenv.NeedRunsc(t)
-	dir, err := os.MkdirTemp("", "agentenv-sf-")
-	if err != nil {
-		t.Fatal(err)
+	sfShared.once.Do(func() {
+		dir, err := os.MkdirTemp("", "agentenv-sf-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := make(chan string, 1)
+		sfShared.e = startServerWith(t, dir, "10.131.0.0/20", "sfu", func(c *server.Config) {
+			c.SandboxFusion = sandboxfusion.Config{Listen: "127.0.0.1:0", Pool: 2, Ready: func(a string) { addr <- a }}
+		})
+		sfShared.url = "http://" + <-addr
+	})
+	if sfShared.url == "" {
+		t.Fatal("the SandboxFusion server failed to start earlier")
 	}
-	addr := make(chan string, 1)
-	e := startServerWith(t, dir, "10.131.0.0/20", "sfu", func(c *server.Config) {
-		c.SandboxFusion = sandboxfusion.Config{Listen: "127.0.0.1:0", Pool: 2, Ready: func(a string) { addr <- a }}
-	})
-	t.Cleanup(func() {
-		if err := e.stop(); err != nil {
-			t.Error(err)
-		}
-		if !t.Failed() {
-			os.RemoveAll(dir)
-		} else {
-			t.Logf("server log kept in %s/server.log", dir)
-		}
-	})
-	c := sfClient{url: "http://" + <-addr}
+	c := sfClient{url: sfShared.url}
 	// The runner template is built on first start (Debian bookworm with
 	// python3, g++ and nodejs: about two minutes); until then calls
 	// answer SandboxError saying so.
@@ -110,7 +116,7 @@ func startSandboxFusion(t *testing.T) sfClient {
 	for {
 		resp := c.verl(t, "python", "print('ready')", nil, 10, 1024)
 		if resp.Status == sandboxfusion.Success {
-			break
+			return c
 		}
 		if !strings.Contains(resp.Message, "being built") && !strings.Contains(resp.Message, "being checked") {
 			t.Fatalf("first call: %s, want Success once the runner template is built", show(resp))
@@ -120,7 +126,27 @@ func startSandboxFusion(t *testing.T) sfClient {
 		}
 		time.Sleep(2 * time.Second)
 	}
-	return c
+}
+
+// stopSandboxFusion stops the shared SandboxFusion server, if started,
+// killing what its calls left (their kills run after the answer).
+func stopSandboxFusion(failed bool) {
+	e := sfShared.e
+	if e == nil {
+		return
+	}
+	ctx := context.Background()
+	if sbs, err := e.client.ListSandboxes(ctx, nil); err == nil {
+		for _, sb := range sbs {
+			e.client.KillSandbox(ctx, sb.SandboxID)
+		}
+	}
+	e.stop()
+	if !failed {
+		os.RemoveAll(e.dataDir)
+	} else {
+		fmt.Fprintf(os.Stderr, "SandboxFusion server log kept in %s/server.log\n", e.dataDir)
+	}
 }
 
 // TestSandboxFusion sends SandboxFusion calls as verl does to a server's
@@ -128,7 +154,7 @@ func startSandboxFusion(t *testing.T) sfClient {
 // files in and out, a memory limit, isolation between calls, 64 calls in
 // flight and notebook cells keeping their state.
 func TestSandboxFusion(t *testing.T) {
-	c := startSandboxFusion(t)
+	c := sandboxFusion(t)
 	stdin := "3\n4\n"
 
 	t.Run("ping", func(t *testing.T) {
