@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/template"
 )
 

@@ -216,6 +216,7 @@ func apiCmd(g *globals) *cobra.Command {
 	f.StringVar(&run.Listen, "listen", "127.0.0.1:3000", "REST API address")
 	f.StringVar(&run.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	domainFlags(cmd, &run.Domain, &run.ProxyTLS)
+	sandboxFusionFlags(cmd, &run.SandboxFusion)
 	f.StringVar(&run.ProxyTLS.CADir, "ca-dir", "", "with --domain and no --proxy-tls-cert: directory of the local CA (ca.pem, ca-key.pem) that issues the proxy's certificate, made there if absent; every API server behind one name needs the same")
 	f.StringVar(&secretFile, "cluster-secret-file", "", "file holding the secret API servers and nodes share")
 	f.StringVar(&run.TLSCA, "tls-ca", "", "the fleet's CA (PEM): nodes are then reached over mutual TLS only (with --tls-cert/--tls-key)")

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	wire "github.com/agentenv/agentenv/api"
+	wire "github.com/agentenv/agentenv/client/api"
 )
 
 // Without a terminal (a log, a pipe), `template build` writes one line per

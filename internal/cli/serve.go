@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"strings"
+
 	"fmt"
+	"github.com/agentenv/agentenv/internal/sandboxfusion"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -115,6 +118,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&h.cfg.ProxyListen, "proxy-listen", "127.0.0.1:3001", "sandbox proxy address")
 	f.BoolVar(&h.cfg.MetricsHideTemplates, "metrics-hide-templates", false, "leave template names (which any key may choose) out of /metrics' labels: sandboxes and pools are then counted by state and pool alone")
 	domainFlags(cmd, &h.cfg.Domain, &h.cfg.ProxyTLS)
+	sandboxFusionFlags(cmd, &h.cfg.SandboxFusion)
 	sb := &h.cfg.StepBuilds
 	f.StringSliceVar(&sb.RegistryAllow, "registry-allow", nil, "registry hosts (HOST[:PORT], comma-separated) that E2B template builds' fromImage may pull from although they resolve to loopback, private or link-local addresses")
 	f.StringVar(&sb.RegistryMirror, "registry-mirror", "", "registry host (HOST[:PORT]) that E2B template builds pull Docker Hub images through")
@@ -186,6 +190,18 @@ func domainFlags(cmd *cobra.Command, domain *string, t *server.ProxyTLS) {
 	f.StringVar(&t.Listen, "proxy-tls-listen", "127.0.0.1:3443", "with --domain: the sandbox proxy's HTTPS address (the create answer's domain carries its port unless it is 443)")
 	f.StringVar(&t.CertFile, "proxy-tls-cert", "", "with --domain: the operator's certificate for *.<domain> (PEM, chain after it); default: one issued by the local CA (<data-dir>/ca.pem)")
 	f.StringVar(&t.KeyFile, "proxy-tls-key", "", "private key of --proxy-tls-cert (PEM)")
+}
+
+// sandboxFusionFlags defines the SandboxFusion service's flags of serve
+// and api.
+func sandboxFusionFlags(cmd *cobra.Command, c *sandboxfusion.Config) {
+	f := cmd.Flags()
+	f.StringVar(&c.Listen, "sandboxfusion-listen", "", "serve SandboxFusion's API (POST /run_code, POST /run_jupyter, GET /v1/ping; languages "+strings.Join(sandboxfusion.Languages(), ", ")+") on this address, each call in a fresh sandbox of the runner template; verl: sandbox_fusion_url=http://ADDR/run_code. Off loopback it needs --sandboxfusion-key")
+	f.StringVar(&c.Key, "sandboxfusion-key", os.Getenv("AGENTENV_SANDBOXFUSION_KEY"), "key every SandboxFusion call must carry, as header X-API-Key (or Authorization: Bearer) or in the URL: http://ADDR/KEY/run_code (default: $AGENTENV_SANDBOXFUSION_KEY; none on loopback)")
+	f.StringVar(&c.Template, "sandboxfusion-template", sandboxfusion.DefaultTemplate, "runner template of SandboxFusion calls; the default one is built when missing (Debian bookworm with "+strings.Join(sandboxfusion.RunnerPackages, ", ")+"; or: agentenv template build "+sandboxfusion.DefaultTemplate+" --debian bookworm --packages "+strings.Join(sandboxfusion.RunnerPackages, ",")+")")
+	f.IntVar(&c.Pool, "sandboxfusion-pool", 4, "runner sandboxes created ahead of SandboxFusion calls (each serves one call)")
+	f.IntVar(&c.MaxConcurrent, "sandboxfusion-concurrency", 16, "SandboxFusion calls run at once; more wait")
+	f.IntVar(&c.MemoryMB, "sandboxfusion-memory-mb", 1280, "memory of a pooled runner sandbox; a call whose memory_limit_MB needs more (plus 256 MiB) gets a sandbox of its own size")
 }
 
 // startCPUProfile writes the process's CPU profile to path until the

@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/sandboxfusion"
 	"log/slog"
 	"net"
 	"net/http"
@@ -310,11 +311,14 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 
 // APIRun is everything `agentenv api` is told.
 type APIRun struct {
-	Etcd        string
-	Listen      string
-	ProxyListen string
-	Secret      string
-	APIKey      string
+	Etcd string
+	// SandboxFusion, when its Listen is set, serves SandboxFusion's
+	// run_code API over the fleet's sandboxes.
+	SandboxFusion sandboxfusion.Config
+	Listen        string
+	ProxyListen   string
+	Secret        string
+	APIKey        string
 	// APIKeys maps named keys to their names: each sees only its own
 	// sandboxes and snapshots.
 	APIKeys map[string]string
@@ -393,5 +397,12 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
 	a := api.New(acfg)
 	apiH := server.WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
+	stopSF := func() {}
+	if cfg.SandboxFusion.Listen != "" {
+		if stopSF, err = server.ServeSandboxFusion(ctx, cfg.SandboxFusion, backend, front.Addrs().Proxy, server.HTTPLimits{}, log); err != nil {
+			return err
+		}
+	}
+	defer stopSF()
 	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, router.NewProxy(remote)), cfg.Ready)
 }

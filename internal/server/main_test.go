@@ -172,6 +172,7 @@ func TestMain(m *testing.M) {
 	// As in cmd/agentenv: this binary is also the gVisor runtime's worker.
 	gvisorgo.WorkerMain()
 	code := m.Run()
+	stopSandboxFusion(code != 0)
 	if shared != nil {
 		ctx := context.Background()
 		if sbs, err := shared.client.ListSandboxes(ctx, nil); err == nil {

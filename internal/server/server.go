@@ -26,6 +26,7 @@ import (
 	"github.com/agentenv/agentenv/internal/runtime/gvisor"
 	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/sandboxfusion"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -109,7 +110,10 @@ type Config struct {
 	// Metrics labels the counts of command results and sandbox ends with
 	// the value of one metadata key (see metrics.Registry.SetLabelKey).
 	Metrics MetricsLabel
-	Log     *slog.Logger
+	// SandboxFusion, when its Listen is set, serves SandboxFusion's
+	// run_code API beside the E2B one.
+	SandboxFusion sandboxfusion.Config
+	Log           *slog.Logger
 
 	// Network is "namespaces" (the default: a namespace, veths and
 	// firewall rules per sandbox) or "none": no network and no isolation,
@@ -324,6 +328,11 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	if cfg.MetricsHideTemplates {
 		reg.HideTemplateNames()
 	}
+	if cfg.SandboxFusion.Listen != "" {
+		if err := cfg.SandboxFusion.Check(); err != nil {
+			return err
+		}
+	}
 	h, err := StartHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -349,7 +358,15 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	a := api.New(acfg)
 	apiH := WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
 	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
+	stopSF := func() {}
+	if cfg.SandboxFusion.Listen != "" {
+		if stopSF, err = ServeSandboxFusion(ctx, cfg.SandboxFusion, backend, front.Addrs().Proxy, cfg.HTTP, log); err != nil {
+			return err
+		}
+	}
 	err = front.Serve(ctx, log, "agentenv", apiH, proxyH, ready)
+	// Before the manager shuts down: the service kills its pooled sandboxes.
+	stopSF()
 	log.Info("shutting down; running sandboxes stay up and are adopted at the next start")
 	h.Manager.Shutdown()
 	return err
