@@ -1,0 +1,49 @@
+package server_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/client"
+	"github.com/agentenv/agentenv/internal/template"
+)
+
+// codeInterpreterName is the template E2B's code interpreter SDKs create
+// sandboxes from unless told otherwise.
+const codeInterpreterName = "code-interpreter-v1"
+
+var (
+	codeInterpOnce sync.Once
+	codeInterpErr  error
+)
+
+// codeInterpreterTemplate builds code-interpreter-v1 on the shared server
+// once per test run, as `agentenv template build code-interpreter-v1
+// --code-interpreter` does (debootstrap of Python with ipykernel, numpy,
+// pandas and matplotlib: minutes, so every test that needs it shares it).
+func codeInterpreterTemplate(t *testing.T, e *env) {
+	t.Helper()
+	codeInterpOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		start := time.Now()
+		_, codeInterpErr = e.client.BuildTemplate(ctx, client.BuildRequest{Name: codeInterpreterName, Debian: "bookworm",
+			Packages: template.CodeInterpreterPackages, CodeInterpreter: true}, nil)
+		t.Logf("template %s built in %s", codeInterpreterName, time.Since(start).Round(time.Second))
+	})
+	if codeInterpErr != nil {
+		t.Fatalf("build %s: %v", codeInterpreterName, codeInterpErr)
+	}
+}
+
+// TestE2BCodeInterpreter runs E2B's code interpreter JS SDK, unchanged,
+// against code-interpreter-v1: runCode's state, output, errors, charts,
+// DataFrames, contexts, a timed-out cell, and a fork child, a snapshot's
+// sandbox and a resumed sandbox that continue the kernel.
+func TestE2BCodeInterpreter(t *testing.T) {
+	e := sharedServer(t)
+	codeInterpreterTemplate(t, e)
+	runSDKTest(t, e, "codeinterp.test.mjs")
+}
