@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -46,4 +47,17 @@ func TestE2BCodeInterpreter(t *testing.T) {
 	e := sharedServer(t)
 	codeInterpreterTemplate(t, e)
 	runSDKTest(t, e, "codeinterp.test.mjs")
+}
+
+// TestPythonCodeInterpreter runs the Python SDK's code interpreter names
+// (agentenv.code_interpreter: run_code, contexts, Execution...) and the RL
+// RunCode action against code-interpreter-v1.
+func TestPythonCodeInterpreter(t *testing.T) {
+	e := sharedServer(t)
+	codeInterpreterTemplate(t, e)
+	sdk, err := filepath.Abs("../../sdk/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPython(t, e, sdk, []string{"AGENTENV_CODE_INTERPRETER=1"}, "-m", "unittest", "-v", "tests.test_code_interpreter")
 }
