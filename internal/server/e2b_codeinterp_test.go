@@ -30,8 +30,14 @@ func codeInterpreterTemplate(t *testing.T, e *env) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		start := time.Now()
+		phase := ""
 		_, codeInterpErr = e.client.BuildTemplate(ctx, client.BuildRequest{Name: codeInterpreterName, Debian: "bookworm",
-			Packages: template.CodeInterpreterPackages, CodeInterpreter: true}, nil)
+			Packages: template.CodeInterpreterPackages, CodeInterpreter: true}, func(p client.BuildProgress) {
+			if p.Phase != phase {
+				phase = p.Phase
+				t.Logf("build %s: %s at %s", codeInterpreterName, phase, time.Since(start).Round(time.Second))
+			}
+		})
 		t.Logf("template %s built in %s", codeInterpreterName, time.Since(start).Round(time.Second))
 	})
 	if codeInterpErr != nil {
