@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -208,5 +209,30 @@ func TestContexts(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a context of a language the template lacks: got %s, want 400", resp.Status)
+	}
+}
+
+// Cells sent to one context at once run one after another, each answered
+// with its own output.
+func TestConcurrentCellsOfOneContext(t *testing.T) {
+	hs := newTestServer(t)
+	const n = 8
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			lines, err := execute(t, context.Background(), hs.URL, map[string]any{"code": fmt.Sprintf("v%d = %d\nprint(v%d)\nv%d * 2", i, i, i, i)})
+			if err == nil {
+				o := ofType(lines, "stdout")
+				if got, want := mainText(lines), fmt.Sprint(2*i); got != want || len(o) != 1 || o[0]["text"] != fmt.Sprintf("%d\n", i) {
+					err = fmt.Errorf("cell %d: got result %q and stdout %v, want %s and %d", i, got, o, want, i)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
