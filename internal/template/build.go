@@ -559,6 +559,11 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	err := cmd.Wait()
 	pw.Close()
 	<-done
+	// Whatever debootstrap left mounted in the tree (its /proc when a
+	// package's process still held it) goes before anything reads the tree.
+	if uerr := unmountUnder(rootfs); uerr != nil {
+		return errors.Join(err, fmt.Errorf("debootstrap left mounts in the tree: %w", uerr))
+	}
 	if err != nil {
 		return fmt.Errorf("debootstrap %s: %w: %s", req.Debian, err, strings.Join(tailLines, "\n"))
 	}
