@@ -143,7 +143,7 @@ func (k *kernel) run(ctx context.Context, code string, silent bool, emit func(ma
 			// The cell ignored the interrupt: a new kernel keeps the context usable.
 			return k.restart(context.WithoutCancel(ctx))
 		case <-exited:
-			put(errorLine("KernelDied", "the kernel exited while running the cell; its context was restarted (its variables are gone)", nil))
+			put(errorLine("KernelDied", "the kernel exited while running the cell (its variables are gone)", nil))
 			return k.restart(context.WithoutCancel(ctx))
 		}
 	}

@@ -45,6 +45,7 @@ type kernel struct {
 	shell  zmq4.Socket
 	iopub  zmq4.Socket
 	subs   map[string]chan *message // by the msg_id of the request answered
+	closed bool                     // close was called: never started again
 }
 
 // connectionFile is ipykernel's connection file (-f).
@@ -293,7 +294,22 @@ func (k *kernel) stop() {
 // are gone); the caller holds the busy token.
 func (k *kernel) restart(ctx context.Context) error {
 	k.stop()
+	k.mu.Lock()
+	closed := k.closed
+	k.mu.Unlock()
+	if closed {
+		return errors.New("the context was removed")
+	}
 	return k.start(ctx)
+}
+
+// close stops the kernel for good: a cell still running ends, and
+// nothing starts it again.
+func (k *kernel) close() {
+	k.mu.Lock()
+	k.closed = true
+	k.mu.Unlock()
+	k.stop()
 }
 
 func (k *kernel) exitedChan() chan struct{} {

@@ -124,7 +124,7 @@ func (s *Server) Close() {
 	s.contexts = map[string]*codeContext{}
 	s.mu.Unlock()
 	for _, c := range cs {
-		c.k.stop()
+		c.k.close()
 	}
 }
 
@@ -186,7 +186,7 @@ func (s *Server) defaultContext(ctx context.Context, language string) (*codeCont
 	if other := s.contexts[s.defaults[language]]; other != nil {
 		// Another request started it meanwhile: keep that one.
 		delete(s.contexts, c.ID)
-		go c.k.stop()
+		go c.k.close()
 		return other, nil
 	}
 	s.defaults[language] = c.ID
@@ -287,8 +287,7 @@ func (s *Server) removeContext(w http.ResponseWriter, r *http.Request) {
 		httpError(w, fmt.Errorf("%w: context %s not found", errNotFound, id))
 		return
 	}
-	c.k.interrupt()
-	c.k.stop()
+	c.k.close()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -22,7 +22,7 @@ const hostPython = "/usr/bin/python3"
 
 // newTestServer serves a Server whose kernels run on the host (the
 // protocol and kernel handling, without a sandbox around them).
-func newTestServer(t *testing.T) *httptest.Server {
+func newTestServer(t *testing.T) (*httptest.Server, *Server) {
 	t.Helper()
 	if err := exec.Command(hostPython, "-c", "import ipykernel").Run(); err != nil {
 		if testenv.Required() {
@@ -41,7 +41,7 @@ func newTestServer(t *testing.T) *httptest.Server {
 	}
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { hs.Close(); s.Close() })
-	return hs
+	return hs, s
 }
 
 // execute posts a cell and returns its lines.
@@ -106,7 +106,7 @@ func ofType(lines []map[string]any, typ string) []map[string]any {
 // The kernel keeps state across cells; stdout, stderr, errors and the
 // execution count arrive as the SDKs expect.
 func TestExecuteKeepsStateAndStreams(t *testing.T) {
-	hs := newTestServer(t)
+	hs, _ := newTestServer(t)
 	run(t, hs.URL, map[string]any{"code": "x = 41"})
 	lines := run(t, hs.URL, map[string]any{"code": "import sys\nprint('out')\nprint('err', file=sys.stderr)\nx + 1"})
 	if got := mainText(lines); got != "42" {
@@ -140,7 +140,7 @@ func TestExecuteKeepsStateAndStreams(t *testing.T) {
 // A cell whose client goes away is interrupted, and the context runs the
 // next cell with its variables intact.
 func TestDisconnectInterruptsCell(t *testing.T) {
-	hs := newTestServer(t)
+	hs, _ := newTestServer(t)
 	run(t, hs.URL, map[string]any{"code": "y = 7"})
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
@@ -156,7 +156,7 @@ func TestDisconnectInterruptsCell(t *testing.T) {
 // Contexts are separate kernels in their own directories; a restart
 // forgets variables and a removed context is gone.
 func TestContexts(t *testing.T) {
-	hs := newTestServer(t)
+	hs, _ := newTestServer(t)
 	dir := t.TempDir()
 	resp, err := http.Post(hs.URL+"/contexts", "application/json", strings.NewReader(`{"language":"python","cwd":"`+dir+`"}`))
 	if err != nil {
@@ -215,7 +215,7 @@ func TestContexts(t *testing.T) {
 // Cells sent to one context at once run one after another, each answered
 // with its own output.
 func TestConcurrentCellsOfOneContext(t *testing.T) {
-	hs := newTestServer(t)
+	hs, _ := newTestServer(t)
 	const n = 8
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
@@ -233,6 +233,57 @@ func TestConcurrentCellsOfOneContext(t *testing.T) {
 	for i := 0; i < n; i++ {
 		if err := <-errs; err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// Removing a context while its cell runs ends that cell's stream with an
+// error, and the context stays gone (its kernel is not started again).
+func TestRemoveContextWhileRunning(t *testing.T) {
+	hs, s := newTestServer(t)
+	resp, err := http.Post(hs.URL+"/contexts", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c codeContext
+	json.NewDecoder(resp.Body).Decode(&c)
+	resp.Body.Close()
+	k := s.contexts[c.ID].k
+	b, _ := json.Marshal(map[string]any{"code": "import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.05)", "context_id": c.ID})
+	resp, err = http.Post(hs.URL+"/execute", "application/json", strings.NewReader(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	var types []string
+	for sc.Scan() {
+		var l map[string]any
+		json.Unmarshal(sc.Bytes(), &l)
+		types = append(types, fmt.Sprint(l["type"]))
+		if l["type"] == "stdout" {
+			req, _ := http.NewRequest("DELETE", hs.URL+"/contexts/"+c.ID, nil)
+			if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode/100 != 2 {
+				t.Fatalf("delete: %v %v", r, err)
+			}
+		}
+	}
+	if n := len(types); n < 2 || types[n-1] != "end_of_execution" || types[n-2] != "error" {
+		t.Errorf("got lines %v, want an error, then end_of_execution, last", types)
+	}
+	k.mu.Lock()
+	restarted := k.cmd != nil
+	k.mu.Unlock()
+	if restarted {
+		t.Error("the removed context's kernel was started again")
+	}
+	var list []codeContext
+	r, _ := http.Get(hs.URL + "/contexts")
+	json.NewDecoder(r.Body).Decode(&list)
+	r.Body.Close()
+	for _, l := range list {
+		if l.ID == c.ID {
+			t.Errorf("the removed context %s is listed", c.ID)
 		}
 	}
 }
