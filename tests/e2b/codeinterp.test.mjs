@@ -80,6 +80,16 @@ describe('code interpreter', { concurrency: false }, () => {
     assert.equal(after.text, 'unset')
   })
 
+  test("the sandbox's envs reach the kernel", T, async () => {
+    // The kernel started before the sandbox (in the template's ready
+    // snapshot): it gets the create's envs before its first cell.
+    const other = await Sandbox.create({ timeoutMs: 120_000, envs: { SBX_VAR: 'from-create' } })
+    created.add(other)
+    const e = await other.runCode('import os\nos.environ.get("SBX_VAR")')
+    assert.equal(e.text, 'from-create')
+    await other.kill()
+  })
+
   test('contexts: own kernel and cwd, list, restart, remove', T, async () => {
     const ctx = await sbx.createCodeContext({ cwd: '/tmp' })
     assert.equal(ctx.cwd, '/tmp')
