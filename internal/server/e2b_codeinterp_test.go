@@ -47,8 +47,9 @@ func codeInterpreterTemplate(t *testing.T, e *env) {
 
 // TestE2BCodeInterpreter runs E2B's code interpreter JS SDK, unchanged,
 // against code-interpreter-v1: runCode's state, output, errors, charts,
-// DataFrames, the sandbox's envs, contexts, a timed-out cell, and a fork child, a snapshot's
-// sandbox and a resumed sandbox that continue the kernel.
+// DataFrames, the sandbox's envs, contexts, a timed-out cell, and a fork
+// child, a snapshot's sandbox and a resumed sandbox that continue the
+// kernel.
 func TestE2BCodeInterpreter(t *testing.T) {
 	e := sharedServer(t)
 	codeInterpreterTemplate(t, e)
