@@ -10,6 +10,7 @@ setup:
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/envd ./cmd/envd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/codeinterp ./cmd/codeinterp
 	$(GO) build -o bin/agentenv ./cmd/agentenv
 
 # Set up, start the server, build the Debian demo template if absent,

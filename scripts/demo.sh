@@ -40,6 +40,15 @@ if [ "$HAVE" != "$PACKAGES" ]; then
 	$AE template build base --debian bookworm --packages "$PACKAGES"
 fi
 
+# E2B's code interpreter template (the @e2b/code-interpreter and
+# e2b_code_interpreter SDKs' default): one command builds it on any server.
+if ! $AE template list --json | python3 -c '
+import json, sys
+sys.exit(0 if any(t.get("templateID") == "code-interpreter-v1" for t in json.load(sys.stdin) or []) else 1)'; then
+	echo "demo: building the code interpreter template 'code-interpreter-v1' (debootstrap of python3-ipykernel, numpy, pandas, matplotlib: about 5 minutes)"
+	$AE template build code-interpreter-v1 --code-interpreter
+fi
+
 echo "demo: creating a sandbox from 'base'"
 start=$(date +%s%N)
 ID=$($AE sandbox create base --metadata demo=1)
@@ -95,5 +104,17 @@ echo "demo: getHost(8000) = 8000-$ID.$SB_DOMAIN"
 echo "demo: curl --cacert $CA $URL"
 echo "  $PAGE"
 echo "demo: (E2B's SDKs: NODE_EXTRA_CA_CERTS=$CA for JavaScript, SSL_CERT_FILE=$CA for Python)"
+echo "demo: E2B's code interpreter: runCode('x = 41') then runCode('x + 1') in a code-interpreter-v1 sandbox (POST /execute on its port 49999, as the SDKs send it)"
+CI_ID=$($AE sandbox create code-interpreter-v1 --metadata demo=1)
+trap '$AE sandbox kill "$ID" $CHILDREN "$CI_ID" >/dev/null 2>&1 || true' EXIT
+PROXY=${AGENTENV_PROXY:-http://127.0.0.1:3001}
+run_code() { curl -fsS -H "E2b-Sandbox-Id: $CI_ID" -H "E2b-Sandbox-Port: 49999" -H 'Content-Type: application/json' -d "$1" "$PROXY/execute"; }
+run_code '{"code": "x = 41"}' >/dev/null
+echo "demo: x + 1 = $(run_code '{"code": "x + 1"}' | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("type") == "result" and m.get("is_main_result"):
+        print(m["text"])')"
 $AE sandbox list
 echo "demo: done (the server keeps running; stop it with: $AE serve --stop --data-dir $DATA_DIR)"

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 RUNSC_VERSION=$(cat RUNSC_VERSION)
 # chromium: headless, the test of the live page (/ui) renders it in a real browser.
-APT_PACKAGES=(busybox-static e2fsprogs protobuf-compiler libprotobuf-dev debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 python3-pip patch libnss-myhostname chromium)
+# python3-ipykernel: the code interpreter server's tests run its kernels on the host.
+APT_PACKAGES=(busybox-static e2fsprogs protobuf-compiler libprotobuf-dev debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 python3-pip patch libnss-myhostname chromium python3-ipykernel)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

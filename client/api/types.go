@@ -289,6 +289,10 @@ type BuildRequest struct {
 	// server's), as a template-in-code build's.
 	CPUCount int `json:"cpuCount,omitempty"`
 	MemoryMB int `json:"memoryMB,omitempty"`
+	// CodeInterpreter installs the code interpreter server (E2B's
+	// /execute API on port 49999) as the template's start command; the
+	// packages must bring python3 with ipykernel.
+	CodeInterpreter bool `json:"codeInterpreter,omitempty"`
 }
 
 // BuildProgress is one progress step of a build.

@@ -83,7 +83,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		Mirror: req.Mirror, Rootfs: req.Rootfs, Busybox: req.Busybox, DiskMB: req.DiskMB,
 		Defaults: template.Defaults{Env: ts.Env, Workdir: ts.Workdir, User: ts.User},
 		Start:    template.Start{StartCmd: ts.StartCmd, ReadyCmd: ts.ReadyCmd, ReadyTimeout: ts.ReadyTimeout},
-		Size:     template.Size{CPUs: req.CPUCount, MemoryMB: req.MemoryMB}})
+		Size:     template.Size{CPUs: req.CPUCount, MemoryMB: req.MemoryMB}, CodeInterpreter: req.CodeInterpreter})
 }
 
 // uploadTemplate builds a template from a rootfs tarball (plain or gzip)

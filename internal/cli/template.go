@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,7 @@ func templateBuild(g *globals) *cobra.Command {
 	var req client.BuildRequest
 	var packages, upload string
 	var img imageFlags
+	var codeInterp bool
 	cmd := &cobra.Command{
 		Use:   "build NAME (--debian SUITE [--packages a,b] | --rootfs DIR|TARBALL | --import PATH | --oci PATH | --image REF) [--start-cmd CMD [--ready-cmd CMD]]",
 		Short: "Build a template on the server, showing progress",
@@ -33,6 +35,18 @@ func templateBuild(g *globals) *cobra.Command {
 			req.Name = args[0]
 			if packages != "" {
 				req.Packages = strings.Split(packages, ",")
+			}
+			if codeInterp {
+				// E2B's code interpreter template: Debian with Python's
+				// kernel and data libraries, the server as its start command.
+				if req.Rootfs != "" || upload != "" || img.oci != "" || img.ref != "" {
+					return fmt.Errorf("--code-interpreter builds from Debian: leave out --rootfs, --import, --oci and --image")
+				}
+				if req.Debian == "" {
+					req.Debian = "bookworm"
+				}
+				req.CodeInterpreter = true
+				req.Packages = append(slices.Clone(template.CodeInterpreterPackages), req.Packages...)
 			}
 			if err := img.settings(&req); err != nil {
 				return err
@@ -84,6 +98,7 @@ func templateBuild(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&req.Debian, "debian", "", "Debian suite to debootstrap (e.g. bookworm)")
 	f.StringVar(&packages, "packages", "", "comma-separated Debian packages to include")
+	f.BoolVar(&codeInterp, "code-interpreter", false, "build E2B's code interpreter template (name it code-interpreter-v1, the SDKs' default): Debian (--debian, default bookworm) with python3, ipykernel, numpy, pandas, matplotlib and --packages, serving runCode on port 49999")
 	f.StringVar(&upload, "rootfs", "", "root filesystem directory or tarball (.tar, .tar.gz) on this machine, uploaded to the server")
 	f.StringVar(&req.Rootfs, "import", "", "root filesystem directory or tarball inside the server's --import-dir")
 	img.register(cmd)

@@ -80,6 +80,8 @@ func startServerWith(t testing.TB, dataDir, cidr, tag string, change func(*serve
 func launchServer(t testing.TB, dataDir, cidr, tag string, change func(*server.Config)) *env {
 	envdDir := filepath.Join(dataDir, "bin")
 	os.MkdirAll(envdDir, 0o755)
+	// Beside envd, where the server finds it for code interpreter builds.
+	testenv.BuildCodeInterp(t, envdDir)
 	dns, err := testDNS()
 	if err != nil {
 		t.Fatalf("the tests' DNS: %v", err)

@@ -211,6 +211,13 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	var disk *sandbox.Disk
 	topts := cfg.TemplateOptions
 	topts.Reserve = func(what string, n int64) (func(), error) { return disk.Charge(what, n) }
+	if topts.CodeInterpreter == "" {
+		// Shipped beside envd (make build); without it, code interpreter
+		// builds are refused with a message saying so.
+		if p := filepath.Join(filepath.Dir(envdPath), "codeinterp"); fileExists(p) {
+			topts.CodeInterpreter = p
+		}
+	}
 	templates, err := template.OpenWithOptions(filepath.Join(cfg.DataDir, "templates"), envdPath, topts, log)
 	if err != nil {
 		return nil, err
@@ -395,6 +402,11 @@ func apiKey(cfg Config, log *slog.Logger) (string, error) {
 
 // findEnvd locates the envd binary: the flag, next to this executable, or
 // on PATH.
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
 func findEnvd(flag string) (string, error) {
 	if flag != "" {
 		if _, err := os.Stat(flag); err != nil {

@@ -37,6 +37,12 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	if err != nil {
 		return Template{}, err
 	}
+	if err := s.checkCodeInterpreter(req); err != nil {
+		return Template{}, err
+	}
+	if req.CodeInterpreter {
+		req.Start = codeInterpreterStart
+	}
 	owner := req.Owner
 	release, err := s.claim(req.Name, func() error {
 		// Checked under the lock that makes the build the name's only
@@ -106,6 +112,14 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 	}
 	t := Template{Name: req.Name, Source: source, Packages: req.Packages, CreatedAt: time.Now().UTC(),
 		Defaults: req.Defaults, Start: req.Start, DiskMB: req.DiskMB, Owner: owner, Size: req.Size}
+	if req.CodeInterpreter {
+		progress(Progress{Phase: "configure", Percent: 84, Message: "installing the code interpreter"})
+		if err := withRoot(rootfs, func(root *os.Root) error {
+			return copyInto(root, s.opts.CodeInterpreter, strings.TrimPrefix(CodeInterpreterPath, "/"), 0o755)
+		}); err != nil {
+			return Template{}, fmt.Errorf("install the code interpreter: %w", err)
+		}
+	}
 	if err := s.finish(ctx, req.Name, staging, &t, progress); err != nil {
 		return Template{}, err
 	}
@@ -545,6 +559,11 @@ func (s *Store) debootstrap(ctx context.Context, req BuildRequest, rootfs string
 	err := cmd.Wait()
 	pw.Close()
 	<-done
+	// Whatever debootstrap left mounted in the tree (its /proc when a
+	// package's process still held it) goes before anything reads the tree.
+	if uerr := unmountUnder(rootfs); uerr != nil {
+		return errors.Join(err, fmt.Errorf("debootstrap left mounts in the tree: %w", uerr))
+	}
 	if err != nil {
 		return fmt.Errorf("debootstrap %s: %w: %s", req.Debian, err, strings.Join(tailLines, "\n"))
 	}
@@ -662,8 +681,25 @@ func (s *Store) Validate(req BuildRequest) error {
 	if err := s.checkDiskMB(req.DiskMB); err != nil {
 		return err
 	}
-	_, err := s.checkSource(req)
-	return err
+	if _, err := s.checkSource(req); err != nil {
+		return err
+	}
+	return s.checkCodeInterpreter(req)
+}
+
+// checkCodeInterpreter refuses a code interpreter build this server cannot
+// make: it has no code interpreter binary, or the tree has no Python.
+func (s *Store) checkCodeInterpreter(req BuildRequest) error {
+	if !req.CodeInterpreter {
+		return nil
+	}
+	if s.opts.CodeInterpreter == "" {
+		return errdefs.Invalid("codeInterpreter: this server has no code interpreter binary (codeinterp next to agentenv): run make build and restart it")
+	}
+	if req.Busybox {
+		return errdefs.Invalid("codeInterpreter: busybox has no Python; build it from Debian with the packages the CLI's --code-interpreter adds")
+	}
+	return nil
 }
 
 // CanBuild reports, before a build starts, why it would be refused (the

@@ -151,6 +151,9 @@ func checkSettings(req BuildRequest) error {
 	if err := req.Size.check(); err != nil {
 		return err
 	}
+	if req.CodeInterpreter && (req.StartCmd != "" || req.ReadyCmd != "") {
+		return errdefs.Invalid("codeInterpreter sets the start command and ready check itself: leave startCmd and readyCmd out")
+	}
 	return req.Start.check()
 }
 

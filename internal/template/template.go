@@ -24,6 +24,23 @@ import (
 // EnvdPath is where envd lives inside every template.
 const EnvdPath = "/.agentenv/envd"
 
+// CodeInterpreterPath is where a code interpreter template has the server.
+const CodeInterpreterPath = "/.agentenv/codeinterp"
+
+// CodeInterpreterPackages are the Debian packages a code interpreter
+// template is built from at least: Python with an IPython kernel and the
+// data libraries notebooks expect.
+var CodeInterpreterPackages = []string{"python3", "python-is-python3", "python3-pip", "python3-ipykernel",
+	"python3-matplotlib-inline", "python3-numpy", "python3-pandas", "python3-matplotlib", "ca-certificates", "procps",
+	// debootstrap follows no virtual package (Provides): these provide what
+	// python3-zmq (python3-cffi-backend-api-*) and the tools scipy brings
+	// (libboost-regex1.74.0-icu72) depend on.
+	"python3-cffi-backend", "libboost-regex1.74.0"}
+
+// codeInterpreterStart is a code interpreter template's start command and
+// ready check: ready once the default Python kernel answers.
+var codeInterpreterStart = Start{StartCmd: CodeInterpreterPath, ReadyCmd: CodeInterpreterPath + " -check", ReadyTimeout: 180}
+
 // Template is a stored, built template.
 type Template struct {
 	Name      string    `json:"name"`
@@ -123,6 +140,11 @@ type BuildRequest struct {
 	Owner string `json:"owner,omitempty"`
 	// Size is the CPUs and memory of the template's sandboxes.
 	Size
+	// CodeInterpreter installs the code interpreter server (E2B's
+	// /execute API on port 49999, backed by IPython kernels) and makes it
+	// the template's start command; the tree must have python3 with
+	// ipykernel (CodeInterpreterPackages).
+	CodeInterpreter bool `json:"codeInterpreter,omitempty"`
 }
 
 // Size is what a sandbox of the template gets when its create asks for
@@ -191,6 +213,9 @@ type Options struct {
 	// the template counts on its own (the server passes
 	// sandbox.Disk.Charge); a refusal stops the build.
 	Reserve func(what string, bytes int64) (release func(), err error)
+	// CodeInterpreter is the code interpreter server's binary (cmd/codeinterp)
+	// that BuildRequest.CodeInterpreter installs; empty: such builds are refused.
+	CodeInterpreter string
 }
 
 // DefaultKeyring is Debian's archive keyring (package debian-archive-keyring).

@@ -79,6 +79,20 @@ func BuildEnvd(t testing.TB, dir string) string {
 	return out
 }
 
+// BuildCodeInterp builds the code interpreter server (cmd/codeinterp)
+// into dir, where a server whose envd is in dir finds it, and returns its path.
+func BuildCodeInterp(t testing.TB, dir string) string {
+	t.Helper()
+	out := filepath.Join(dir, "codeinterp")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/codeinterp")
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build codeinterp: %v\n%s", err, b)
+	}
+	return out
+}
+
 // BuildAgentenv builds the agentenv binary (and envd next to it) into dir
 // and returns the agentenv path.
 func BuildAgentenv(t testing.TB, dir string) string {

@@ -30,11 +30,11 @@ autoreset, a task per sub-environment, ``step_async``/``step_wait``);
 """
 
 from .aio import AsyncSandboxEnv, AsyncSandboxVectorEnv
-from .env import Action, Command, EditFile, Observation, SandboxEnv, WriteFile, parse_action
+from .env import Action, Command, EditFile, Observation, RunCode, SandboxEnv, WriteFile, parse_action
 from .vector import AutoresetMode, SandboxVectorEnv, TaskSampler, make_vec
 
 # The name used in docs and examples: Env.from_snapshot(id).
 Env = SandboxEnv
 
-__all__ = ["Action", "AsyncSandboxEnv", "AsyncSandboxVectorEnv", "AutoresetMode", "Command", "EditFile", "Env", "Observation", "SandboxEnv", "SandboxVectorEnv",
+__all__ = ["Action", "AsyncSandboxEnv", "AsyncSandboxVectorEnv", "AutoresetMode", "Command", "EditFile", "Env", "Observation", "RunCode", "SandboxEnv", "SandboxVectorEnv",
            "TaskSampler", "WriteFile", "make_vec", "parse_action"]

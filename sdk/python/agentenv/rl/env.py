@@ -72,7 +72,24 @@ class EditFile:
     new: str
 
 
-Action = Union[str, Command, WriteFile, EditFile, Dict[str, Any]]
+@dataclass
+class RunCode:
+    """Run ``code`` in the sandbox's code interpreter (a template built with
+    ``--code-interpreter``, such as ``code-interpreter-v1``): a Jupyter
+    kernel whose variables last from step to step, as E2B's ``run_code``.
+    The observation has the main result's ``text``, ``stdout``,
+    ``stderr``, every ``results`` entry's formats (``png``, ``html``,
+    ``data``...) and, when the cell raised, ``ok`` False with cause
+    "error" and the exception's ``name``, ``value`` and ``traceback``. A
+    cell past ``timeout`` seconds is interrupted (cause
+    "command_timeout"); the kernel keeps its state."""
+
+    code: str
+    timeout: float = 60
+    language: Optional[str] = None
+
+
+Action = Union[str, Command, WriteFile, EditFile, RunCode, Dict[str, Any]]
 _action_ids = itertools.count()  # thread-safe in CPython: next() holds the GIL
 Observation = Dict[str, Any]
 Info = Dict[str, Any]
@@ -91,21 +108,29 @@ DEFAULT_MAX_OUTPUT = 1 << 20
 _OUT = "/tmp/.agentenv-action-"
 
 
-def parse_action(action: Action) -> Union[Command, WriteFile, EditFile]:
-    """An action as a ``Command``, ``WriteFile`` or ``EditFile`` (a ``str``
-    is a command; a dict names its kind in ``"type"``)."""
-    if isinstance(action, (Command, WriteFile, EditFile)):
+def _result_obs(r: Any) -> Dict[str, Any]:
+    """A code interpreter result as a plain dict of its formats."""
+    d = {f: getattr(r, f) for f in r.formats() if f not in r.extra}
+    d.update(r.extra)
+    d.update(text=r.text, is_main_result=r.is_main_result)
+    return d
+
+
+def parse_action(action: Action) -> Union[Command, WriteFile, EditFile, RunCode]:
+    """An action as a ``Command``, ``WriteFile``, ``EditFile`` or ``RunCode``
+    (a ``str`` is a command; a dict names its kind in ``"type"``)."""
+    if isinstance(action, (Command, WriteFile, EditFile, RunCode)):
         return action
     if isinstance(action, str):
         return Command(action)
     if isinstance(action, dict):
         kind = action.get("type", "command")
         fields = {k: v for k, v in action.items() if k != "type"}
-        cls = {"command": Command, "write": WriteFile, "edit": EditFile}.get(kind)
+        cls = {"command": Command, "write": WriteFile, "edit": EditFile, "run_code": RunCode}.get(kind)
         if cls is None:
-            raise ValueError(f"action type {kind!r}: use command, write or edit")
+            raise ValueError(f"action type {kind!r}: use command, write, edit or run_code")
         return cls(**fields)  # type: ignore[arg-type]
-    raise TypeError(f"action of type {type(action).__name__}: give a str, Command, WriteFile, EditFile or dict")
+    raise TypeError(f"action of type {type(action).__name__}: give a str, Command, WriteFile, EditFile, RunCode or dict")
 
 
 class SandboxEnv:
@@ -268,9 +293,11 @@ class SandboxEnv:
     def _path(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir.rstrip('/')}/{path}"
 
-    def _act(self, act: Union[Command, WriteFile, EditFile]) -> Observation:
+    def _act(self, act: Union[Command, WriteFile, EditFile, RunCode]) -> Observation:
         if isinstance(act, Command):
             return self._command(act)
+        if isinstance(act, RunCode):
+            return self._run_code(act)
         path = self._path(act.path)
         kind = "write" if isinstance(act, WriteFile) else "edit"
         try:
@@ -293,6 +320,30 @@ class SandboxEnv:
                 raise
             return _failed(kind, path, error)
         return {"type": kind, "path": path, "ok": True}
+
+    def _run_code(self, act: RunCode) -> Observation:
+        from ..code_interpreter import Sandbox as CodeSandbox
+
+        sbx = self._sbx
+        ci = CodeSandbox(sbx.sandbox_id, sbx._envd_access_token, sbx.connection_config, sbx.sandbox_domain)
+        obs: Observation = {"type": "run_code", "ok": True, "text": None, "stdout": "", "stderr": "", "results": []}
+        try:
+            ex = ci.run_code(act.code, language=act.language, timeout=act.timeout)
+        except exc.TimeoutException:
+            return dict(obs, ok=False, cause="command_timeout", timed_out=True,
+                        error=f"the cell ran longer than {act.timeout:g} s and was interrupted")
+        except exc.SandboxException as e:
+            ended = _ended(e)
+            if ended is None:
+                raise
+            return dict(obs, ok=False, cause=ended[0], error=ended[1])
+        obs.update(text=ex.text, stdout="".join(ex.logs.stdout), stderr="".join(ex.logs.stderr),
+                   execution_count=ex.execution_count,
+                   results=[_result_obs(r) for r in ex.results])
+        if ex.error is not None:
+            obs.update(ok=False, cause="error", error=f"{ex.error.name}: {ex.error.value}"[:_ERROR_CHARS],
+                       name=ex.error.name, value=ex.error.value, traceback=ex.error.traceback)
+        return obs
 
     def _command(self, act: Command) -> Observation:
         cap = self.max_output if act.max_output is None else act.max_output
