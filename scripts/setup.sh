@@ -125,7 +125,13 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$(runsc_stamp)" ]]; then
 	exec 9>&-
 fi
 
-if [[ -f tests/e2b/package.json ]] && [[ ! -d tests/e2b/node_modules/e2b ]]; then
+# npm ci again when a dependency package.json names is not installed
+# (a checkout that added one to a tree installed before).
+npm_missing() {
+	node -e 'const p=require("./tests/e2b/package.json"), fs=require("fs");
+		process.exit(Object.keys(p.dependencies||{}).some(d => !fs.existsSync("tests/e2b/node_modules/"+d+"/package.json")) ? 0 : 1)'
+}
+if [[ -f tests/e2b/package.json ]] && npm_missing; then
 	echo "setup: installing the e2b SDK for the tests"
 	(cd tests/e2b && npm ci --no-audit --no-fund --loglevel=error)
 fi
