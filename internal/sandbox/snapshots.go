@@ -89,64 +89,78 @@ func (r SnapshotRequest) kind() string {
 // Snapshot saves a running sandbox (memory, processes, filesystem changes)
 // as a snapshot; the sandbox keeps running.
 func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) (snapshot.Snapshot, error) {
+	sn, _, err := m.snapshot(ctx, id, req, false)
+	return sn, err
+}
+
+// snapshot is Snapshot; with hold, the snapshot arrives in the store held
+// until release (nil without hold), so that the collector cannot take a
+// fork's checkpoint before its children restore it.
+func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, hold bool) (_ snapshot.Snapshot, release func(), _ error) {
 	cp, ok := m.d.Runtime.(runtime.Checkpointer)
 	if !ok || m.d.Snapshots == nil {
-		return snapshot.Snapshot{}, fmt.Errorf("snapshots are not available with this runtime: %w", errdefs.ErrInvalid)
+		return snapshot.Snapshot{}, nil, fmt.Errorf("snapshots are not available with this runtime: %w", errdefs.ErrInvalid)
 	}
 	if len(req.Name) > 128 {
-		return snapshot.Snapshot{}, errdefs.Invalid("snapshot name is longer than 128 characters")
+		return snapshot.Snapshot{}, nil, errdefs.Invalid("snapshot name is longer than 128 characters")
 	}
 	if !req.internal && strings.HasPrefix(req.Name, readyPrefix) {
-		return snapshot.Snapshot{}, errdefs.Invalid("snapshot name %q: names starting with %q are reserved for the server's ready templates; choose another name", req.Name, readyPrefix)
+		return snapshot.Snapshot{}, nil, errdefs.Invalid("snapshot name %q: names starting with %q are reserved for the server's ready templates; choose another name", req.Name, readyPrefix)
 	}
 	e, err := m.entry(id)
 	if err != nil {
-		return snapshot.Snapshot{}, err
+		return snapshot.Snapshot{}, nil, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.sb.State != StateRunning {
-		return snapshot.Snapshot{}, errdefs.Conflict("sandbox %q is %s: only a running sandbox can be snapshotted (resume it first)", id, e.sb.State)
+		return snapshot.Snapshot{}, nil, errdefs.Conflict("sandbox %q is %s: only a running sandbox can be snapshotted (resume it first)", id, e.sb.State)
 	}
 	if req.kind() == snapshot.KindUser {
 		// A user's snapshot is kept until deleted: a full store refuses
 		// it rather than collect another user's.
 		admitted, err := m.d.Snapshots.Admit()
 		if err != nil {
-			return snapshot.Snapshot{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
+			return snapshot.Snapshot{}, nil, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
 		}
 		defer admitted()
 	}
 	// The checkpoint holds at most the sandbox's memory and what its
 	// write layer holds; once stored, the snapshot store counts it.
-	release, err := m.d.Disk.Reserve(fmt.Sprintf("a snapshot of sandbox %s", id), int64(e.sb.MemoryMB)<<20+m.LayerBytes(id))
+	reserved, err := m.d.Disk.Reserve(fmt.Sprintf("a snapshot of sandbox %s", id), int64(e.sb.MemoryMB)<<20+m.LayerBytes(id))
 	if err != nil {
-		return snapshot.Snapshot{}, err
+		return snapshot.Snapshot{}, nil, err
 	}
-	defer release()
+	defer reserved()
 	dir, err := m.d.Snapshots.TempDir()
 	if err != nil {
-		return snapshot.Snapshot{}, err
+		return snapshot.Snapshot{}, nil, err
 	}
 	start := time.Now()
 	if err := cp.Checkpoint(ctx, id, dir); err != nil {
-		return snapshot.Snapshot{}, err
+		return snapshot.Snapshot{}, nil, err
 	}
 	checkpointed := time.Since(start)
 	// The store keeps only the pages this sandbox's previous snapshot
 	// lacks (see internal/snapshot).
-	sn, err := m.d.Snapshots.Add(dir, snapshot.Snapshot{
+	meta := snapshot.Snapshot{
 		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Kind: req.kind(), Owner: e.sb.Owner,
 		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, LayerBytes: m.LayerBytes(id), Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
-	})
+	}
+	var sn snapshot.Snapshot
+	if hold {
+		sn, release, err = m.d.Snapshots.AddHeld(dir, meta)
+	} else {
+		sn, err = m.d.Snapshots.Add(dir, meta)
+	}
 	if err != nil {
-		return snapshot.Snapshot{}, err
+		return snapshot.Snapshot{}, nil, err
 	}
 	m.d.Log.Info("snapshot taken", "sandbox", id, "snapshot", sn.ID, "bytes", sn.Size, "stored", sn.Stored,
 		"took", time.Since(start).Round(time.Millisecond), "checkpoint", checkpointed.Round(time.Millisecond),
 		"hash", sn.Timing.Hash.Round(time.Millisecond), "write", sn.Timing.Write.Round(time.Millisecond))
-	return sn, nil
+	return sn, release, nil
 }
 
 // ForkResult is one child of a fork: a sandbox or why it failed.
@@ -169,11 +183,12 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err := m.admitFork(parent, count); err != nil {
 		return nil, err
 	}
-	sn, err := m.Snapshot(ctx, id, SnapshotRequest{internal: true})
+	sn, held, err := m.snapshot(ctx, id, SnapshotRequest{internal: true}, true)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
+		held() // the children hold it while they restore
 		if err := m.d.Snapshots.Delete(sn.ID); err != nil {
 			m.d.Log.Error("delete fork snapshot", "snapshot", sn.ID, "err", err)
 		}

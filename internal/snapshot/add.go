@@ -25,13 +25,26 @@ type newChunk struct{ name, tmp string }
 // one new chunk per file. Internal snapshots are stored whole without
 // hashing: a fork waits for them and deletes them at once.
 func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
+	sn, _, err := s.add(dir, sn, false)
+	return sn, err
+}
+
+// AddHeld is Add returning the snapshot already held, as Acquire holds
+// it, until release: the collector, which takes an internal snapshot
+// nothing holds at any time, cannot take it between its store and its
+// first restore (a fork's checkpoint).
+func (s *Store) AddHeld(dir string, sn Snapshot) (_ Snapshot, release func(), err error) {
+	return s.add(dir, sn, true)
+}
+
+func (s *Store) add(dir string, sn Snapshot, hold bool) (Snapshot, func(), error) {
 	defer os.RemoveAll(dir)
 	if sn.ID == "" {
 		sn.ID = NewID()
 	} else if err := ValidID(sn.ID); err != nil {
-		return Snapshot{}, err
+		return Snapshot{}, nil, err
 	} else if s.Has(sn.ID) { // its page index is about to be written
-		return Snapshot{}, errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
+		return Snapshot{}, nil, errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
 	}
 	if sn.CreatedAt.IsZero() {
 		sn.CreatedAt = time.Now().UTC()
@@ -40,7 +53,7 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 	sn.Files, sn.Size, sn.Stored = map[string]File{}, 0, 0
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return Snapshot{}, err
+		return Snapshot{}, nil, err
 	}
 	bases := s.pinBases(sn)
 	defer s.unpin(bases.chunks)
@@ -54,7 +67,7 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 		p := filepath.Join(dir, e.Name())
 		f, c, pages, err := s.storeFile(p, e.Name(), sn.Internal, bases)
 		if err != nil {
-			return Snapshot{}, fmt.Errorf("store checkpoint file %s: %w", e.Name(), err)
+			return Snapshot{}, nil, fmt.Errorf("store checkpoint file %s: %w", e.Name(), err)
 		}
 		sn.Files[e.Name()] = f
 		sn.Size += f.Size
@@ -66,18 +79,19 @@ func (s *Store) Add(dir string, sn Snapshot) (Snapshot, error) {
 		}
 	}
 	if len(sn.Files) == 0 {
-		return Snapshot{}, errors.New("checkpoint wrote no files")
+		return Snapshot{}, nil, errors.New("checkpoint wrote no files")
 	}
 	hashed := time.Now()
 	if err := s.writeIndex(sn.ID, indexes); err != nil {
-		return Snapshot{}, err
+		return Snapshot{}, nil, err
 	}
-	if err := s.commit(&sn, fresh); err != nil {
+	release, err := s.commit(&sn, fresh, hold)
+	if err != nil {
 		os.RemoveAll(filepath.Join(s.dir, "index", sn.ID))
-		return Snapshot{}, err
+		return Snapshot{}, nil, err
 	}
 	sn.Timing = Timing{Hash: bases.took + hashed.Sub(start) - bases.writeTook, Write: time.Since(hashed) + bases.writeTook}
-	return sn, nil
+	return sn, release, nil
 }
 
 // storeFile plans how file p is stored and writes the chunk it adds, if
@@ -274,14 +288,16 @@ func (s *Store) unpin(chunks map[string]bool) {
 // commit puts the new chunks in place and records sn, under the lock so
 // that no delete runs between a chunk being found present and referenced.
 // A snapshot the store holds is never replaced.
-func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
+// commit puts snapshot sn in the store; with hold, held as holdLocked
+// holds it (release returned), in the same lock as its arrival.
+func (s *Store) commit(sn *Snapshot, fresh []newChunk, hold bool) (release func(), err error) {
 	if err := ValidID(sn.ID); err != nil { // it names the metadata's file
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.snaps[sn.ID]; ok {
-		return errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
+		return nil, errdefs.Conflict("snapshot %s is already stored on this node: not replaced", sn.ID)
 	}
 	defer func() {
 		if err != nil { // what this snapshot put in place and nothing uses
@@ -296,13 +312,13 @@ func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
 			continue
 		}
 		if err := os.Rename(c.tmp, s.chunk(c.name)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for c := range sn.chunks() {
 		st, err := os.Stat(s.chunk(c))
 		if err != nil {
-			return fmt.Errorf("chunk %s of snapshot %s: %w", c, sn.ID, err)
+			return nil, fmt.Errorf("chunk %s of snapshot %s: %w", c, sn.ID, err)
 		}
 		if s.chunkRefs[c] == 0 && s.pins[c] == 0 {
 			sn.Stored += diskSize(st)
@@ -310,14 +326,17 @@ func (s *Store) commit(sn *Snapshot, fresh []newChunk) (err error) {
 		s.chunkSize[c] = diskSize(st)
 	}
 	if err := s.writeMeta(*sn); err != nil {
-		return err
+		return nil, err
 	}
 	for c := range sn.chunks() {
 		s.chunkRefs[c]++
 	}
 	c := *sn
 	s.snaps[sn.ID] = &c
-	return nil
+	if hold {
+		release = s.holdLocked(sn.ID)
+	}
+	return release, nil
 }
 
 // writeIndex saves the page hashes of a snapshot's files.

@@ -68,7 +68,7 @@ func (s *Store) Import(id string, sn Snapshot, fetch func(chunk string, size int
 	}
 	sn.InUse, sn.Stored, sn.Chunks, sn.Timing = 0, 0, nil, Timing{}
 	sn.Kind = kindOf(&sn)
-	if err := s.commit(&sn, fresh); err != nil {
+	if _, err := s.commit(&sn, fresh, false); err != nil {
 		return Snapshot{}, err
 	}
 	return sn, nil

@@ -320,3 +320,32 @@ func TestAdmitConcurrent(t *testing.T) {
 		t.Errorf("%d of %d racing admissions succeeded, want %d (5 places, 2 the user's)", got, racers, want)
 	}
 }
+
+// TestAddHeldOutlivesTheCollector checks that a fork's checkpoint, which
+// the collector takes whenever nothing holds it, is held from the moment
+// it is stored: a collection (as a user snapshot's admission runs one)
+// between its store and its children's restores leaves it, and it is
+// collected once released.
+func TestAddHeldOutlivesTheCollector(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, release, err := s.AddHeld(checkpoint(t, s, map[string]string{"checkpoint.img": "fork"}), Snapshot{Internal: true, Kind: KindAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.GC(Policy{}); len(got) != 0 {
+		t.Fatalf("GC of a held fork checkpoint deleted %v, want nothing", got)
+	}
+	if _, err := s.Admit(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Has(sn.ID) {
+		t.Fatal("a user snapshot's admission collected the held fork checkpoint")
+	}
+	release()
+	if got := s.GC(Policy{}); len(got) != 1 || got[0] != sn.ID {
+		t.Fatalf("GC after release deleted %v, want [%s]", got, sn.ID)
+	}
+}
