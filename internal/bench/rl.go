@@ -133,6 +133,7 @@ func inFlight(ctx context.Context, level, n int, call rlCall) (time.Duration, er
 // rl measures runCode and the SandboxFusion rows.
 func (r *runner) rl(ctx context.Context) error {
 	r.rep.RL = &RLReport{Calls: map[string][]CallRate{}}
+	r.rep.CPURounds = r.cfg.CPURounds
 	if err := r.runCode(ctx); err != nil {
 		return fmt.Errorf("runCode: %w", err)
 	}
