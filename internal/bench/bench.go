@@ -73,6 +73,10 @@ type Config struct {
 	// SandboxFusionURL is the SandboxFusion service the rl group calls
 	// (http://HOST:PORT); with Serve the bench starts its server with one.
 	SandboxFusionURL string
+	// HostPython is the python3 the rl group runs on the host (default
+	// /usr/bin/python3, the distribution's: a version manager's shim
+	// first on PATH would add its own start-up to the floor).
+	HostPython string
 	// Only, when not empty, limits the run to these groups (see Groups).
 	Only map[string]bool
 	// SkipRaw measures agentenv only (no runsc, no crun; no root needed).
@@ -214,6 +218,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	}
 	if cfg.DensityParallel < 1 {
 		cfg.DensityParallel = 4
+	}
+	if cfg.HostPython == "" {
+		cfg.HostPython = "/usr/bin/python3"
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard

@@ -316,11 +316,12 @@ func (r *runner) sandboxFusion(ctx context.Context) error {
 		return err
 	}
 	r.rep.RL.RunnerWaitSeconds = time.Since(start).Seconds()
+	r.rep.Notes = append(r.rep.Notes, "rl: the host's python3 is "+r.cfg.HostPython+" (--host-python)")
 	t := r.ts.agentenv
 	calls := map[string]rlCall{
 		WaySandboxFusion: func(ctx context.Context) (time.Duration, error) { return 0, sf.runCode(ctx) },
 		WaySandboxPerRun: func(ctx context.Context) (time.Duration, error) { return 0, sandboxPerCall(ctx, t) },
-		WayHost:          hostPython,
+		WayHost:          func(ctx context.Context) (time.Duration, error) { return hostPython(ctx, r.cfg.HostPython) },
 	}
 	// Untimed: the first call of each way pays for cold caches.
 	for _, w := range rlWays {
@@ -368,9 +369,9 @@ func hostBatch(ctx context.Context, level, n int, call rlCall) (cpuSample, error
 	return cpuSample{cpu: cpu, wall: time.Since(start), ops: n}, err
 }
 
-// hostPython runs the call's program in python3 on the host.
-func hostPython(ctx context.Context) (time.Duration, error) {
-	cmd := exec.CommandContext(ctx, "python3", "-c", rlCode)
+// hostPython runs the call's program in the host's python3 at path.
+func hostPython(ctx context.Context, path string) (time.Duration, error) {
+	cmd := exec.CommandContext(ctx, path, "-c", rlCode)
 	out, err := cmd.Output()
 	if err != nil {
 		return 0, fmt.Errorf("python3 on the host: %w", err)

@@ -59,7 +59,7 @@ func writeRL(w io.Writer, rep Report) error {
 		return err
 	}
 	if rl.CodeInterpreterBuildSeconds > 0 || rl.RunnerWaitSeconds > 0 {
-		fmt.Fprintf(w, "  templates: %s built in %.0f s; the SandboxFusion runner template %q ready after %.0f s\n", codeInterpTemplate, rl.CodeInterpreterBuildSeconds, runnerTemplate, rl.RunnerWaitSeconds)
+		fmt.Fprintf(w, "  templates: %s built in %.0f s; then %.0f s more until the SandboxFusion service (its runner template %q built in the background) ran a call\n", codeInterpTemplate, rl.CodeInterpreterBuildSeconds, rl.RunnerWaitSeconds, runnerTemplate)
 	}
 	return nil
 }

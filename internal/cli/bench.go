@@ -147,6 +147,7 @@ names. --quick takes fewer samples (a few minutes in all).`,
 	f.BoolVar(&quick, "quick", false, "fewer samples and shorter runs: -n 5 --heavy-n 2 --churn-duration 2s --churn-levels 1,8 --cpu-rounds 2 --cpu-n 4 --rollout-duration 2s --rollout-levels 1,8 (flags given win)")
 	f.StringVar(&only, "only", "", "comma-separated groups to run (default all but density and rl): "+strings.Join(bench.Groups, ","))
 	f.StringVar(&cfg.SandboxFusionURL, "sandboxfusion-url", "", "the rl group's SandboxFusion service (http://HOST:PORT) when the bench does not start the server (--serve)")
+	f.StringVar(&cfg.HostPython, "host-python", "/usr/bin/python3", "the rl group's python3 on the host (the unsandboxed floor): the distribution's, not a version manager's shim")
 	f.BoolVar(&cfg.SkipRaw, "skip-raw", false, "measure agentenv only (no runsc or crun; no root needed)")
 	f.StringVar(&cfg.Runsc, "runsc", "runsc", "runsc binary for the raw comparison (the server's pinned build)")
 	f.StringVar(&cfg.Crun, "crun", "crun", "crun binary for the raw comparison")
