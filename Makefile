@@ -63,7 +63,7 @@ bench: build
 # minutes, so not in `make bench`). The last two measure the server the
 # environment names (AGENTENV_SERVER, AGENTENV_PROXY, AGENTENV_API_KEY).
 DENSITY ?= 1000
-.PHONY: bench-rollout bench-churn bench-density
+.PHONY: bench-rollout bench-churn bench-density bench-rl
 bench-rollout: build
 	bin/agentenv bench --serve rollout --plot docs/rollout.svg
 
@@ -72,6 +72,13 @@ bench-churn: build
 
 bench-density: build
 	bin/agentenv bench --only density --density-sandboxes $(DENSITY)
+
+# E2B's runCode and SandboxFusion's run_code (beside python3 on the host and
+# a sandbox per call), on a server the bench starts: it builds
+# code-interpreter-v1 and the runner template first (minutes), so not in
+# `make bench`.
+bench-rl: build
+	bin/agentenv bench --serve --only rl
 
 clean:
 	rm -rf bin

@@ -70,6 +70,13 @@ type Config struct {
 	// Serve, when its Binary is set, makes Run start its own server (and
 	// count its CPU) instead of using Client.
 	Serve ServeOptions
+	// SandboxFusionURL is the SandboxFusion service the rl group calls
+	// (http://HOST:PORT); with Serve the bench starts its server with one.
+	SandboxFusionURL string
+	// HostPython is the python3 the rl group runs on the host (default
+	// /usr/bin/python3, the distribution's: a version manager's shim
+	// first on PATH would add its own start-up to the floor).
+	HostPython string
 	// Only, when not empty, limits the run to these groups (see Groups).
 	Only map[string]bool
 	// SkipRaw measures agentenv only (no runsc, no crun; no root needed).
@@ -152,6 +159,8 @@ type Report struct {
 	CPURounds int                              `json:"cpu_rounds,omitempty"`
 	// Rollout is the outcome of the rollout group.
 	Rollout *RolloutReport `json:"rollout,omitempty"`
+	// RL is the outcome of the rl group.
+	RL *RLReport `json:"rl,omitempty"`
 	// Notes explain targets that were skipped and how each was set up.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -210,6 +219,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	if cfg.DensityParallel < 1 {
 		cfg.DensityParallel = 4
 	}
+	if cfg.HostPython == "" {
+		cfg.HostPython = "/usr/bin/python3"
+	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
@@ -245,12 +257,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (rep Report, err error)
 	}()
 	groups, notes := setUpCgroups(cfg, &cl)
 	if cfg.Serve.Binary != "" {
+		if cfg.runs(GroupRL) {
+			// Before the user's flags, which win.
+			cfg.Serve.Flags = append([]string{"--sandboxfusion-listen", "127.0.0.1:0"}, cfg.Serve.Flags...)
+		}
 		srv, err := startServer(ctx, cfg.Serve, cfg.Template, groups.get(TargetAgentenv), cfg.Progress)
 		if err != nil {
 			return rep, err
 		}
 		cl.push(srv.stop)
 		cfg.Client = srv.client
+		if cfg.runs(GroupRL) {
+			if cfg.SandboxFusionURL, err = srv.sandboxFusionURL(ctx); err != nil {
+				return rep, err
+			}
+		}
 		notes = append(notes, strings.TrimSpace("agentenv: a server the bench started (--serve), with the serve defaults "+strings.Join(cfg.Serve.Flags, " ")))
 	}
 	if rep.ReadyTemplate, err = templateReady(ctx, cfg.Client, cfg.Template); err != nil {
@@ -327,6 +348,7 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupNetwork, r.network},
 		{GroupDisk, r.diskWrite},
 		{GroupDensity, r.density},
+		{GroupRL, r.rl},
 	}
 	for _, p := range phases {
 		if !r.cfg.runs(p.group) {

@@ -194,7 +194,7 @@ func parseUsageUsec(b []byte) (time.Duration, error) {
 // cl (first, so that it runs after the targets and the server are gone).
 // Without them the run goes on and says why in a note.
 func setUpCgroups(cfg Config, cl *cleanupStack) (*cpuGroups, []string) {
-	if !cfg.runs(GroupCPU) && !cfg.runs(GroupRollout) {
+	if !cfg.runs(GroupCPU) && !cfg.runs(GroupRollout) && !cfg.runs(GroupRL) {
 		return nil, nil
 	}
 	var names []string

@@ -123,12 +123,17 @@ const (
 	// the host limits they approach; it takes minutes, so it runs only when
 	// asked for.
 	GroupDensity = "density"
+	// GroupRL measures the doors RL training code calls (E2B's runCode,
+	// SandboxFusion's run_code); on a fresh server it first builds two
+	// templates (minutes), so it too runs only when asked for.
+	GroupRL = "rl"
 )
 
 // Groups lists every group in the order they run.
-var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupDensity}
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupDensity, GroupRL}
 
-// DefaultGroups are the groups a run without --only runs: all but density.
+// DefaultGroups are the groups a run without --only runs: all but density
+// and rl.
 var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk}
 
 // ParseGroups turns a comma-separated list of groups into a set; empty

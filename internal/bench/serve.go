@@ -116,6 +116,28 @@ func startServer(ctx context.Context, o ServeOptions, template string, g *cpuGro
 // while the server prepares its host, seconds before it binds them.
 var servingLine = regexp.MustCompile(`msg="agentenv serving" api=(\S+) proxy=(\S+)`)
 
+// sandboxFusionLine is the line a server started with
+// --sandboxfusion-listen logs once that service accepts connections.
+var sandboxFusionLine = regexp.MustCompile(`msg="sandboxfusion serving" addr=(\S+)`)
+
+// sandboxFusionURL waits for the server's SandboxFusion address in its log.
+func (s *ownServer) sandboxFusionURL(ctx context.Context) (string, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if b, err := os.ReadFile(s.log); err == nil {
+			if m := sandboxFusionLine.FindSubmatch(b); m != nil {
+				return "http://" + string(m[1]), nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the server logged no SandboxFusion address within a minute of serving%s", s.logTail())
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
+}
+
 // waitReady polls until the server logs its addresses (then s.client is
 // set, with key) and lists template.
 func (s *ownServer) waitReady(ctx context.Context, template, key string) error {

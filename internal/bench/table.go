@@ -40,7 +40,7 @@ func WriteTable(w io.Writer, rep Report) error {
 	if err := writeMain(w, rep); err != nil {
 		return err
 	}
-	for _, section := range []func(io.Writer, Report) error{writeBootSteps, writeChurnLevels, writeCPU, writeRollout, writeDensity, writeLimits} {
+	for _, section := range []func(io.Writer, Report) error{writeBootSteps, writeChurnLevels, writeCPU, writeRollout, writeDensity, writeLimits, writeRL} {
 		if err := section(w, rep); err != nil {
 			return err
 		}

@@ -129,11 +129,13 @@ func TestWriteTableSnapshotRows(t *testing.T) {
 
 func TestParseGroups(t *testing.T) {
 	all, err := ParseGroups("")
-	if err != nil || len(all) != len(DefaultGroups) || all[GroupDensity] {
-		t.Errorf("ParseGroups(\"\") = %v, %v; want the %d default groups, without density", all, err, len(DefaultGroups))
+	if err != nil || len(all) != len(DefaultGroups) || all[GroupDensity] || all[GroupRL] {
+		t.Errorf("ParseGroups(\"\") = %v, %v; want the %d default groups, without density and rl", all, err, len(DefaultGroups))
 	}
-	if got, err := ParseGroups("density"); err != nil || !got[GroupDensity] {
-		t.Errorf("ParseGroups(\"density\") = %v, %v; want density", got, err)
+	for _, g := range []string{GroupDensity, GroupRL} {
+		if got, err := ParseGroups(g); err != nil || !got[g] {
+			t.Errorf("ParseGroups(%q) = %v, %v; want %s", g, got, err, g)
+		}
 	}
 	got, err := ParseGroups("pause, fork")
 	if err != nil || len(got) != 2 || !got[GroupPause] || !got[GroupFork] {

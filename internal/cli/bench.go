@@ -55,6 +55,14 @@ raw runsc CLI and with crun in the same run (needs root; --skip-raw to skip):
             many (threads, open files, memory maps, nftables, the neighbour
             table, namespaces, cgroups, mounts, memory), extrapolated from
             the counts at 0 and N
+  rl        not in the default run (builds two templates on a fresh server:
+            minutes): runCode("1 + 1") p50 / p95 and CPU per call through
+            the proxy to a code-interpreter-v1 sandbox's port 49999; and
+            SandboxFusion's POST /run_code (verl's payload, a short python
+            program) at 1 and 16 in flight, calls/s and CPU per call, beside
+            the program in a sandbox created and killed per call (runner
+            template) and bare python3 on the host. With --serve the server
+            runs --sandboxfusion-listen; else --sandboxfusion-url names it
 
 crun has no pause, snapshot or fork: its column is empty there. Prints p50 /
 p95 / max in ms (cycles/s for churn, MiB for memory, MiB/s for throughput)
@@ -137,7 +145,9 @@ names. --quick takes fewer samples (a few minutes in all).`,
 	f.StringVar(&cfg.Serve.NetworkTag, "serve-network-tag", "bnc", "with --serve: the server's --network-tag (its firewall table is removed at the end)")
 	f.StringArrayVar(&cfg.Serve.Flags, "serve-flag", nil, "with --serve: a flag for agentenv serve, e.g. --serve-flag=--ready-templates (repeatable)")
 	f.BoolVar(&quick, "quick", false, "fewer samples and shorter runs: -n 5 --heavy-n 2 --churn-duration 2s --churn-levels 1,8 --cpu-rounds 2 --cpu-n 4 --rollout-duration 2s --rollout-levels 1,8 (flags given win)")
-	f.StringVar(&only, "only", "", "comma-separated groups to run (default all but density): "+strings.Join(bench.Groups, ","))
+	f.StringVar(&only, "only", "", "comma-separated groups to run (default all but density and rl): "+strings.Join(bench.Groups, ","))
+	f.StringVar(&cfg.SandboxFusionURL, "sandboxfusion-url", "", "the rl group's SandboxFusion service (http://HOST:PORT) when the bench does not start the server (--serve)")
+	f.StringVar(&cfg.HostPython, "host-python", "/usr/bin/python3", "the rl group's python3 on the host (the unsandboxed floor): the distribution's, not a version manager's shim")
 	f.BoolVar(&cfg.SkipRaw, "skip-raw", false, "measure agentenv only (no runsc or crun; no root needed)")
 	f.StringVar(&cfg.Runsc, "runsc", "runsc", "runsc binary for the raw comparison (the server's pinned build)")
 	f.StringVar(&cfg.Crun, "crun", "crun", "crun binary for the raw comparison")
