@@ -5,7 +5,7 @@
 // and every byte of sandbox traffic to the owning node), over the etcd
 // state of package store. It must not hold sandbox logic of its own:
 // nodes run the same sandbox manager as `agentenv serve`, behind the
-// api.Backend seam.
+// service.Backend seam.
 package fleet
 
 import (
@@ -36,6 +36,7 @@ import (
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // EtcdAuth is how a fleet role authenticates to etcd: etcd is trusted
@@ -392,7 +393,7 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 	}
 	// The fleet's sandboxes as etcd lists them (each node reports its pools).
 	reg.SetSandboxes(func() []metrics.SandboxCount { return server.CountSandboxes(cache.LiveMatching(sandbox.Filter{})) })
-	backend := api.Metered(remote, reg)
+	backend := service.Metered(remote, reg)
 	go reg.RunHistory(ctx, server.LiveInterval, server.LiveKeep)
 	acfg.Backend, acfg.Fleet, acfg.Domain, acfg.Metrics = backend, remote, front.Domain, reg
 	a := api.New(acfg)

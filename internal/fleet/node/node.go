@@ -26,7 +26,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/singleflight"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
@@ -35,6 +34,7 @@ import (
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // Config configures a node agent.
@@ -129,9 +129,9 @@ func (n *Node) Changed(sb sandbox.Sandbox) {
 	}
 }
 
-// Backend is the node's api.Backend: this host's, publishing each
+// Backend is the node's service.Backend: this host's, publishing each
 // change in etcd before it answers.
-func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, n: n} }
+func (n *Node) Backend() service.Backend { return &published{Local: n.host.Backend, n: n} }
 
 // Run registers the node and keeps it registered until ctx ends: each
 // time its lease is lost (cut off longer than the TTL), it reconciles
@@ -624,10 +624,10 @@ func (n *Node) flushLoop(ctx context.Context) {
 // exports and sandbox traffic only with the cluster secret.
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	var b api.Backend = n.Backend()
+	var b service.Backend = n.Backend()
 	var px http.Handler = n.px
 	if n.cfg.Metrics != nil {
-		b = api.Metered(b, n.cfg.Metrics)
+		b = service.Metered(b, n.cfg.Metrics)
 		px = server.MeterProxy(n.cfg.Metrics, px)
 	}
 	mux.HandleFunc("POST "+nodepb.HTTPPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
