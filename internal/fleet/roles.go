@@ -34,6 +34,7 @@ import (
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 	"github.com/agentenv/agentenv/internal/service"
@@ -267,7 +268,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 		return err
 	}
 	defer host.Close()
-	nd.Attach(host)
+	nd.Attach(host.Backend)
 	server.WatchHost(reg, host)
 	reg.SetCapacity(func() metrics.Capacity {
 		c := nd.Capacity()
@@ -289,7 +290,7 @@ func RunNode(ctx context.Context, cfg NodeRun) error {
 	defer stopRun()
 	runDone := make(chan struct{})
 	var runErr error
-	go func() { runErr = nd.Run(runCtx, host); close(runDone) }()
+	go func() { runErr = nd.Run(runCtx, host.Backend); close(runDone) }()
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
@@ -405,5 +406,5 @@ func RunAPI(ctx context.Context, cfg APIRun) error {
 		}
 	}
 	defer stopSF()
-	return front.Serve(ctx, log, "agentenv api", apiH, server.MeterProxy(reg, router.NewProxy(remote)), cfg.Ready)
+	return front.Serve(ctx, log, "agentenv api", apiH, proxy.Metered(reg, router.NewProxy(remote)), cfg.Ready)
 }

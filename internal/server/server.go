@@ -365,7 +365,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	acfg.TemplateBuilds = builds
 	a := api.New(acfg)
 	apiH := WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
-	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
+	proxyH := proxy.Metered(reg, proxy.New(h.Manager, log))
 	stopSF := func() {}
 	if cfg.SandboxFusion.Listen != "" {
 		if stopSF, err = ServeSandboxFusion(ctx, cfg.SandboxFusion, backend, front.Addrs().Proxy, cfg.HTTP, log); err != nil {
