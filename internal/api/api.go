@@ -20,10 +20,8 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
-
-// MaxBody caps JSON request bodies.
-const MaxBody = 1 << 20
 
 // Config configures the API server.
 type Config struct {
@@ -39,10 +37,10 @@ type Config struct {
 	OperatorKey string
 	// Backend runs what the routes ask: Local on one host, the fleet's
 	// remote backend behind `agentenv api`.
-	Backend Backend
+	Backend service.Backend
 	// Fleet, if set, serves the node routes (agentenv api); without it
 	// they answer that this server is not a fleet.
-	Fleet Fleet
+	Fleet service.Fleet
 	// TemplateBuilds, if set, serves E2B's template-in-code builds
 	// (/v3/templates and the routes after it); without it they answer 503.
 	TemplateBuilds *TemplateBuilds
@@ -192,7 +190,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // decode reads a JSON body into v; an empty body leaves v as it is.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+	r.Body = http.MaxBytesReader(w, r.Body, service.MaxBody)
 	dec := json.NewDecoder(r.Body)
 	err := dec.Decode(v)
 	var mbe *http.MaxBytesError
@@ -200,7 +198,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	case err == nil || errors.Is(err, io.EOF):
 		return nil
 	case errors.As(err, &mbe):
-		return fmt.Errorf("request body is larger than %d bytes: %w", MaxBody, errdefs.ErrTooLarge)
+		return fmt.Errorf("request body is larger than %d bytes: %w", service.MaxBody, errdefs.ErrTooLarge)
 	default:
 		return errdefs.Invalid("malformed JSON body: %v", err)
 	}

@@ -10,11 +10,12 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // connectBackend answers Get and Connect for one sandbox in a given state.
 type connectBackend struct {
-	Backend
+	service.Backend
 	sb      sandbox.Sandbox
 	resumed bool
 	gotD    *time.Duration

@@ -1,25 +1,13 @@
 package api
 
 import (
-	"context"
 	"net/http"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
-// Fleet is what the node routes need of a fleet's API server.
-type Fleet interface {
-	// NodeList returns the nodes (JSON-encodable), alive or lost.
-	NodeList(ctx context.Context) (any, error)
-	// Cordon stops placement on a node; mode "drain" also marks it as
-	// being emptied. Uncordon lets placement use it again.
-	Cordon(ctx context.Context, node, mode string) error
-	Uncordon(ctx context.Context, node string) error
-	// Forget removes a lost node and the records of its sandboxes.
-	Forget(ctx context.Context, node string) error
-}
-
-func (s *Server) fleet() (Fleet, error) {
+func (s *Server) fleet() (service.Fleet, error) {
 	if s.cfg.Fleet == nil {
 		return nil, errdefs.NotFound("this server is not a fleet (agentenv serve runs one machine): nodes exist behind `agentenv api`")
 	}

@@ -7,6 +7,7 @@ import (
 	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
@@ -32,7 +33,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	var err error
 	if req.Memory != nil && !*req.Memory {
-		fp, ok := s.backend(r).(FilesPauser)
+		fp, ok := s.backend(r).(service.FilesPauser)
 		if !ok {
 			writeError(w, errdefs.Invalid("pause with memory: false is not available on this server (fleet mode): pause with memory"))
 			return

@@ -19,6 +19,7 @@ import (
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -588,7 +589,7 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = checkTags(req.Tags, "assign")
 	}
-	var t TemplateInfo
+	var t service.TemplateInfo
 	if err == nil {
 		t, err = s.backend(r).GetTemplate(r.Context(), alias)
 	}
@@ -631,7 +632,7 @@ func (s *Server) deleteTags(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = checkTags(req.Tags, "delete")
 	}
-	var t TemplateInfo
+	var t service.TemplateInfo
 	if err == nil {
 		t, err = s.backend(r).GetTemplate(r.Context(), alias)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -261,7 +262,7 @@ func (tb *TemplateBuilds) perKeyQueue() int { return max(tb.cfg.MaxQueued/2, 1) 
 // what the build starts from, for its log. It cancels the template's
 // running build of the same owner, if any, and waits for it before
 // starting; another owner's is not touched (refused).
-func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, from string, backend Backend) error {
+func (tb *TemplateBuilds) start(b *stepBuild, spec imagebuild.Spec, from string, backend service.Backend) error {
 	if tb.ctx.Err() != nil {
 		return errdefs.Unavailable("the server is shutting down")
 	}
@@ -311,7 +312,7 @@ func (tb *TemplateBuilds) keySlot(owner string) chan struct{} {
 	return ks
 }
 
-func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild, spec imagebuild.Spec, from string, backend Backend) {
+func (tb *TemplateBuilds) run(ctx context.Context, b *stepBuild, prev *stepBuild, spec imagebuild.Spec, from string, backend service.Backend) {
 	defer tb.running.Done()
 	defer close(b.done)
 	queued := true

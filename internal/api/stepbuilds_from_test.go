@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	wire "github.com/agentenv/agentenv/client/api"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestStepBuildFromImageNamesTemplate(t *testing.T) {
 	e := newStepEnv(t, &fakeSteps{}, nil)
 	for name, owner := range map[string]string{"python": "", "alicebox": "alice", "bobbox": "bob"} {
-		e.backend.templates[name] = TemplateInfo{Template: template.Template{Name: name, Owner: owner}}
+		e.backend.templates[name] = service.TemplateInfo{Template: template.Template{Name: name, Owner: owner}}
 	}
 	if err := e.builds.files.setTags("python", "b-python", []string{"3.12-local"}); err != nil {
 		t.Fatal(err)

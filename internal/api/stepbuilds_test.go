@@ -19,6 +19,7 @@ import (
 	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/imagebuild"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -80,28 +81,28 @@ func (f *fakeSteps) Prepare(ctx context.Context, spec imagebuild.Spec, log func(
 
 // stepBackend keeps templates in a map and builds them at once.
 type stepBackend struct {
-	Backend
+	service.Backend
 	mu        sync.Mutex
-	templates map[string]TemplateInfo
+	templates map[string]service.TemplateInfo
 	built     []template.BuildRequest
 }
 
-func (b *stepBackend) GetTemplate(ctx context.Context, name string) (TemplateInfo, error) {
+func (b *stepBackend) GetTemplate(ctx context.Context, name string) (service.TemplateInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t, ok := b.templates[name]
 	if !ok {
-		return TemplateInfo{}, errdefs.NotFound("template %q not found", name)
+		return service.TemplateInfo{}, errdefs.NotFound("template %q not found", name)
 	}
 	return t, nil
 }
 
-func (b *stepBackend) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error) {
+func (b *stepBackend) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
 	progress(template.Progress{Phase: "image", Percent: 50, Message: "erofs"})
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.built = append(b.built, req)
-	t := TemplateInfo{Template: template.Template{Name: req.Name, EnvdHash: "h", Owner: req.Owner}}
+	t := service.TemplateInfo{Template: template.Template{Name: req.Name, EnvdHash: "h", Owner: req.Owner}}
 	b.templates[req.Name] = t
 	return t, nil
 }
@@ -127,7 +128,7 @@ func newStepEnv(t *testing.T, steps *fakeSteps, change func(*TemplateBuildsConfi
 		t.Fatal(err)
 	}
 	t.Cleanup(tb.Close)
-	be := &stepBackend{templates: map[string]TemplateInfo{"base": {Template: template.Template{Name: "base"}}}}
+	be := &stepBackend{templates: map[string]service.TemplateInfo{"base": {Template: template.Template{Name: "base"}}}}
 	srv := httptest.NewServer(New(Config{APIKey: "k", APIKeys: map[string]string{aliceStepKey: "alice", bobStepKey: "bob"}, Backend: be, TemplateBuilds: tb}).Handler())
 	t.Cleanup(srv.Close)
 	return &stepEnv{t: t, srv: srv, steps: steps, backend: be, builds: tb}
@@ -504,7 +505,7 @@ func TestStepBuildBadInput(t *testing.T) {
 }
 
 func TestStepBuildsDisabled(t *testing.T) {
-	srv := httptest.NewServer(New(Config{APIKey: "k", Backend: &stepBackend{templates: map[string]TemplateInfo{}}}).Handler())
+	srv := httptest.NewServer(New(Config{APIKey: "k", Backend: &stepBackend{templates: map[string]service.TemplateInfo{}}}).Handler())
 	defer srv.Close()
 	req, _ := http.NewRequest("POST", srv.URL+"/v3/templates", strings.NewReader(`{"name":"x"}`))
 	req.Header.Set("X-API-Key", "k")

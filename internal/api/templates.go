@@ -9,12 +9,13 @@ import (
 
 	wire "github.com/agentenv/agentenv/client/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
 // toTemplateJSON is a template as the API shows it (E2B's Template shape
 // plus agentenv's fields).
-func toTemplateJSON(ti TemplateInfo) wire.Template {
+func toTemplateJSON(ti service.TemplateInfo) wire.Template {
 	t := ti.Template
 	// A template whose build gave no size shows E2B's defaults; its
 	// sandboxes get the server's (--default-cpus, --default-memory-mb).

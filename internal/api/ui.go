@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // The live page (/ui): one self-contained HTML file (no CDN, no build
@@ -85,7 +86,7 @@ func (s *Server) uiData(w http.ResponseWriter, r *http.Request) {
 // sampleTop samples the running sandboxes (the newest uiTopMax), 8 at a
 // time, each within 2 s: a slow node leaves its sandboxes unsampled
 // rather than stalling the page.
-func sampleTop(ctx context.Context, b Backend, sbs []uiSandbox) {
+func sampleTop(ctx context.Context, b service.Backend, sbs []uiSandbox) {
 	var running []int
 	for i := range sbs {
 		if sbs[i].State == string(sandbox.StateRunning) {

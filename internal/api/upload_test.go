@@ -12,24 +12,25 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
 // uploadBackend reads an upload the way the template store does and
 // stops at the tar's end.
-type uploadBackend struct{ Backend }
+type uploadBackend struct{ service.Backend }
 
-func (uploadBackend) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (TemplateInfo, error) {
+func (uploadBackend) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
 	tr := tar.NewReader(req.Upload)
 	for {
 		if _, err := tr.Next(); err == io.EOF {
 			break
 		} else if err != nil {
-			return TemplateInfo{}, err
+			return service.TemplateInfo{}, err
 		}
 	}
 	progress(template.Progress{Phase: "rootfs", Percent: 50})
-	return TemplateInfo{Template: template.Template{Name: req.Name}}, nil
+	return service.TemplateInfo{Template: template.Template{Name: req.Name}}, nil
 }
 
 type logBuf struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/client"
 	"github.com/agentenv/agentenv/internal/fleet"
+	"github.com/agentenv/agentenv/internal/fleetroles"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/server"
 )
@@ -19,7 +20,7 @@ import (
 // node admin commands (`agentenv node list|cordon|uncordon|drain`).
 func nodeCmd(g *globals) *cobra.Command {
 	h := &hostFlags{cfg: server.Config{Limits: sandbox.DefaultLimits()}}
-	var run fleet.NodeRun
+	var run fleetroles.NodeRun
 	var secretFile string
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -41,7 +42,7 @@ func nodeCmd(g *globals) *cobra.Command {
 			}
 			run.EtcdAuth.Password = os.Getenv("AGENTENV_ETCD_PASSWORD")
 			run.Host = cfg
-			return fleet.RunNode(cmd.Context(), run)
+			return fleetroles.RunNode(cmd.Context(), run)
 		},
 	}
 	f := cmd.Flags()
@@ -186,7 +187,7 @@ func nodeDrain(g *globals) *cobra.Command {
 
 // apiCmd runs a stateless API server and sandbox proxy of a fleet.
 func apiCmd(g *globals) *cobra.Command {
-	var run fleet.APIRun
+	var run fleetroles.APIRun
 	var secretFile string
 	var keys keyFlags
 	var debug bool
@@ -208,7 +209,7 @@ func apiCmd(g *globals) *cobra.Command {
 				return err
 			}
 			run.EtcdAuth.Password = os.Getenv("AGENTENV_ETCD_PASSWORD")
-			return fleet.RunAPI(cmd.Context(), run)
+			return fleetroles.RunAPI(cmd.Context(), run)
 		},
 	}
 	f := cmd.Flags()

@@ -26,9 +26,9 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/client"
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -37,15 +37,15 @@ import (
 const DefaultTemplate = "sandboxfusion"
 
 // Sandboxes is what the service needs of the API's backend
-// (internal/api.Backend has these methods).
+// (internal/service.Backend has these methods).
 type Sandboxes interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
 	Kill(ctx context.Context, id string) error
-	GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error)
-	BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error)
+	GetTemplate(ctx context.Context, name string) (service.TemplateInfo, error)
+	BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error)
 }
 
-var _ Sandboxes = api.Backend(nil)
+var _ Sandboxes = service.Backend(nil)
 
 // Config configures the service.
 type Config struct {

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -23,11 +23,11 @@ func (noSandboxes) Create(context.Context, sandbox.CreateRequest) (sandbox.Sandb
 	return sandbox.Sandbox{}, errors.New("no creates in this test")
 }
 func (noSandboxes) Kill(context.Context, string) error { return nil }
-func (noSandboxes) GetTemplate(context.Context, string) (api.TemplateInfo, error) {
-	return api.TemplateInfo{}, errdefs.NotFound("template")
+func (noSandboxes) GetTemplate(context.Context, string) (service.TemplateInfo, error) {
+	return service.TemplateInfo{}, errdefs.NotFound("template")
 }
-func (noSandboxes) BuildTemplate(context.Context, template.BuildRequest, func(template.Progress)) (api.TemplateInfo, error) {
-	return api.TemplateInfo{}, errdefs.Unavailable("no builds in this test")
+func (noSandboxes) BuildTemplate(context.Context, template.BuildRequest, func(template.Progress)) (service.TemplateInfo, error) {
+	return service.TemplateInfo{}, errdefs.Unavailable("no builds in this test")
 }
 
 func TestCheckNeedsKeyOffLoopback(t *testing.T) {

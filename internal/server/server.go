@@ -27,6 +27,7 @@ import (
 	"github.com/agentenv/agentenv/internal/runtime/gvisorgo"
 	"github.com/agentenv/agentenv/internal/sandbox"
 	"github.com/agentenv/agentenv/internal/sandboxfusion"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -144,7 +145,7 @@ type Host struct {
 	// Volumes holds this host's volumes.
 	Volumes *volume.Store
 	// Backend is the API's view of this host.
-	Backend *api.Local
+	Backend *service.Local
 	// Disk admits what this host writes to its data filesystem.
 	Disk    *sandbox.Disk
 	closers []func()
@@ -260,7 +261,7 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	h.Volumes = vols
 	h.closers = append(h.closers, vols.Close)
-	h.Backend = &api.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps, Volumes: vols}
+	h.Backend = &service.Local{Manager: mgr, TemplateStore: templates, SnapshotStore: snaps, Volumes: vols}
 	adopted, lost, err := mgr.Recover(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
@@ -352,7 +353,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	}
 	front.Limits = cfg.HTTP
 	WatchHost(reg, h)
-	backend := api.Metered(h.Backend, reg)
+	backend := service.Metered(h.Backend, reg)
 	go reg.RunHistory(ctx, LiveInterval, LiveKeep)
 	acfg.Backend, acfg.Domain, acfg.Metrics = backend, front.Domain, reg
 	builds, err := newStepBuilds(cfg, h)
@@ -364,7 +365,7 @@ func Run(ctx context.Context, cfg Config, ready func(apiAddr, proxyAddr string))
 	acfg.TemplateBuilds = builds
 	a := api.New(acfg)
 	apiH := WithKeyedMetrics(reg, a.Handler(), a.Scrape(reg.Handler()))
-	proxyH := MeterProxy(reg, proxy.New(h.Manager, log))
+	proxyH := proxy.Metered(reg, proxy.New(h.Manager, log))
 	stopSF := func() {}
 	if cfg.SandboxFusion.Listen != "" {
 		if stopSF, err = ServeSandboxFusion(ctx, cfg.SandboxFusion, backend, front.Addrs().Proxy, cfg.HTTP, log); err != nil {

@@ -11,8 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/api"
-	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/volume"
 )
 
@@ -53,7 +52,7 @@ func TestNodeRefusesReplayedOrAlteredRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := New(Config{Name: "self", Secret: clusterSecret, Log: slog.Default()})
-	n.host = &server.Host{Volumes: vols, Backend: &api.Local{Volumes: vols}}
+	n.host = &service.Local{Volumes: vols}
 	srv := httptest.NewServer(n.Handler())
 	t.Cleanup(srv.Close)
 	const host = "n1.fleet.test:3100"

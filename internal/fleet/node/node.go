@@ -26,7 +26,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/singleflight"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
@@ -34,7 +33,7 @@ import (
 	"github.com/agentenv/agentenv/internal/metrics"
 	"github.com/agentenv/agentenv/internal/proxy"
 	"github.com/agentenv/agentenv/internal/sandbox"
-	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // Config configures a node agent.
@@ -65,7 +64,7 @@ type Config struct {
 // served to API servers over the node RPC.
 type Node struct {
 	cfg      Config
-	host     *server.Host
+	host     *service.Local
 	cli      *clientv3.Client
 	log      *slog.Logger
 	px       *proxy.Proxy
@@ -106,7 +105,7 @@ type Node struct {
 }
 
 // NewNode returns a node agent; pass Changed as the sandbox manager's
-// OnPersist, then call Run with the started host.
+// OnPersist, then call Run with the started host's service.Local.
 func New(cfg Config) *Node {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 10 * time.Second
@@ -129,15 +128,15 @@ func (n *Node) Changed(sb sandbox.Sandbox) {
 	}
 }
 
-// Backend is the node's api.Backend: this host's, publishing each
+// Backend is the node's service.Backend: this host's, publishing each
 // change in etcd before it answers.
-func (n *Node) Backend() api.Backend { return &published{Local: n.host.Backend, n: n} }
+func (n *Node) Backend() service.Backend { return &published{Local: n.host, n: n} }
 
 // Run registers the node and keeps it registered until ctx ends: each
 // time its lease is lost (cut off longer than the TTL), it reconciles
 // with etcd and registers again. It returns an error at once if another
 // live node holds this node's name at the first registration.
-func (n *Node) Run(ctx context.Context, host *server.Host) error {
+func (n *Node) Run(ctx context.Context, host *service.Local) error {
 	n.Attach(host)
 	go n.flushLoop(ctx)
 	for ctx.Err() == nil {
@@ -163,7 +162,7 @@ func (n *Node) Run(ctx context.Context, host *server.Host) error {
 }
 
 // attach sets the host the node serves (before Handler and Run).
-func (n *Node) Attach(host *server.Host) {
+func (n *Node) Attach(host *service.Local) {
 	if n.host == nil {
 		n.host = host
 		n.px = proxy.New(host.Manager, n.log)
@@ -331,13 +330,13 @@ func (n *Node) register(ctx context.Context) error {
 	want := map[string]string{}
 	b, _ := json.Marshal(rec)
 	want[store.NodesPrefix+n.cfg.Name] = string(b)
-	tmpls, _ := n.host.Backend.ListTemplates(ctx)
+	tmpls, _ := n.host.ListTemplates(ctx)
 	for _, t := range tmpls {
 		t.InUse = 0
 		b, _ := json.Marshal(t)
 		want[store.TemplatePrefix+t.Name+"/"+n.cfg.Name] = string(b)
 	}
-	for _, sn := range n.host.Snapshots.ListAll() {
+	for _, sn := range n.host.SnapshotStore.ListAll() {
 		if sn.Internal {
 			continue
 		}
@@ -430,8 +429,8 @@ func (n *Node) Capacity() store.Capacity {
 		return c // not started yet (the name's claim)
 	}
 	c.Sandboxes = len(n.host.Manager.List(sandbox.Filter{States: []sandbox.State{sandbox.StateRunning, sandbox.StatePaused}}))
-	c.Templates = len(n.host.Templates.List())
-	c.Snapshots = len(n.host.Snapshots.ListAll())
+	c.Templates = len(n.host.TemplateStore.List())
+	c.Snapshots = len(n.host.SnapshotStore.ListAll())
 	return c
 }
 
@@ -624,11 +623,11 @@ func (n *Node) flushLoop(ctx context.Context) {
 // exports and sandbox traffic only with the cluster secret.
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	var b api.Backend = n.Backend()
+	var b service.Backend = n.Backend()
 	var px http.Handler = n.px
 	if n.cfg.Metrics != nil {
-		b = api.Metered(b, n.cfg.Metrics)
-		px = server.MeterProxy(n.cfg.Metrics, px)
+		b = service.Metered(b, n.cfg.Metrics)
+		px = proxy.Metered(n.cfg.Metrics, px)
 	}
 	mux.HandleFunc("POST "+nodepb.HTTPPath+"build", func(w http.ResponseWriter, r *http.Request) { serveBuild(b, w, r) })
 	mux.Handle(ServiceHandler(b))

@@ -24,7 +24,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/store"
-	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -141,7 +141,7 @@ func newPeerSetup(t *testing.T) *peerSetup {
 		t.Fatal(err)
 	}
 	n := New(Config{Name: "self", Secret: "s3cret-s3cret-s3cret", Log: slog.Default()})
-	n.host = &server.Host{Snapshots: snaps0, Templates: tmpls}
+	n.host = &service.Local{SnapshotStore: snaps0, TemplateStore: tmpls}
 	peer := &fakePeer{src: src, asked: map[string]int{}}
 	srv := httptest.NewServer(peer)
 	t.Cleanup(srv.Close)
@@ -184,7 +184,7 @@ func TestCopySnapshotFromLyingPeer(t *testing.T) {
 	if err := ps.node.copySnapshot(ctx, ps.rec, held.ID, ""); err != nil {
 		t.Fatalf("copy from an honest peer: %v", err)
 	}
-	heldMeta, _ := ps.node.host.Snapshots.Get(held.ID)
+	heldMeta, _ := ps.node.host.SnapshotStore.Get(held.ID)
 	var pagesChunk string
 	for _, e := range want.Files["pages.img"].Extents {
 		pagesChunk = e.Chunk
@@ -258,10 +258,10 @@ func TestCopySnapshotFromLyingPeer(t *testing.T) {
 			if after := files(t, ps.root); !maps.Equal(after, before) {
 				t.Errorf("a refused copy changed files under %s:\nbefore %v\nafter  %v", ps.root, slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
 			}
-			if tc.ask != held.ID && ps.node.host.Snapshots.Has(tc.ask) {
+			if tc.ask != held.ID && ps.node.host.SnapshotStore.Has(tc.ask) {
 				t.Errorf("a refused copy left snapshot %s", tc.ask)
 			}
-			if got, _ := ps.node.host.Snapshots.Get(held.ID); got.CreatedAt != heldMeta.CreatedAt || !maps.EqualFunc(got.Files, heldMeta.Files, func(a, b snapshot.File) bool { return slices.Equal(a.Extents, b.Extents) }) {
+			if got, _ := ps.node.host.SnapshotStore.Get(held.ID); got.CreatedAt != heldMeta.CreatedAt || !maps.EqualFunc(got.Files, heldMeta.Files, func(a, b snapshot.File) bool { return slices.Equal(a.Extents, b.Extents) }) {
 				t.Errorf("held snapshot changed: %+v, want %+v", got, heldMeta)
 			}
 			if n := ps.peer.requests(chunkPath); tc.once && n != 1 {
@@ -324,7 +324,7 @@ func TestCopyTemplateFromLyingPeer(t *testing.T) {
 			if after := files(t, ps.root); !maps.Equal(after, before) {
 				t.Errorf("a refused copy changed files under %s:\nbefore %v\nafter  %v", ps.root, slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
 			}
-			if _, err := ps.node.host.Templates.Get(tc.ask); err == nil {
+			if _, err := ps.node.host.TemplateStore.Get(tc.ask); err == nil {
 				t.Errorf("a refused copy left template %s", tc.ask)
 			}
 			if n := ps.peer.requests("templates/" + tc.ask + "/image"); tc.noRequest && n != 0 {

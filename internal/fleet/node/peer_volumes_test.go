@@ -116,8 +116,8 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 			ps.peer.mu.Lock()
 			ps.peer.manifest, ps.peer.asked = tc.manifest, map[string]int{}
 			ps.peer.mu.Unlock()
-			if ps.node.host.Snapshots.Has(want.ID) {
-				if err := ps.node.host.Snapshots.Delete(want.ID); err != nil {
+			if ps.node.host.SnapshotStore.Has(want.ID) {
+				if err := ps.node.host.SnapshotStore.Delete(want.ID); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -133,7 +133,7 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 				if after := files(t, ps.root); !maps.Equal(after, before) {
 					t.Errorf("a refused copy changed files under %s:\nbefore %v\nafter  %v", ps.root, slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
 				}
-				if ps.node.host.Snapshots.Has(want.ID) {
+				if ps.node.host.SnapshotStore.Has(want.ID) {
 					t.Errorf("a refused copy left snapshot %s", want.ID)
 				}
 				return
@@ -141,7 +141,7 @@ func TestCopySnapshotTakesNoMountOrOwnerFromPeer(t *testing.T) {
 			if err != nil {
 				t.Fatalf("copy: %v", err)
 			}
-			got, err := ps.node.host.Snapshots.Get(want.ID)
+			got, err := ps.node.host.SnapshotStore.Get(want.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,16 +4,16 @@ import (
 	"context"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// published is the node's api.Backend: the host's, with each change
+// published is the node's service.Backend: the host's, with each change
 // written to etcd before the answer.
 type published struct {
-	*api.Local
+	*service.Local
 	n *Node
 }
 
@@ -131,7 +131,7 @@ func (p *published) DeleteTemplate(ctx context.Context, name string) error {
 	return p.n.publishNow(ctx)
 }
 
-func (p *published) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+func (p *published) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
 	t, err := p.Local.BuildTemplate(ctx, req, progress)
 	if err != nil {
 		return t, err

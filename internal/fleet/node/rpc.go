@@ -9,10 +9,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb/nodepbconnect"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -27,9 +27,9 @@ import (
 // the fleet's CA.
 // ServiceHandler serves the node service over b: the route prefix and
 // its handler.
-func ServiceHandler(b api.Backend) (string, http.Handler) {
+func ServiceHandler(b service.Backend) (string, http.Handler) {
 	return nodepbconnect.NewNodeServiceHandler(&nodeService{b: b},
-		connect.WithInterceptors(connect.UnaryInterceptorFunc(wireErrors)), connect.WithReadMaxBytes(api.MaxBody))
+		connect.WithInterceptors(connect.UnaryInterceptorFunc(wireErrors)), connect.WithReadMaxBytes(service.MaxBody))
 }
 
 // wireErrors turns a handler's errdefs error into its Connect code.
@@ -48,7 +48,7 @@ func wireErrors(next connect.UnaryFunc) connect.UnaryFunc {
 
 // serveBuild runs a template build: the request in a header, the upload
 // (if any) as the body, progress streamed back as NDJSON.
-func serveBuild(b api.Backend, w http.ResponseWriter, r *http.Request) {
+func serveBuild(b service.Backend, w http.ResponseWriter, r *http.Request) {
 	var req template.BuildRequest
 	raw, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Agentenv-Build"))
 	if err == nil {

@@ -5,18 +5,18 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb/nodepbconnect"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
-// nodeService is the node service over a node's api.Backend. Its methods
+// nodeService is the node service over a node's service.Backend. Its methods
 // are also the generated client's (containerd's local-service pattern):
 // a caller holding a NodeServiceClient cannot tell this node's own
 // service from a remote one's.
-type nodeService struct{ b api.Backend }
+type nodeService struct{ b service.Backend }
 
 var (
 	_ nodepbconnect.NodeServiceHandler = (*nodeService)(nil)
@@ -87,7 +87,7 @@ func (s *nodeService) Pause(ctx context.Context, r *req[nodepb.PauseRequest]) (*
 	if !r.Msg.GetFilesOnly() {
 		return sandboxAnswer(s.b.Pause(ctx, r.Msg.GetId()))
 	}
-	fp, ok := s.b.(api.FilesPauser)
+	fp, ok := s.b.(service.FilesPauser)
 	if !ok {
 		return nil, errdefs.Invalid("this node cannot pause keeping only files: pause with memory")
 	}

@@ -40,10 +40,10 @@ const fetchAttempts = 4
 // on this node, copying it from a peer if it is not; a snapshot copied
 // for owner (the key the request is for, "" the operator) is owner's.
 func (n *Node) ensure(ctx context.Context, name, owner string) error {
-	if name == "" || n.host.Snapshots.Has(name) {
+	if name == "" || n.host.SnapshotStore.Has(name) {
 		return nil
 	}
-	if _, err := n.host.Templates.Get(name); err == nil {
+	if _, err := n.host.TemplateStore.Get(name); err == nil {
 		return nil
 	}
 	// One copy per name and owner; a caller that gives up stops waiting
@@ -195,7 +195,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 	case tc.Template.ImageSize <= 0:
 		return fromPeer(peer, what, errdefs.Invalid("the answer declares a %d-byte image: refused", tc.Template.ImageSize))
 	}
-	dir := filepath.Dir(filepath.Dir(n.host.Templates.ImagePath(name)))
+	dir := filepath.Dir(filepath.Dir(n.host.TemplateStore.ImagePath(name)))
 	if free, err := freeBytes(dir); err == nil && tc.Template.ImageSize > free {
 		return fromPeer(peer, what, fmt.Errorf("its image declares %d bytes, %d are free: %w", tc.Template.ImageSize, free, errdefs.ErrResourceExhausted))
 	}
@@ -205,7 +205,7 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 	}
 	defer resp.Body.Close()
 	image := &sizedBody{r: resp.Body, left: tc.Template.ImageSize}
-	if _, err := n.host.Templates.Adopt(ctx, tc.Template, image, strings.ToLower(tc.SHA256)); err != nil {
+	if _, err := n.host.TemplateStore.Adopt(ctx, tc.Template, image, strings.ToLower(tc.SHA256)); err != nil {
 		return fromPeer(peer, what, err)
 	}
 	go func() {
@@ -248,7 +248,7 @@ func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id, owne
 	if err := n.ensure(ctx, sn.Template, owner); err != nil {
 		return err
 	}
-	_, err = n.host.Snapshots.Import(id, sn, func(chunk string, size int64, dst string) error {
+	_, err = n.host.SnapshotStore.Import(id, sn, func(chunk string, size int64, dst string) error {
 		return n.copyChunk(ctx, peer, id, chunk, size, dst)
 	})
 	if err != nil {
@@ -384,12 +384,12 @@ func freeBytes(dir string) (int64, error) {
 }
 
 func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
-	t, err := n.host.Templates.Get(r.PathValue("name"))
+	t, err := n.host.TemplateStore.Get(r.PathValue("name"))
 	if err != nil {
 		nodepb.WriteHTTPError(w, err)
 		return
 	}
-	f, err := os.Open(n.host.Templates.ImagePath(t.Name))
+	f, err := os.Open(n.host.TemplateStore.ImagePath(t.Name))
 	if err != nil {
 		nodepb.WriteHTTPError(w, errdefs.NotFound("template image: %v", err))
 		return
@@ -407,16 +407,16 @@ func (n *Node) exportTemplateMeta(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
-	t, err := n.host.Templates.Get(r.PathValue("name"))
+	t, err := n.host.TemplateStore.Get(r.PathValue("name"))
 	if err != nil {
 		nodepb.WriteHTTPError(w, err)
 		return
 	}
-	serveFile(w, r, n.host.Templates.ImagePath(t.Name))
+	serveFile(w, r, n.host.TemplateStore.ImagePath(t.Name))
 }
 
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
-	sn, err := n.host.Snapshots.Manifest(r.PathValue("id"))
+	sn, err := n.host.SnapshotStore.Manifest(r.PathValue("id"))
 	if err != nil {
 		nodepb.WriteHTTPError(w, err)
 		return
@@ -427,7 +427,7 @@ func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
 
 // exportSnapshotFile serves one chunk of a snapshot (the route's {file}).
 func (n *Node) exportSnapshotFile(w http.ResponseWriter, r *http.Request) {
-	p, err := n.host.Snapshots.ChunkPath(r.PathValue("id"), r.PathValue("file"))
+	p, err := n.host.SnapshotStore.ChunkPath(r.PathValue("id"), r.PathValue("file"))
 	if err != nil {
 		nodepb.WriteHTTPError(w, err)
 		return

@@ -8,9 +8,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/store"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // A volume lives on the node that made it. The node records it in etcd
@@ -21,7 +21,7 @@ import (
 
 // CreateVolume makes the volume here, then records it; if the name is
 // taken in the fleet (or the record cannot be written), the volume goes.
-func (p *published) CreateVolume(ctx context.Context, owner, name string) (api.VolumeInfo, error) {
+func (p *published) CreateVolume(ctx context.Context, owner, name string) (service.VolumeInfo, error) {
 	v, err := p.Local.CreateVolume(ctx, owner, name)
 	if err != nil {
 		return v, err
@@ -30,7 +30,7 @@ func (p *published) CreateVolume(ctx context.Context, owner, name string) (api.V
 		if derr := p.Local.DeleteVolume(context.WithoutCancel(ctx), owner, v.ID); derr != nil {
 			p.n.log.Warn("fleet: removing a volume whose record was refused", "volume", v.ID, "err", derr)
 		}
-		return api.VolumeInfo{}, err
+		return service.VolumeInfo{}, err
 	}
 	return v, nil
 }
@@ -48,7 +48,7 @@ func (p *published) DeleteVolume(ctx context.Context, owner, id string) error {
 	return p.n.dropVolume(ctx, v.ID, v.Owner, v.Name)
 }
 
-func (n *Node) recordVolume(ctx context.Context, v api.VolumeInfo) error {
+func (n *Node) recordVolume(ctx context.Context, v service.VolumeInfo) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	rec := store.VolumeRecord{ID: v.ID, Name: v.Name, Owner: v.Owner, Node: n.cfg.Name, Created: v.Created}

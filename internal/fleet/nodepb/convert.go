@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -114,14 +114,14 @@ func toMounts(ps []*VolumeMount) []volume.Mount {
 }
 
 // FromVolume converts a volume and its content token.
-func FromVolume(v api.VolumeInfo) *VolumeResponse {
+func FromVolume(v service.VolumeInfo) *VolumeResponse {
 	return &VolumeResponse{Token: v.Token, Volume: &Volume{Id: v.ID, Name: v.Name, Owner: v.Owner, CreatedAt: ts(v.Created)}}
 }
 
 // ToVolume converts a volume and its content token.
-func ToVolume(p *VolumeResponse) api.VolumeInfo {
+func ToVolume(p *VolumeResponse) service.VolumeInfo {
 	v := p.GetVolume()
-	return api.VolumeInfo{Token: p.GetToken(), Volume: volume.Volume{ID: v.GetId(), Name: v.GetName(), Owner: v.GetOwner(), Created: fromTS(v.GetCreatedAt())}}
+	return service.VolumeInfo{Token: p.GetToken(), Volume: volume.Volume{ID: v.GetId(), Name: v.GetName(), Owner: v.GetOwner(), Created: fromTS(v.GetCreatedAt())}}
 }
 
 // ToSandboxes converts a list.
@@ -221,7 +221,7 @@ func ToSnapshots(ps []*Snapshot) []snapshot.Snapshot {
 }
 
 // FromTemplate converts a template and its readiness.
-func FromTemplate(t api.TemplateInfo) *Template {
+func FromTemplate(t service.TemplateInfo) *Template {
 	return &Template{
 		Name: t.Name, Source: t.Source, Packages: t.Packages, CreatedAt: ts(t.CreatedAt), ImageSize: t.ImageSize, EnvdHash: t.EnvdHash,
 		Env: t.Env, Workdir: t.Workdir, User: t.User, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: int32(t.ReadyTimeout),
@@ -231,8 +231,8 @@ func FromTemplate(t api.TemplateInfo) *Template {
 }
 
 // ToTemplate converts a template and its readiness.
-func ToTemplate(p *Template) api.TemplateInfo {
-	return api.TemplateInfo{Ready: p.GetReady(), Template: template.Template{
+func ToTemplate(p *Template) service.TemplateInfo {
+	return service.TemplateInfo{Ready: p.GetReady(), Template: template.Template{
 		Name: p.GetName(), Source: p.GetSource(), Packages: p.GetPackages(), CreatedAt: fromTS(p.GetCreatedAt()), ImageSize: p.GetImageSize(),
 		EnvdHash: p.GetEnvdHash(), Defaults: template.Defaults{Env: p.GetEnv(), Workdir: p.GetWorkdir(), User: p.GetUser()},
 		Start:  template.Start{StartCmd: p.GetStartCmd(), ReadyCmd: p.GetReadyCmd(), ReadyTimeout: int(p.GetReadyTimeout())},
@@ -242,8 +242,8 @@ func ToTemplate(p *Template) api.TemplateInfo {
 }
 
 // ToTemplates converts a list.
-func ToTemplates(ps []*Template) []api.TemplateInfo {
-	out := make([]api.TemplateInfo, len(ps))
+func ToTemplates(ps []*Template) []service.TemplateInfo {
+	out := make([]service.TemplateInfo, len(ps))
 	for i, p := range ps {
 		out[i] = ToTemplate(p)
 	}

@@ -5,15 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
 // TestTemplateCrosses: a template crosses the node service whole, its
 // sandboxes' CPUs and memory (E2B's cpuCount and memoryMB) included.
 func TestTemplateCrosses(t *testing.T) {
-	in := api.TemplateInfo{Ready: true, Template: template.Template{
+	in := service.TemplateInfo{Ready: true, Template: template.Template{
 		Name: "big", Source: "debian:bookworm", Packages: []string{"python3"}, CreatedAt: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC),
 		ImageSize: 123 << 20, EnvdHash: "abc",
 		Defaults: template.Defaults{Env: map[string]string{"A": "1"}, Workdir: "/app", User: "user"},

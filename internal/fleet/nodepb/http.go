@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -17,9 +17,9 @@ const HTTPPath = "/fleet/v1/"
 
 // BuildEvent is one line of a streamed build.
 type BuildEvent struct {
-	Progress *template.Progress `json:"progress,omitempty"`
-	Template *api.TemplateInfo  `json:"template,omitempty"`
-	Error    json.RawMessage    `json:"error,omitempty"`
+	Progress *template.Progress    `json:"progress,omitempty"`
+	Template *service.TemplateInfo `json:"template,omitempty"`
+	Error    json.RawMessage       `json:"error,omitempty"`
 }
 
 // NewTransport is the HTTP transport API servers (and nodes copying from

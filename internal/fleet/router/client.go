@@ -15,12 +15,12 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb/nodepbconnect"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -171,13 +171,13 @@ func (c *nodeClient) unreachable(err error) error {
 
 // BuildTemplate builds on the node: the upload streamed in, its progress
 // streamed back.
-func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
 	if c.err != nil {
-		return api.TemplateInfo{}, c.err
+		return service.TemplateInfo{}, c.err
 	}
 	hdr, err := json.Marshal(req)
 	if err != nil {
-		return api.TemplateInfo{}, err
+		return service.TemplateInfo{}, err
 	}
 	var body io.Reader = http.NoBody
 	if req.Upload != nil {
@@ -187,23 +187,23 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 	defer cancel()
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+nodepb.HTTPPath+"build", body)
 	if err != nil {
-		return api.TemplateInfo{}, err
+		return service.TemplateInfo{}, err
 	}
 	r.Header.Set("X-Agentenv-Build", base64.StdEncoding.EncodeToString(hdr))
 	if req.Upload != nil {
 		r.Header.Set("X-Agentenv-Upload", "1")
 	}
 	if err := c.auth.Sign(r); err != nil {
-		return api.TemplateInfo{}, err
+		return service.TemplateInfo{}, err
 	}
 	// A build takes minutes: no client timeout beyond ctx.
 	resp, err := c.http.Do(r)
 	if err != nil {
-		return api.TemplateInfo{}, c.unreachable(err)
+		return service.TemplateInfo{}, c.unreachable(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return api.TemplateInfo{}, nodepb.ReadHTTPError(resp)
+		return service.TemplateInfo{}, nodepb.ReadHTTPError(resp)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -214,12 +214,12 @@ func (c *nodeClient) BuildTemplate(ctx context.Context, req template.BuildReques
 		}
 		switch {
 		case ev.Error != nil:
-			return api.TemplateInfo{}, nodepb.DecodeError(ev.Error)
+			return service.TemplateInfo{}, nodepb.DecodeError(ev.Error)
 		case ev.Template != nil:
 			return *ev.Template, nil
 		case ev.Progress != nil:
 			progress(*ev.Progress)
 		}
 	}
-	return api.TemplateInfo{}, c.unreachable(fmt.Errorf("build stream ended without a result: %v", sc.Err()))
+	return service.TemplateInfo{}, c.unreachable(fmt.Errorf("build stream ended without a result: %v", sc.Err()))
 }

@@ -1,5 +1,5 @@
 // Package router is an API server's side of the fleet: Remote, the
-// api.Backend that places new sandboxes on nodes and sends every other
+// service.Backend that places new sandboxes on nodes and sends every other
 // call to the node owning the sandbox (through the generated node service
 // client), and Proxy, which routes sandbox traffic the same way. It keeps
 // no state but the store's watch cache and its creates in flight; it must
@@ -21,17 +21,17 @@ import (
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
-// Remote is the api.Backend of an API server: it places new sandboxes on
+// Remote is the service.Backend of an API server: it places new sandboxes on
 // nodes and sends every other call to the node that owns the sandbox.
 type Remote struct {
 	cli   *clientv3.Client
@@ -53,7 +53,7 @@ type Remote struct {
 	clients sync.Map
 }
 
-var _ api.Backend = (*Remote)(nil)
+var _ service.Backend = (*Remote)(nil)
 
 // NewRemote returns the backend of an API server. With tlsConf (the
 // fleet's CA, and this API server's client certificate for mutual TLS)
@@ -309,7 +309,7 @@ func (r *Remote) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id})
 }
 
-// PauseFiles pauses keeping only the files (api.FilesPauser), on the
+// PauseFiles pauses keeping only the files (service.FilesPauser), on the
 // sandbox's node.
 func (r *Remote) PauseFiles(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return changed(r, ctx, id, func(c *nodeClient) rpcFunc[nodepb.PauseRequest] { return c.rpc.Pause }, &nodepb.PauseRequest{Id: id, FilesOnly: true})
@@ -526,20 +526,20 @@ func (r *Remote) freshHolders(ctx context.Context, name string) ([]string, error
 	return out, nil
 }
 
-func (r *Remote) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
+func (r *Remote) ListTemplates(ctx context.Context) ([]service.TemplateInfo, error) {
 	out := r.cache.TemplateList()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-func (r *Remote) GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error) {
+func (r *Remote) GetTemplate(ctx context.Context, name string) (service.TemplateInfo, error) {
 	list, _ := r.ListTemplates(ctx)
 	for _, t := range list {
 		if t.Name == name {
 			return t, nil
 		}
 	}
-	return api.TemplateInfo{}, errdefs.NotFound("template %q does not exist on any live node (list them with `agentenv template list`)", name)
+	return service.TemplateInfo{}, errdefs.NotFound("template %q does not exist on any live node (list them with `agentenv template list`)", name)
 }
 
 // DeleteTemplate deletes a template (or snapshot) on every node holding it.
@@ -552,10 +552,10 @@ func (r *Remote) DeleteTemplate(ctx context.Context, name string) error {
 
 // BuildTemplate builds on the node with the most room; other nodes copy
 // the template from it on first use.
-func (r *Remote) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
+func (r *Remote) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
 	order := r.place("", 0, false)
 	if len(order) == 0 {
-		return api.TemplateInfo{}, errdefs.Unavailable("no node can build a template now (none alive and uncordoned)")
+		return service.TemplateInfo{}, errdefs.Unavailable("no node can build a template now (none alive and uncordoned)")
 	}
 	return r.client(order[0]).BuildTemplate(ctx, req, progress)
 }
@@ -644,6 +644,6 @@ func (r *Remote) Nodes() []store.NodeView {
 func (r *Remote) NodeList(ctx context.Context) (any, error) { return r.Nodes(), nil }
 
 var (
-	_ api.Fleet       = (*Remote)(nil)
-	_ api.FilesPauser = (*Remote)(nil)
+	_ service.Fleet       = (*Remote)(nil)
+	_ service.FilesPauser = (*Remote)(nil)
 )

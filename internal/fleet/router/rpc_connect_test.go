@@ -10,17 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/node"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
 // connectBackend answers Connect for sb1 (resumed) and says sb2 was lost.
-type connectBackend struct{ api.Backend }
+type connectBackend struct{ service.Backend }
 
 func (connectBackend) Connect(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, bool, error) {
 	switch id {

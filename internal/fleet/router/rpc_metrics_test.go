@@ -9,18 +9,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/node"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 )
 
-// metricsBackend answers Metrics only (the rest of api.Backend is nil).
+// metricsBackend answers Metrics only (the rest of service.Backend is nil).
 type metricsBackend struct {
-	api.Backend
+	service.Backend
 	m map[string]sandbox.Metric
 }
 

@@ -34,6 +34,7 @@ import (
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -350,7 +351,7 @@ type scaleNode struct {
 	peak    atomic.Int64 // most creates in progress at once
 }
 
-var _ api.Backend = (*scaleNode)(nil)
+var _ service.Backend = (*scaleNode)(nil)
 
 // startScaleNode serves a fake node and registers it, with its busybox
 // template, under a lease kept alive until ctx ends.
@@ -385,7 +386,7 @@ func startScaleNode(tb testing.TB, ctx context.Context, cli *clientv3.Client, na
 		Name: name, Addr: strings.TrimPrefix(n.srv.URL, "http://"), Runtime: "fake", StartedAt: time.Now().UTC(),
 		Capacity: store.Capacity{CPUs: 2, MemoryMB: 32768, FreeMemoryMB: 20000, MaxSandboxes: 500, Templates: 1},
 	})
-	tmpl, _ := scaleSeal.Seal(store.TemplatePrefix+"busybox/"+name, api.TemplateInfo{Template: template.Template{
+	tmpl, _ := scaleSeal.Seal(store.TemplatePrefix+"busybox/"+name, service.TemplateInfo{Template: template.Template{
 		Name: "busybox", Source: "docker.io/library/busybox:latest", CreatedAt: time.Now().UTC(), ImageSize: 4 << 20, EnvdHash: "fake",
 	}, Ready: true})
 	_, err = cli.Txn(ctx).Then(
@@ -495,12 +496,12 @@ func (n *scaleNode) Metrics(ctx context.Context, id string) (sandbox.Metric, err
 	return sandbox.Metric{}, errdefs.Unavailable("fake node %s samples no metrics", n.name)
 }
 
-func (n *scaleNode) ListTemplates(ctx context.Context) ([]api.TemplateInfo, error) {
+func (n *scaleNode) ListTemplates(ctx context.Context) ([]service.TemplateInfo, error) {
 	return nil, nil
 }
 
-func (n *scaleNode) GetTemplate(ctx context.Context, name string) (api.TemplateInfo, error) {
-	return api.TemplateInfo{}, errdefs.NotFound("fake node %s has no template %q", n.name, name)
+func (n *scaleNode) GetTemplate(ctx context.Context, name string) (service.TemplateInfo, error) {
+	return service.TemplateInfo{}, errdefs.NotFound("fake node %s has no template %q", n.name, name)
 }
 
 func (n *scaleNode) DeleteTemplate(ctx context.Context, name string) error {
@@ -508,16 +509,16 @@ func (n *scaleNode) DeleteTemplate(ctx context.Context, name string) error {
 }
 
 // The fake node holds no volumes (the scale test makes none).
-func (n *scaleNode) CreateVolume(ctx context.Context, owner, name string) (api.VolumeInfo, error) {
-	return api.VolumeInfo{}, errdefs.Invalid("fake node %s holds no volumes", n.name)
+func (n *scaleNode) CreateVolume(ctx context.Context, owner, name string) (service.VolumeInfo, error) {
+	return service.VolumeInfo{}, errdefs.Invalid("fake node %s holds no volumes", n.name)
 }
 
 func (n *scaleNode) ListVolumes(ctx context.Context, owner string) ([]volume.Volume, error) {
 	return nil, nil
 }
 
-func (n *scaleNode) GetVolume(ctx context.Context, owner, id string) (api.VolumeInfo, error) {
-	return api.VolumeInfo{}, errdefs.NotFound("fake node %s has no volume %s", n.name, id)
+func (n *scaleNode) GetVolume(ctx context.Context, owner, id string) (service.VolumeInfo, error) {
+	return service.VolumeInfo{}, errdefs.NotFound("fake node %s has no volume %s", n.name, id)
 }
 
 func (n *scaleNode) VolumeByName(ctx context.Context, owner, name string) (volume.Volume, error) {
@@ -529,11 +530,11 @@ func (n *scaleNode) DeleteVolume(ctx context.Context, owner, id string) error {
 }
 
 func (n *scaleNode) VolumeContent(w http.ResponseWriter, r *http.Request, id string) {
-	api.WriteContentError(w, errdefs.NotFound("fake node %s has no volume %s", n.name, id))
+	service.WriteContentError(w, errdefs.NotFound("fake node %s has no volume %s", n.name, id))
 }
 
-func (n *scaleNode) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (api.TemplateInfo, error) {
-	return api.TemplateInfo{}, errdefs.Invalid("fake node %s does not build templates", n.name)
+func (n *scaleNode) BuildTemplate(ctx context.Context, req template.BuildRequest, progress func(template.Progress)) (service.TemplateInfo, error) {
+	return service.TemplateInfo{}, errdefs.Invalid("fake node %s does not build templates", n.name)
 }
 
 func scaleEtcd(tb testing.TB) *clientv3.Client { return fleettest.Etcd(tb) }

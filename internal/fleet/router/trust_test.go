@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -37,7 +37,7 @@ func TestForgedRecordsSteerNothing(t *testing.T) {
 		}
 	}
 	forge(store.NodesPrefix+"evil", store.NodeRecord{Name: "evil", Addr: strings.TrimPrefix(evil.URL, "http://"), Capacity: store.Capacity{CPUs: 512, MemoryMB: 1 << 30, FreeMemoryMB: 1 << 30, MaxSandboxes: 1 << 20}})
-	forge(store.TemplatePrefix+"busybox/evil", api.TemplateInfo{Template: template.Template{Name: "busybox"}})
+	forge(store.TemplatePrefix+"busybox/evil", service.TemplateInfo{Template: template.Template{Name: "busybox"}})
 	forge(store.CordonPrefix+"real", "cordon")
 	forge(store.SandboxPrefix+"victim", store.RecordOf("evil", sandbox.Sandbox{ID: "victim", State: sandbox.StateRunning}))
 	// A genuine sealed record moved to another key.

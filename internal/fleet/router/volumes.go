@@ -14,12 +14,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/nodepb"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/fleet/store"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/volume"
 )
 
@@ -75,10 +75,10 @@ func volumeOf(rec store.VolumeRecord) volume.Volume {
 
 // CreateVolume makes the volume on a node chosen as for a sandbox (the
 // most room); the node records it, its name unique per owner fleet-wide.
-func (r *Remote) CreateVolume(ctx context.Context, owner, name string) (api.VolumeInfo, error) {
+func (r *Remote) CreateVolume(ctx context.Context, owner, name string) (service.VolumeInfo, error) {
 	order := r.place("", 0, false)
 	if len(order) == 0 {
-		return api.VolumeInfo{}, errdefs.Unavailable("no node can take a volume now (none alive and uncordoned; see `agentenv node list`)")
+		return service.VolumeInfo{}, errdefs.Unavailable("no node can take a volume now (none alive and uncordoned; see `agentenv node list`)")
 	}
 	var errs []error
 	for _, n := range order[:min(len(order), 3)] {
@@ -91,11 +91,11 @@ func (r *Remote) CreateVolume(ctx context.Context, owner, name string) (api.Volu
 		// As for sandboxes: only a refusal that says nothing was made
 		// moves on to the next node.
 		if !errdefs.Retryable(err) || errors.Is(err, errOutcomeUnknown) {
-			return api.VolumeInfo{}, err
+			return service.VolumeInfo{}, err
 		}
 		errs = append(errs, err)
 	}
-	return api.VolumeInfo{}, errors.Join(errs...)
+	return service.VolumeInfo{}, errors.Join(errs...)
 }
 
 // ListVolumes answers from the cache (volumes of lost nodes included:
@@ -111,18 +111,18 @@ func (r *Remote) ListVolumes(ctx context.Context, owner string) ([]volume.Volume
 }
 
 // GetVolume asks the volume's node, which signs a fresh content token.
-func (r *Remote) GetVolume(ctx context.Context, owner, id string) (api.VolumeInfo, error) {
+func (r *Remote) GetVolume(ctx context.Context, owner, id string) (service.VolumeInfo, error) {
 	rec, err := r.volumeRecord(ctx, owner, id)
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return service.VolumeInfo{}, err
 	}
 	c, err := r.volumeNode(rec)
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return service.VolumeInfo{}, err
 	}
 	resp, err := call(ctx, c.rpc.GetVolume, &nodepb.VolumeRef{Id: id, Owner: owner})
 	if err != nil {
-		return api.VolumeInfo{}, err
+		return service.VolumeInfo{}, err
 	}
 	return nodepb.ToVolume(resp), nil
 }
@@ -177,7 +177,7 @@ func (r *Remote) DeleteVolume(ctx context.Context, owner, id string) error {
 func (r *Remote) VolumeContent(w http.ResponseWriter, req *http.Request, id string) {
 	rec, err := r.volumeRecord(req.Context(), "", id)
 	if err != nil {
-		api.WriteContentError(w, err)
+		service.WriteContentError(w, err)
 		return
 	}
 	c, err := r.volumeNode(rec)
@@ -185,12 +185,12 @@ func (r *Remote) VolumeContent(w http.ResponseWriter, req *http.Request, id stri
 		err = c.err
 	}
 	if err != nil {
-		api.WriteContentError(w, err)
+		service.WriteContentError(w, err)
 		return
 	}
 	target, err := url.Parse(c.base + nodepb.HTTPPath + "volumecontent/" + url.PathEscape(id) + "/" + path.Base(req.URL.Path))
 	if err != nil {
-		api.WriteContentError(w, errdefs.Invalid("volume content path: %v", err))
+		service.WriteContentError(w, errdefs.Invalid("volume content path: %v", err))
 		return
 	}
 	rp := &httputil.ReverseProxy{
@@ -208,13 +208,13 @@ func (r *Remote) VolumeContent(w http.ResponseWriter, req *http.Request, id stri
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if errors.Is(context.Cause(req.Context()), errNodeLost) {
-				api.WriteContentError(w, errdefs.Unavailable("volume '%s': its node %s was lost during the request", rec.Name, rec.Node))
+				service.WriteContentError(w, errdefs.Unavailable("volume '%s': its node %s was lost during the request", rec.Name, rec.Node))
 				return
 			}
 			if req.Context().Err() != nil {
 				return // the client went away
 			}
-			api.WriteContentError(w, errdefs.Unavailable("volume '%s': its node %s did not answer: %v", rec.Name, rec.Node, err))
+			service.WriteContentError(w, errdefs.Unavailable("volume '%s': its node %s did not answer: %v", rec.Name, rec.Node, err))
 		},
 	}
 	serveUntilLost(w, req, c.gone(), rp)

@@ -18,10 +18,10 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentenv/agentenv/internal/api"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/fleet/secret"
 	"github.com/agentenv/agentenv/internal/sandbox"
+	"github.com/agentenv/agentenv/internal/service"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/volume"
 )
@@ -35,7 +35,7 @@ const (
 	CordonPrefix   = prefix + "cordon/"    // cordon/<node> → "cordon" | "drain"
 	SandboxPrefix  = prefix + "sandboxes/" // sandboxes/<id> → SandboxRecord
 	LostPrefix     = prefix + "lost/"      // lost/<id> → Tombstone
-	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → api.TemplateInfo
+	TemplatePrefix = prefix + "templates/" // templates/<name>/<node> → service.TemplateInfo
 	SnapPrefix     = prefix + "snapshots/" // snapshots/<id>/<node> → SnapshotEntry
 	// Volume records are not under a lease either: a lost node's volumes
 	// answer 503 naming it, and come back with it.
@@ -240,9 +240,9 @@ type Cache struct {
 	cordonRev map[string]int64 // revision of each node's last cordon change seen
 	sandboxes map[string]SandboxRecord
 	perNode   map[string]int
-	templates map[string]map[string]api.TemplateInfo  // name → node → info
-	snaps     map[string]map[string]snapshot.Snapshot // id → node → snapshot
-	volumes   map[string]VolumeRecord                 // id → record
+	templates map[string]map[string]service.TemplateInfo // name → node → info
+	snaps     map[string]map[string]snapshot.Snapshot    // id → node → snapshot
+	volumes   map[string]VolumeRecord                    // id → record
 	// gone holds, per live node, a channel closed when it is lost: calls
 	// in flight to it end then instead of waiting on a dead link.
 	gone map[string]chan struct{}
@@ -273,7 +273,7 @@ func (c *Cache) reset() {
 	c.cordonRev = map[string]int64{}
 	c.sandboxes = map[string]SandboxRecord{}
 	c.perNode = map[string]int{}
-	c.templates = map[string]map[string]api.TemplateInfo{}
+	c.templates = map[string]map[string]service.TemplateInfo{}
 	c.snaps = map[string]map[string]snapshot.Snapshot{}
 	c.volumes = map[string]VolumeRecord{}
 }
@@ -424,8 +424,8 @@ func (c *Cache) apply(key string, val []byte, deleted bool, rev int64) {
 		name, node := path.Split(strings.TrimPrefix(key, TemplatePrefix))
 		name = strings.TrimSuffix(name, "/")
 		if deleted {
-			setNested(c.templates, name, node, api.TemplateInfo{}, true)
-		} else if t, ok := openRecord(c, key, val, func(t api.TemplateInfo) bool { return t.Name == name }); ok {
+			setNested(c.templates, name, node, service.TemplateInfo{}, true)
+		} else if t, ok := openRecord(c, key, val, func(t service.TemplateInfo) bool { return t.Name == name }); ok {
 			setNested(c.templates, name, node, t, false)
 		}
 	case strings.HasPrefix(key, VolumePrefix):
@@ -695,12 +695,12 @@ func (c *Cache) SnapshotList() []snapshot.Snapshot {
 
 // TemplateList returns each template live nodes hold, ready where one
 // of them has it ready.
-func (c *Cache) TemplateList() []api.TemplateInfo {
+func (c *Cache) TemplateList() []service.TemplateInfo {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	var out []api.TemplateInfo
+	var out []service.TemplateInfo
 	for _, byNode := range c.templates {
-		var ti api.TemplateInfo
+		var ti service.TemplateInfo
 		found := false
 		for node, t := range byNode {
 			if _, alive := c.nodes[node]; !alive {

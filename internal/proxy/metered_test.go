@@ -1,4 +1,4 @@
-package server_test
+package proxy_test
 
 import (
 	"net/http"
@@ -6,15 +6,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/server"
+	"github.com/agentenv/agentenv/internal/metrics"
+	"github.com/agentenv/agentenv/internal/proxy"
 )
 
-// TestMeterProxyAbort: a proxied exec whose client leaves mid-stream (the
+// TestMeteredAbort: a proxied exec whose client leaves mid-stream (the
 // reverse proxy then panics with http.ErrAbortHandler, as net/http
 // expects) is still counted, and leaves nothing in flight.
-func TestMeterProxyAbort(t *testing.T) {
-	reg := server.NewMetrics("serve")
-	h := server.MeterProxy(reg, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func TestMeteredAbort(t *testing.T) {
+	reg := metrics.New("serve")
+	h := proxy.Metered(reg, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}))
 	func() {

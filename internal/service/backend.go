@@ -1,4 +1,4 @@
-package api
+package service
 
 import (
 	"context"
@@ -13,13 +13,14 @@ import (
 	"github.com/agentenv/agentenv/internal/volume"
 )
 
-// Backend is everything the REST API asks of sandboxes, snapshots and
-// templates. It is the one seam between the API layer and the sandbox
-// logic: Local implements it over this host's manager and stores
-// (`agentenv serve`, and each fleet node), the fleet package over the
-// network (`agentenv api`), so every route behaves the same in both.
+// Backend is everything the front ends (REST, SandboxFusion, a fleet
+// node's RPC service) ask of sandboxes, snapshots and templates. It is the
+// one seam between them and the sandbox logic: Local implements it over
+// this host's manager and stores (`agentenv serve`, and each fleet node),
+// the fleet's router over the network (`agentenv api`), so every route
+// behaves the same in both.
 //
-// Errors wrap errdefs classes; the API maps them to HTTP. Every method
+// Errors wrap errdefs classes; the front ends map them to HTTP. Every method
 // may be called concurrently.
 type Backend interface {
 	// Create starts a sandbox from a template or a snapshot (req.Template
@@ -88,6 +89,10 @@ type Backend interface {
 	// API's error shape.
 	VolumeContent(w http.ResponseWriter, r *http.Request, id string)
 }
+
+// MaxBody caps JSON request bodies (the REST API's, and the fleet's
+// node calls).
+const MaxBody = 1 << 20
 
 // VolumeInfo is a volume and a token for its content API.
 type VolumeInfo struct {
