@@ -52,8 +52,11 @@ func (k *kernel) run(ctx context.Context, code string, silent bool, emit func(ma
 	sub := k.subscribe(id)
 	defer k.unsubscribe(id)
 	exited := k.exitedChan()
+	// stop_on_error stays off: cells of a context are serialized here, so
+	// the kernel never holds a queued cell of ours, and ipykernel's abort
+	// window after an error would otherwise race the next cell and abort it.
 	err := k.send(id, "execute_request", executeRequest{Code: code, Silent: silent, StoreHistory: !silent,
-		UserExpressions: map[string]any{}, StopOnError: true})
+		UserExpressions: map[string]any{}, StopOnError: false})
 	if err != nil {
 		return fmt.Errorf("send the cell to the kernel: %w", err)
 	}

@@ -153,6 +153,19 @@ func TestDisconnectInterruptsCell(t *testing.T) {
 	}
 }
 
+// A cell sent right after one that raised runs: the kernel's abort
+// window after an error must not swallow it.
+func TestCellAfterErrorRuns(t *testing.T) {
+	hs, _ := newTestServer(t)
+	for i := range 30 {
+		run(t, hs.URL, map[string]any{"code": "raise ValueError('bad')"})
+		lines := run(t, hs.URL, map[string]any{"code": fmt.Sprintf("%d * 2", i)})
+		if got := mainText(lines); got != fmt.Sprint(i*2) {
+			t.Fatalf("cell %d after an error: got %q, want %d (lines %v)", i, got, i*2, lines)
+		}
+	}
+}
+
 // Contexts are separate kernels in their own directories; a restart
 // forgets variables and a removed context is gone.
 func TestContexts(t *testing.T) {
