@@ -234,11 +234,12 @@ _BY_CONNECT_CODE = {
 
 def error_from_http(status: int, raw: bytes, what: str) -> Exception:
     """Turns an error answer (REST API, envd /files, or a unary RPC) into an exception."""
-    message, code, rpc_code = raw.decode("utf-8", "replace").strip(), None, None
+    message, code, rpc_code, end_cause = raw.decode("utf-8", "replace").strip(), None, None, None
     try:
         doc = json.loads(raw)
         if isinstance(doc, dict):
             message = str(doc.get("message") or message)
+            end_cause = doc.get("end_cause")
             # REST answers: {"code": <status>, "error_code": ...};
             # Connect-RPC answers: {"code": "<connect code>"}.
             if isinstance(doc.get("code"), str):
@@ -252,7 +253,10 @@ def error_from_http(status: int, raw: bytes, what: str) -> Exception:
         cls = _BY_STATUS.get(status, exc.SandboxException)
     if status == 502 and not message:
         message = "the sandbox is not running (it was killed or timed out)"
-    return cls(f"{what}: {message} (HTTP {status})", status_code=status, error_code=code, reason=message)
+    e = cls(f"{what}: {message} (HTTP {status})", status_code=status, error_code=code, reason=message)
+    # agentenv's 404 for a sandbox that ended says why (gone_error reads it).
+    e.end_cause = end_cause if isinstance(end_cause, str) else None
+    return e
 
 
 def error_from_connect(err: Dict[str, Any], what: str) -> Exception:
@@ -262,11 +266,11 @@ def error_from_connect(err: Dict[str, Any], what: str) -> Exception:
     return cls(f"{what}: {reason} ({code})", error_code=code, reason=reason)
 
 
-# The server's words for how a sandbox ended, in the message of the 404 its
-# GET /sandboxes/{id} answers (internal/sandbox: the registry's tombstones
-# of lost sandboxes and its memory of killed and timed-out ones). The API
-# has one error class for all of them (not_found), so these phrases are the
-# only way to tell them apart; tests pin them against a real server.
+# How a sandbox ended, from the 404 its GET /sandboxes/{id} answers: the
+# body's end_cause (agentenv's extension) when there is one; else, for a
+# server from before it, the server's words in the message (internal/sandbox:
+# the registry's tombstones of lost sandboxes and its memory of killed and
+# timed-out ones); tests pin both against a real server.
 _LOST = " was lost: "
 _TIMED_OUT = "it timed out at "
 _KILLED = "it was killed"
@@ -280,6 +284,12 @@ def gone_error(nf: exc.SandboxException, sandbox_id: str, what: str) -> exc.Sand
     if why.endswith(": not found"):
         why = why[:-len(": not found")]
     kw: Dict[str, Any] = {"status_code": nf.status_code, "error_code": nf.error_code, "reason": why}
+    by_cause = {"oom": (exc.OutOfMemoryException, "oom"), "lost": (exc.SandboxLostException, "lost"),
+                "timeout": (exc.TimeoutException, "sandbox_timeout"),
+                "killed": (exc.SandboxNotFoundException, "killed")}
+    if getattr(nf, "end_cause", None) in by_cause:
+        cls, cause = by_cause[nf.end_cause]
+        return cls(f"{what}: {why}", cause=cause, **kw)
     if _LOST in why:
         lost = why.split(_LOST, 1)[1]
         if any(w in lost.lower() for w in _OOM_WORDS):

@@ -167,6 +167,15 @@ class GoneErrorTests(unittest.TestCase):
             self.assertIs(type(e), cls, text)
             self.assertEqual(e.cause, cause, text)
             self.assertFalse(e.reason.endswith("not found"), e.reason)
+        # The body's end_cause wins over the words of the message.
+        for end, cls, cause in [("oom", OutOfMemoryException, "oom"), ("lost", SandboxLostException, "lost"),
+                                ("timeout", TimeoutException, "sandbox_timeout"),
+                                ("killed", SandboxNotFoundException, "killed")]:
+            nf = error_from_http(404, json.dumps({"code": 404, "error_code": "not_found", "end_cause": end,
+                                                  "message": 'sandbox "s1" does not exist: not found'}).encode(), "get")
+            e = gone_error(nf, "s1", "process.Process/Start")
+            self.assertIs(type(e), cls, end)
+            self.assertEqual(e.cause, cause, end)
         self.assertTrue(issubclass(OutOfMemoryException, SandboxLostException))
         self.assertTrue(issubclass(SandboxLostException, SandboxNotFoundException))
 
