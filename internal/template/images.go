@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
@@ -125,30 +124,9 @@ func (s *Store) SweepRetired() int {
 			n++
 		}
 	}
-	b := s.retiredBytes()
+	s.sweepLayers()
 	s.mu.Lock()
-	s.retired = b
+	s.retired = s.extraBytesLocked()
 	s.mu.Unlock()
-	return n
-}
-
-// retiredBytes is the disk the images templates have left take (a
-// template's current image is counted with the template).
-func (s *Store) retiredBytes() int64 {
-	ents, err := os.ReadDir(filepath.Join(s.dir, retiredDir))
-	if err != nil {
-		return 0
-	}
-	var n int64
-	for _, e := range ents {
-		fi, err := e.Info()
-		if err != nil {
-			continue
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
-			continue // still a template's image.erofs
-		}
-		n += fi.Size()
-	}
 	return n
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -53,6 +54,19 @@ type Template struct {
 	// snapshot of its sandboxes was taken on (images.go). Empty for images
 	// made before IDs.
 	ImageID string `json:"imageID,omitempty"`
+	// Digest is the SHA-256 of the image (ImageID is its start): its name
+	// as a layer other templates stack on (layers.go). Empty for images
+	// made before layers until one is built on it.
+	Digest string `json:"digest,omitempty"`
+	// Lowers are the layers below the image (SHA-256 digests, top first):
+	// the image holds only what the template's build changed over them.
+	// None: a flat template, its image the whole root.
+	Lowers []string `json:"lowers,omitempty"`
+	// OwnBytes is the disk the template's own files take, SharedBytes
+	// that of its lowers, which templates built on the same base share
+	// (not persisted).
+	OwnBytes    int64 `json:"ownBytes"`
+	SharedBytes int64 `json:"sharedBytes"`
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
@@ -127,6 +141,10 @@ type BuildRequest struct {
 	// builder's result): a directory on the store's filesystem, moved
 	// (renamed) into the build. Never from a client, hence json:"-".
 	Tree string `json:"-"`
+	// Lowers, with Tree, are the layers Tree is a tree of changes over
+	// (digests, top first, from BuildStack): the template is thin. Set by
+	// the server only.
+	Lowers []string `json:"-"`
 	// Defaults and Start are the template's process settings (see settings.go).
 	Defaults
 	Start
@@ -251,6 +269,10 @@ type Store struct {
 	// retired is the disk the kept images take.
 	retain  func(template, imageID string) bool
 	retired int64
+	// layerRefs counts the sandboxes and builds holding each layer;
+	// retainLayer says whether a snapshot needs one (layers.go).
+	layerRefs   map[string]int
+	retainLayer func(digest string) bool
 }
 
 // Open loads the templates stored under dir with the default Options (no
@@ -297,7 +319,9 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		return nil, fmt.Errorf("envd binary %s: %w (run `make build`)", envd, err)
 	}
 	s := &Store{dir: dir, envd: envd, envdHash: hash, opts: opts, log: log,
-		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}, bytes: map[string]int64{}}
+		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}, bytes: map[string]int64{},
+		layerRefs: map[string]int{}}
+
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -306,14 +330,23 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		if !e.IsDir() {
 			continue
 		}
-		if e.Name() == retiredDir {
+		if e.Name() == retiredDir || e.Name() == layersDir {
 			continue
 		}
 		if !nameRE.MatchString(e.Name()) {
-			// A build that died half-way (".build-*", ".old-*"): remove it.
+			// A build that died half-way (".build-*", ".old-*"): remove it,
+			// and first the layers it had mounted.
+			if err := unmountUnder(filepath.Join(dir, e.Name())); err != nil {
+				return nil, err
+			}
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 			continue
 		}
+		// An envd update that died half-way may have left layers mounted.
+		if err := unmountUnder(filepath.Join(dir, e.Name(), "mnt")); err != nil {
+			return nil, err
+		}
+		os.RemoveAll(filepath.Join(dir, e.Name(), "mnt"))
 		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "template.json"))
 		if err != nil {
 			log.Warn("removing incomplete template", "template", e.Name(), "err", err)
@@ -327,7 +360,7 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		s.templates[t.Name] = &t
 		s.bytes[t.Name] = DiskUsage(filepath.Join(dir, e.Name()))
 	}
-	s.retired = s.retiredBytes()
+	s.retired = s.extraBytesLocked()
 	return s, nil
 }
 
@@ -365,9 +398,7 @@ func (s *Store) List() []Template {
 	defer s.mu.Unlock()
 	out := make([]Template, 0, len(s.templates))
 	for _, t := range s.templates {
-		c := *t
-		c.InUse = s.refs[t.Name]
-		out = append(out, c)
+		out = append(out, s.copyLocked(t))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -381,9 +412,17 @@ func (s *Store) Get(name string) (Template, error) {
 	if !ok {
 		return Template{}, errdefs.NotFound("template %q does not exist (list them with `agentenv template list`)", name)
 	}
+	return s.copyLocked(t), nil
+}
+
+// copyLocked is a copy of t with the counts that are not persisted.
+func (s *Store) copyLocked(t *Template) Template {
 	c := *t
-	c.InUse = s.refs[name]
-	return c, nil
+	c.Lowers = slices.Clone(t.Lowers)
+	c.InUse = s.refs[t.Name]
+	c.OwnBytes = s.bytes[t.Name]
+	c.SharedBytes = s.sharedLocked(t)
+	return c
 }
 
 // Acquire marks the template as used by one more sandbox and returns its
@@ -405,22 +444,28 @@ func (s *Store) Acquire(name string) (string, func(), error) {
 	}, nil
 }
 
-// Delete removes a template that no sandbox uses.
+// Delete removes a template that no sandbox uses, and the layers only it
+// stacked on unless a snapshot needs them.
 func (s *Store) Delete(name string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, ok := s.templates[name]; !ok {
+		s.mu.Unlock()
 		return errdefs.NotFound("template %q does not exist", name)
 	}
 	if n := s.refs[name]; n > 0 {
+		s.mu.Unlock()
 		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them first", name, n)
 	}
 	if s.building[name] {
+		s.mu.Unlock()
 		return errdefs.Conflict("template %q is being built", name)
 	}
 	delete(s.templates, name)
 	delete(s.bytes, name)
-	return os.RemoveAll(filepath.Join(s.dir, name))
+	err := os.RemoveAll(filepath.Join(s.dir, name))
+	s.mu.Unlock()
+	s.SweepRetired()
+	return err
 }
 
 // EnsureBusybox builds the busybox template if it is missing or carries an
@@ -446,6 +491,11 @@ func (s *Store) RefreshEnvd(ctx context.Context) error {
 			continue
 		}
 		s.log.Info("updating envd in template", "template", t.Name)
+		if len(t.Lowers) > 0 {
+			if err := extractImage(ctx, filepath.Join(s.dir, t.Name)); err != nil {
+				return fmt.Errorf("update envd in template %s: %w", t.Name, err)
+			}
+		}
 		if err := s.finish(ctx, t.Name, filepath.Join(s.dir, t.Name), &t, func(Progress) {}); err != nil {
 			return fmt.Errorf("update envd in template %s: %w", t.Name, err)
 		}
