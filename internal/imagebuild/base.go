@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -26,11 +24,6 @@ func (bd *build) base(ctx context.Context) error {
 	if spec.FromTemplate != "" {
 		what = "FROM template " + spec.FromTemplate
 	}
-	var (
-		key  string
-		st   state
-		fill func(rootfs string) error
-	)
 	if t, ok := bd.importedTemplate(); ok || spec.FromTemplate != "" {
 		if !ok {
 			var err error
@@ -43,53 +36,31 @@ func (bd *build) base(ctx context.Context) error {
 			bd.label = spec.FromImage
 			what += " (imported as template " + t.Name + ")"
 		}
-		// A rebuild of the template changes its creation time or image:
-		// a new base, never one pulled away under a build's mount.
-		key = hashKey(baseVersion, "template", t.Name, t.CreatedAt.String(), strconv.FormatInt(t.ImageSize, 10), t.EnvdHash)
-		st = state{Env: t.Env, Workdir: t.Workdir, User: t.User}
-		src := bd.b.cfg.Templates.RootfsPath(t.Name)
-		fill = func(rootfs string) error {
-			// Held, the template cannot be rebuilt or deleted while it is
-			// read.
-			_, release, err := bd.b.cfg.Templates.Acquire(t.Name)
-			if err != nil {
-				return err
-			}
-			defer release()
-			if err := bd.meter.Charge(template.DiskUsage(src)); err != nil {
-				return err
-			}
-			// The host's cp copies links as links and keeps owners.
-			if out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", rootfs+"/").CombinedOutput(); err != nil {
-				return fmt.Errorf("copy template %s: %w: %s", t.Name, err, out)
-			}
-			return nil
+		return bd.stackBase(ctx, t, what)
+	}
+	bd.label = spec.FromImage
+	img, err := bd.pull(ctx)
+	if err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return fmt.Errorf("image %s: %w", spec.FromImage, err)
+	}
+	d, err := template.ImageDefaults(img)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", spec.FromImage, err)
+	}
+	key := hashKey(baseVersion, "image", digest.String())
+	st := state{Env: d.Env}
+	what += " (" + digest.String() + ")"
+	fill := func(rootfs string) error {
+		r := template.FlattenImage(img)
+		defer r.Close()
+		if _, err := template.ExtractTarCharged(ctx, r, rootfs, bd.meter.Charge); err != nil {
+			return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
 		}
-	} else {
-		bd.label = spec.FromImage
-		img, err := bd.pull(ctx)
-		if err != nil {
-			return err
-		}
-		digest, err := img.Digest()
-		if err != nil {
-			return fmt.Errorf("image %s: %w", spec.FromImage, err)
-		}
-		d, err := template.ImageDefaults(img)
-		if err != nil {
-			return fmt.Errorf("image %s: %w", spec.FromImage, err)
-		}
-		key = hashKey(baseVersion, "image", digest.String())
-		st = state{Env: d.Env}
-		what += " (" + digest.String() + ")"
-		fill = func(rootfs string) error {
-			r := template.FlattenImage(img)
-			defer r.Close()
-			if _, err := template.ExtractTarCharged(ctx, r, rootfs, bd.meter.Charge); err != nil {
-				return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
-			}
-			return nil
-		}
+		return nil
 	}
 	if st.Env == nil {
 		st.Env = map[string]string{}
@@ -196,5 +167,74 @@ func basePhase(rootfs string, st *state) error {
 	if st.User == "" {
 		st.User = u.Name
 	}
+	return nil
+}
+
+// stackBase starts the build on template t's layers: its images mounted
+// read-only as the overlay's lowest layers (nothing of them is copied),
+// and E2B's base phase as the build's first layer. The template and its
+// layers are held until the store took the finished tree (cleanup).
+func (bd *build) stackBase(ctx context.Context, t template.Template, what string) error {
+	digests, paths, release, err := bd.b.cfg.Templates.BuildStack(t.Name)
+	if err != nil {
+		return err
+	}
+	bd.releaseStack = release
+	var mounts []string
+	for i, p := range paths {
+		d := filepath.Join(bd.scratch, fmt.Sprintf("lower-%d", i))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+		if err := template.MountImage(p, d); err != nil {
+			return err
+		}
+		bd.push(func() error { return unmount(d) })
+		mounts = append(mounts, d)
+	}
+	bd.lowers, bd.stack = mounts, digests
+	st := state{Env: t.Env, Workdir: t.Workdir, User: t.User}
+	if st.Env == nil {
+		st.Env = map[string]string{}
+	}
+	bd.st = st.clone()
+	// The layers' digests name their bytes: the same stack is the same
+	// base, whatever the template is called now.
+	key := hashKey(append([]string{baseVersion, "stack"}, digests...)...)
+	dir := bd.b.layerDir(key)
+	if !bd.spec.Force {
+		cached, rel, ok, err := bd.b.lookup(dir)
+		if err != nil {
+			return err
+		}
+		if ok {
+			bd.logf("base", "info", "CACHED [base] %s [%s]", what, key[:12])
+			bd.use(dir, cached, rel)
+			bd.baseKey = key
+			return nil
+		}
+	}
+	bd.logf("base", "info", "[base] %s", what)
+	tmp, err := bd.b.newTmp("layer-")
+	if err != nil {
+		return err
+	}
+	upper := filepath.Join(tmp, "upper")
+	ns, err := bd.onOverlay(ctx, 0, upper, func(merged string) (state, error) {
+		ns := st.clone()
+		return ns, basePhase(merged, &ns)
+	})
+	var rel func()
+	if err == nil {
+		ns.Empty = emptyDir(upper)
+		rel, err = bd.b.commit(tmp, dir, ns)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	bd.created = append(bd.created, dir)
+	bd.use(dir, ns, rel)
+	bd.baseKey = key
 	return nil
 }

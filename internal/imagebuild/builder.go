@@ -49,7 +49,11 @@ type Config struct {
 	// write, the finished tree. A refusal fails the build, which leaves
 	// nothing behind.
 	Meter diskmeter.Open
-	Log   *slog.Logger
+	// ThinLayers makes a build on a template write only what its steps
+	// changed, as a layer stacked on the template's (the runtime stacks
+	// layers: runtime.LayerStacker); otherwise it writes a whole tree.
+	ThinLayers bool
+	Log        *slog.Logger
 }
 
 // DefaultMaxCacheBytes is the cache bound when Config sets none.
@@ -155,6 +159,11 @@ type build struct {
 	// it committed, removed if it fails.
 	meter   diskmeter.Meter
 	created []string
+	// stack are the digests of the template layers the build runs on
+	// (mounted at the bottom of lowers), if it started from a template;
+	// releaseStack lets them go.
+	stack        []string
+	releaseStack func()
 }
 
 func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
@@ -208,6 +217,9 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 		if err != nil {
 			err = errors.Join(err, bd.unwind())
 			b.discard(bd.created)
+			if bd.releaseStack != nil {
+				bd.releaseStack()
+			}
 		}
 		bd.meter.Close()
 	}()
@@ -223,7 +235,7 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 			return template.BuildRequest{}, nil, err
 		}
 	}
-	tree, err := bd.finish(ctx)
+	tree, lowers, err := bd.finishTree(ctx)
 	if err != nil {
 		return template.BuildRequest{}, nil, err
 	}
@@ -233,10 +245,11 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 	}
 	bd.logf("finalize", "info", "build steps done in %s", time.Since(start).Round(time.Millisecond))
 	req = template.BuildRequest{
-		Name:  spec.Name,
-		Owner: spec.Owner,
-		Tree:  tree,
-		Image: bd.label,
+		Name:   spec.Name,
+		Owner:  spec.Owner,
+		Tree:   tree,
+		Lowers: lowers,
+		Image:  bd.label,
 		Defaults: template.Defaults{
 			Env:     bd.st.Env,
 			Workdir: bd.st.Workdir,
@@ -252,6 +265,9 @@ func (b *Builder) Prepare(ctx context.Context, spec Spec, log func(LogEntry)) (r
 		once.Do(func() {
 			if err := os.RemoveAll(tree); err != nil {
 				b.log.Warn("build: remove tree", "tree", tree, "err", err)
+			}
+			if bd.releaseStack != nil {
+				bd.releaseStack()
 			}
 			b.trim()
 		})
@@ -290,6 +306,58 @@ func checkSpec(spec Spec) error {
 		}
 	}
 	return nil
+}
+
+// finishTree is finish, or for a build on a template's layers the tree of
+// what its layers changed and the digests of the template's layers below
+// it (a thin template), when the layers can say it (template.ThinBlocker).
+func (bd *build) finishTree(ctx context.Context) (string, []string, error) {
+	if bd.stack == nil {
+		tree, err := bd.finish(ctx)
+		return tree, nil, err
+	}
+	uppers := bd.lowers[:len(bd.lowers)-len(bd.stack)]
+	why := ""
+	if !bd.b.cfg.ThinLayers {
+		why = "this server's runtime stacks no layers"
+	}
+	for _, u := range uppers {
+		if why != "" {
+			break
+		}
+		why = template.ThinBlocker(u)
+	}
+	if why != "" {
+		bd.logf("finalize", "info", "[finalize] writing the whole root filesystem (no thin layer: %s)", why)
+		tree, err := bd.finish(ctx)
+		return tree, nil, err
+	}
+	tree, err := os.MkdirTemp(filepath.Join(bd.b.cfg.Dir, "trees"), "t-")
+	if err != nil {
+		return "", nil, err
+	}
+	bd.logf("finalize", "info", "[finalize] writing the changed files as a layer on %d template layer(s)", len(bd.stack))
+	var size int64
+	for _, u := range uppers {
+		size += template.DiskUsage(u)
+	}
+	err = bd.meter.Charge(size)
+	// The oldest layer first, each newer one over it; the overlay's own
+	// xattrs stay behind (a thin layer carries none).
+	for i := len(uppers) - 1; i >= 0 && err == nil; i-- {
+		out, cerr := exec.CommandContext(ctx, "cp", "-a", "--no-preserve=xattr", "--", uppers[i]+"/.", tree+"/").CombinedOutput()
+		if cerr != nil {
+			err = fmt.Errorf("copy a built layer: %w: %s", cerr, strings.TrimSpace(string(out)))
+		}
+	}
+	if err == nil {
+		err = os.Chmod(tree, 0o755)
+	}
+	if err != nil {
+		os.RemoveAll(tree)
+		return "", nil, err
+	}
+	return tree, bd.stack, nil
 }
 
 // finish copies the merged view of the base and every layer into a fresh

@@ -12,6 +12,7 @@ import (
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
 	"github.com/agentenv/agentenv/internal/snapshot"
+	"github.com/agentenv/agentenv/internal/template"
 )
 
 // The boot pipeline. Every way a box comes up — create (boot), restore (a
@@ -263,13 +264,15 @@ func (b *boot) acquireTemplate(ctx context.Context) error {
 		// template keeps those bytes).
 		image, release, err = b.m.d.Templates.Acquire(b.sb.Template)
 	} else {
-		// A restore runs on the image its snapshot was taken on; a boot
+		// A restore runs on the stack its snapshot was taken on; a boot
 		// on the template's current one.
-		want := ""
+		want, lowers := "", []string(nil)
 		if b.snap != nil {
-			want = b.snap.ImageID
+			want, lowers = b.snap.ImageID, b.snap.Lowers
 		}
-		image, id, release, err = b.m.d.Templates.AcquireImage(b.sb.Template, want)
+		var st template.Stack
+		st, release, err = b.m.d.Templates.AcquireStack(b.sb.Template, want, lowers)
+		image, id, b.sb.Lowers = st.Image, st.ImageID, st.Lowers
 	}
 	if err != nil {
 		return err

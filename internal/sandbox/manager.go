@@ -260,6 +260,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 		ID:       sb.ID,
 		Dir:      m.dir(sb.ID),
 		Image:    image,
+		Lowers:   m.d.Templates.LayerPaths(sb.Lowers),
 		Args:     args,
 		Env:      env,
 		NetNS:    sb.Slot.Path(),

@@ -77,7 +77,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery)
 		if sb.Slot.Namespace != "" {
 			m.d.Slots.MarkUsed(sb.Slot.Index)
 		}
-		m.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb.Template)), true)
+		m.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb)), true)
 		return Sandbox{}, recoveredNone
 	}
 	if m.adoptFilesOnly(sb) {
@@ -92,13 +92,14 @@ func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery)
 	return sb, recoveredAdopted
 }
 
-// acquireTemplate holds template name for a recovered sandbox; the release
-// does nothing if the template is gone.
-func (m *Manager) acquireTemplate(name string) func() {
-	if _, rel, err := m.d.Templates.Acquire(name); err == nil {
-		return rel
+// acquireTemplate holds a recovered sandbox's template and the layers it
+// booted on; the release does nothing for a template that is gone.
+func (m *Manager) acquireTemplate(sb Sandbox) func() {
+	layers := m.d.Templates.HoldLayers(sb.Lowers)
+	if _, rel, err := m.d.Templates.Acquire(sb.Template); err == nil {
+		return func() { rel(); layers() }
 	}
-	return func() {}
+	return layers
 }
 
 // adoptLive takes over a sandbox whose container and envd survived the
@@ -110,7 +111,7 @@ func (m *Manager) adoptLive(ctx context.Context, sb Sandbox) {
 			m.d.Log.Error("restore egress policy", "sandbox", sb.ID, "err", err)
 		}
 	}
-	e := m.adopt(sb, m.acquireTemplate(sb.Template))
+	e := m.adopt(sb, m.acquireTemplate(sb))
 	m.d.Slots.MarkUsed(sb.Slot.Index)
 	if sb.State == StateRunning {
 		e.mu.Lock()

@@ -116,7 +116,10 @@ type Sandbox struct {
 	Template string `json:"templateID"`
 	// ImageID is the template image the sandbox booted from (or was
 	// restored on): its snapshots record it, to restore on that image.
-	ImageID  string            `json:"imageID,omitempty"`
+	ImageID string `json:"imageID,omitempty"`
+	// Lowers are the template layers below that image (digests, top
+	// first), as its snapshots record them.
+	Lowers   []string          `json:"lowers,omitempty"`
 	State    State             `json:"state"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	EnvVars  map[string]string `json:"envVars,omitempty"`

@@ -144,7 +144,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	// The store keeps only the pages this sandbox's previous snapshot
 	// lacks (see internal/snapshot).
 	meta := snapshot.Snapshot{
-		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Parent: e.sb.Snapshot,
+		Name: req.Name, Metadata: req.Metadata, Template: e.sb.Template, ImageID: e.sb.ImageID, Lowers: e.sb.Lowers, Parent: e.sb.Snapshot,
 		Sandbox: id, Runtime: m.d.Runtime.Version(), Internal: req.internal, Kind: req.kind(), Owner: e.sb.Owner,
 		CPUs: e.sb.CPUs, MemoryMB: e.sb.MemoryMB, Nproc: e.sb.Nproc, DiskMB: e.sb.DiskMB, LayerBytes: m.LayerBytes(id), Volumes: e.sb.Volumes, EnvVars: e.sb.EnvVars, AccessToken: e.sb.AccessToken,
 	}

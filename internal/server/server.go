@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -147,8 +148,11 @@ type Host struct {
 	// Backend is the API's view of this host.
 	Backend *service.Local
 	// Disk admits what this host writes to its data filesystem.
-	Disk    *sandbox.Disk
-	closers []func()
+	Disk *sandbox.Disk
+	// StacksLayers says whether the runtime stacks template layers
+	// (runtime.LayerStacker): builds on a template then write thin ones.
+	StacksLayers bool
+	closers      []func()
 }
 
 // Close stops the pools and the runtime; running sandboxes stay up and
@@ -246,6 +250,18 @@ func StartHost(ctx context.Context, cfg Config) (h *Host, err error) {
 		}
 		return false
 	})
+	// So do the layers under it.
+	templates.SetRetainLayers(func(digest string) bool {
+		for _, sn := range snaps.ListAll() {
+			if slices.Contains(sn.Lowers, digest) {
+				return true
+			}
+		}
+		return false
+	})
+	if ls, ok := rt.(runtime.LayerStacker); ok {
+		h.StacksLayers = ls.StacksLayers()
+	}
 	slots := netns.NewPool(nets, cfg.SlotPool, log)
 	mgr, err := sandbox.New(sandbox.Deps{
 		Runtime: rt, Templates: templates, Net: nets, Slots: slots, Snapshots: snaps, Disk: disk, ReadyTemplates: cfg.ReadyTemplates, WarmPool: cfg.WarmPool,

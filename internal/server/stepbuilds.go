@@ -58,7 +58,8 @@ func newStepBuilds(cfg Config, h *Host) (*api.TemplateBuilds, error) {
 			limits.MaxCPUs = max(cfg.Limits.MaxCPUs, limits.CPUs)
 		}
 		b, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(cfg.DataDir, "build"), Runsc: cfg.Runsc, Templates: h.Templates,
-			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log, Meter: h.Disk.Opener()})
+			Network: network, Registries: cfg.StepBuilds.RegistryAllow, Mirror: cfg.StepBuilds.RegistryMirror, Limits: limits, Log: cfg.Log, Meter: h.Disk.Opener(),
+			ThinLayers: h.StacksLayers})
 		if err != nil {
 			return nil, err
 		}

@@ -34,7 +34,10 @@ type Snapshot struct {
 	// ImageID is the template image the sandbox ran on; a restore needs
 	// that image (template.Store.AcquireImage). Empty: an older snapshot,
 	// restored on the template's current image.
-	ImageID   string    `json:"imageID,omitempty"`
+	ImageID string `json:"imageID,omitempty"`
+	// Lowers are the template layers below that image (SHA-256 digests,
+	// top first): a restore stacks the same ones in the same order.
+	Lowers    []string  `json:"lowers,omitempty"`
 	Parent    string    `json:"parentSnapshotID,omitempty"`
 	Sandbox   string    `json:"sandboxID"`
 	Runtime   string    `json:"runtimeVersion"`
