@@ -153,8 +153,10 @@ func (s *Store) Build(ctx context.Context, req BuildRequest, progress func(Progr
 		return Template{}, err
 	}
 	s.mu.Lock()
-	s.templates[t.Name] = &t
+	stored := t
+	s.templates[t.Name] = &stored
 	s.bytes[t.Name] = size
+	t = s.copyLocked(&stored)
 	s.mu.Unlock()
 	done = true
 	if rebuilt {
