@@ -257,6 +257,13 @@ type Template struct {
 	Source    string   `json:"source"`
 	Packages  []string `json:"packages,omitempty"`
 	ImageSize int64    `json:"imageSizeBytes"`
+	// OwnBytes is the disk the template's own files take; SharedBytes
+	// that of the layers below its image, shared with every template
+	// built on the same base and counted once by the server's quota.
+	OwnBytes    int64 `json:"ownBytes"`
+	SharedBytes int64 `json:"sharedBytes"`
+	// Layers counts the read-only layers the template stacks (1: flat).
+	Layers int `json:"layers,omitempty"`
 	// DiskSizeMB is the template's own write-layer size (0: the server's).
 	DiskSizeMB int `json:"diskSizeMB,omitempty"`
 	// InUse counts sandboxes started from it.

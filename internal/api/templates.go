@@ -30,6 +30,7 @@ func toTemplateJSON(ti service.TemplateInfo) wire.Template {
 		TemplateID: t.Name, BuildID: t.EnvdHash, Aliases: []string{t.Name}, CPUCount: cpus, MemoryMB: mem,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, Source: t.Source, Packages: t.Packages,
 		ImageSize: t.ImageSize, InUse: t.InUse, DiskSizeMB: t.DiskMB,
+		OwnBytes: t.OwnBytes, SharedBytes: t.SharedBytes, Layers: 1 + len(t.Lowers),
 		TemplateSettings: wire.TemplateSettings{Env: t.Env, Workdir: t.Workdir, User: t.User,
 			StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: t.ReadyTimeout},
 	}

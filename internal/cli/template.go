@@ -132,14 +132,18 @@ func templateList(g *globals) *cobra.Command {
 				if t.DiskSizeMB > 0 {
 					disk = fmt.Sprintf("%d MiB", t.DiskSizeMB)
 				}
-				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)), disk,
+				rows = append(rows, []string{t.TemplateID, t.Source, fmt.Sprintf("%.1f MiB", float64(t.ImageSize)/(1<<20)),
+					mib(t.OwnBytes), mib(t.SharedBytes), fmt.Sprint(max(t.Layers, 1)), disk,
 					fmt.Sprint(t.InUse), startWord(t, false), t.CreatedAt.Local().Format("2006-01-02 15:04")})
 			}
-			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tDISK\tIN USE\tSTART\tCREATED", rows)
+			table(cmd.OutOrStdout(), "NAME\tSOURCE\tIMAGE\tOWN\tSHARED\tLAYERS\tDISK\tIN USE\tSTART\tCREATED", rows)
 			return nil
 		},
 	}
 }
+
+// mib writes a byte count in MiB for the template table.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // startWord says how the template's sandboxes start: "snapshot" when the
 // server restores a snapshot of it booted once (the API's ready: fast
