@@ -25,6 +25,15 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	if err := ValidName(t.Name); err != nil {
 		return Template{}, err
 	}
+	// A layered template's layers come first (AdoptLayer).
+	for _, d := range t.Lowers {
+		if !IsDigest(d) {
+			return Template{}, errdefs.Invalid("template %s: layer %q is not a SHA-256 digest", t.Name, d)
+		}
+		if !s.HasLayer(d) {
+			return Template{}, errdefs.Invalid("template %s: its layer sha256:%s is not on this node: copy the layers first", t.Name, d)
+		}
+	}
 	release, err := s.claim(t.Name, func() error {
 		if _, ok := s.templates[t.Name]; ok {
 			return errExists
@@ -58,10 +67,12 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	if err != nil {
 		return Template{}, fmt.Errorf("copying template %s image: %w", t.Name, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); sum != "" && got != sum {
+	got := hex.EncodeToString(h.Sum(nil))
+	if sum != "" && got != sum {
 		return Template{}, errdefs.Unavailable("template %s image arrived corrupt (sha256 %s, want %s)", t.Name, got, sum)
 	}
-	t.ImageSize, t.InUse = n, 0
+	t.ImageSize, t.InUse, t.Digest = n, 0, got
+	t.OwnBytes, t.SharedBytes = 0, 0
 	b, _ := json.MarshalIndent(t, "", "  ")
 	if err := os.WriteFile(filepath.Join(staging, "template.json"), b, 0o644); err != nil {
 		return Template{}, err
@@ -77,6 +88,7 @@ func (s *Store) Adopt(ctx context.Context, t Template, image io.Reader, sum stri
 	c := t
 	s.templates[t.Name] = &c
 	s.bytes[t.Name] = size
+	t = s.copyLocked(&c)
 	s.mu.Unlock()
 	return t, nil
 }

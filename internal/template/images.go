@@ -38,10 +38,25 @@ func (s *Store) linkImage(name, dir, imageID string) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return err
 	}
-	if err := os.Link(filepath.Join(dir, "image.erofs"), dst); err != nil && !errors.Is(err, os.ErrExist) {
+	src := filepath.Join(dir, "image.erofs")
+	err := os.Link(src, dst)
+	if !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	return nil
+	// The same bytes under the same ID (a rebuild from the same inputs):
+	// the link becomes one of the new file, so the old one's blocks go
+	// with the old template instead of staying, counted, in retiredDir.
+	a, aerr := os.Stat(src)
+	b, berr := os.Stat(dst)
+	if aerr != nil || berr != nil || os.SameFile(a, b) {
+		return nil
+	}
+	tmp := dst + ".new"
+	os.Remove(tmp)
+	if err := os.Link(src, tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 // SetRetain sets what decides whether an image a template is leaving is

@@ -34,6 +34,9 @@ const layersDir = ".layers"
 
 var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
+// IsDigest says whether d can name a layer (a SHA-256 in lower-case hex).
+func IsDigest(d string) bool { return digestRE.MatchString(d) }
+
 // LayerPath is where the layer with SHA-256 digest lives.
 func (s *Store) LayerPath(digest string) string {
 	return filepath.Join(s.dir, layersDir, "sha256-"+digest+".erofs")

@@ -633,6 +633,7 @@ func (n *Node) Handler() http.Handler {
 	mux.Handle(ServiceHandler(b))
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}", n.exportTemplateMeta)
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"templates/{name}/image", n.exportTemplateImage)
+	mux.HandleFunc("GET "+nodepb.HTTPPath+"layers/{digest}", n.exportLayer)
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}", n.exportSnapshotMeta)
 	mux.HandleFunc("GET "+nodepb.HTTPPath+"snapshots/{id}/files/{file}", n.exportSnapshotFile)
 	// A volume's content API, forwarded by API servers as the client sent

@@ -39,13 +39,14 @@ type fakePeer struct {
 	chunk    func(w http.ResponseWriter, r *http.Request, p string, n int64) // nil: serveFile
 	tmpl     any
 	image    []byte
-	asked    map[string]int // path → requests
+	layers   map[string][]byte // digest → bytes served for it
+	asked    map[string]int    // path → requests
 }
 
 func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.asked[r.URL.Path]++
-	manifest, chunk, tmpl, image := p.manifest, p.chunk, p.tmpl, p.image
+	manifest, chunk, tmpl, image, layers := p.manifest, p.chunk, p.tmpl, p.image, p.layers
 	p.mu.Unlock()
 	path := strings.TrimPrefix(r.URL.Path, nodepb.HTTPPath)
 	switch parts := strings.Split(path, "/"); {
@@ -79,6 +80,13 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(tmpl)
 	case len(parts) == 3 && parts[0] == "templates" && parts[2] == "image":
 		w.Write(image)
+	case len(parts) == 2 && parts[0] == "layers":
+		b, ok := layers[parts[1]]
+		if !ok {
+			nodepb.WriteHTTPError(w, errdefs.NotFound("no layer %s", parts[1]))
+			return
+		}
+		w.Write(b)
 	default:
 		http.NotFound(w, r)
 	}
@@ -331,5 +339,62 @@ func TestCopyTemplateFromLyingPeer(t *testing.T) {
 				t.Errorf("the image was asked for %d times after a description that should be refused", n)
 			}
 		})
+	}
+}
+
+// A node copying a layered template asks only for the layers it lacks,
+// checks each against its digest, and keeps nothing of a lying one.
+func TestCopyTemplateLayers(t *testing.T) {
+	ps := newPeerSetup(t)
+	ts := ps.node.host.TemplateStore
+	digest := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	base, mid := []byte("the base layer"), []byte("a middle layer")
+	db, dm := digest(base), digest(mid)
+	if err := ts.AdoptLayer(db, bytes.NewReader(base)); err != nil {
+		t.Fatal(err)
+	}
+	ps.peer.mu.Lock()
+	ps.peer.layers = map[string][]byte{db: base, dm: mid}
+	ps.peer.mu.Unlock()
+	dir := filepath.Dir(filepath.Dir(ts.ImagePath("x")))
+	if err := ps.node.copyLayers(context.Background(), ps.rec, "template x", dir, []string{dm, db}); err != nil {
+		t.Fatal(err)
+	}
+	if n := ps.peer.requests("layers/" + db); n != 0 {
+		t.Errorf("the layer the node had was asked for %d times", n)
+	}
+	if n := ps.peer.requests("layers/" + dm); n != 1 {
+		t.Errorf("the missing layer was asked for %d times, want once", n)
+	}
+	if b, err := os.ReadFile(ts.LayerPath(dm)); err != nil || !bytes.Equal(b, mid) {
+		t.Errorf("copied layer: %q, %v", b, err)
+	}
+	// The template on them adopts; one on a layer not here is refused.
+	image := []byte("the top image")
+	if _, err := ts.Adopt(context.Background(), template.Template{Name: "x", Lowers: []string{dm, db}}, bytes.NewReader(image), digest(image)); err != nil {
+		t.Fatalf("adopt on copied layers: %v", err)
+	}
+	if _, err := ts.Adopt(context.Background(), template.Template{Name: "y", Lowers: []string{digest([]byte("absent"))}}, bytes.NewReader(image), ""); err == nil {
+		t.Error("adopted a template whose layer is not here")
+	}
+
+	// A peer sending other bytes for a digest, or a name for a digest.
+	lie := digest([]byte("promised"))
+	ps.peer.mu.Lock()
+	ps.peer.layers[lie] = []byte("something else")
+	ps.peer.mu.Unlock()
+	before := files(t, ps.root)
+	err := ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{lie})
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "node evil") {
+		t.Errorf("a layer of another hash: %v, want unavailable naming the peer", err)
+	}
+	if err := ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{"../../etc/passwd"}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("a path for a digest: %v, want unavailable", err)
+	}
+	if after := files(t, ps.root); !maps.Equal(after, before) {
+		t.Errorf("refused layers changed files:\nbefore %v\nafter  %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+	if ts.HasLayer(lie) {
+		t.Error("the lying layer was kept")
 	}
 }

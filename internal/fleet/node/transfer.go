@@ -199,6 +199,11 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 	if free, err := freeBytes(dir); err == nil && tc.Template.ImageSize > free {
 		return fromPeer(peer, what, fmt.Errorf("its image declares %d bytes, %d are free: %w", tc.Template.ImageSize, free, errdefs.ErrResourceExhausted))
 	}
+	// A layered template: the layers below its image this node lacks
+	// first, each checked against its digest.
+	if err := n.copyLayers(ctx, peer, what, dir, tc.Template.Lowers); err != nil {
+		return err
+	}
 	resp, err := n.peerGet(ctx, peer, "templates/"+name+"/image", 0, false)
 	if err != nil {
 		return err
@@ -214,6 +219,41 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 		}
 	}()
 	return n.publishNow(ctx)
+}
+
+// copyLayers copies from peer the layers of digests this node lacks; a
+// layer it has is not asked for. Each must hash to its digest.
+func (n *Node) copyLayers(ctx context.Context, peer store.NodeRecord, what, dir string, digests []string) error {
+	ts := n.host.TemplateStore
+	for _, d := range digests {
+		if !template.IsDigest(d) {
+			return fromPeer(peer, what, errdefs.Invalid("the answer names layer %q, not a SHA-256 digest: refused", d))
+		}
+	}
+	for _, d := range digests {
+		if ts.HasLayer(d) {
+			continue
+		}
+		resp, err := n.peerGet(ctx, peer, "layers/"+d, 0, false)
+		if err != nil {
+			return err
+		}
+		free, ferr := freeBytes(dir)
+		if ferr == nil && resp.ContentLength > free {
+			resp.Body.Close()
+			return fromPeer(peer, what, fmt.Errorf("its layer sha256:%s has %d bytes, %d are free: %w", d[:12], resp.ContentLength, free, errdefs.ErrResourceExhausted))
+		}
+		body := io.Reader(resp.Body)
+		if ferr == nil {
+			body = io.LimitReader(resp.Body, free+1)
+		}
+		err = ts.AdoptLayer(d, body)
+		resp.Body.Close()
+		if err != nil {
+			return fromPeer(peer, what, err)
+		}
+	}
+	return nil
 }
 
 // copySnapshot copies snapshot id from a peer for owner: its description
@@ -413,6 +453,15 @@ func (n *Node) exportTemplateImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	serveFile(w, r, n.host.TemplateStore.ImagePath(t.Name))
+}
+
+func (n *Node) exportLayer(w http.ResponseWriter, r *http.Request) {
+	d := r.PathValue("digest")
+	if !template.IsDigest(d) || !n.host.TemplateStore.HasLayer(d) {
+		nodepb.WriteHTTPError(w, errdefs.NotFound("no layer %q on this node", d))
+		return
+	}
+	serveFile(w, r, n.host.TemplateStore.LayerPath(d))
 }
 
 func (n *Node) exportSnapshotMeta(w http.ResponseWriter, r *http.Request) {
