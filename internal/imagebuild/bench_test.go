@@ -1,8 +1,15 @@
 package imagebuild_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -78,4 +85,82 @@ func cpuTime() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids)
 	tv := func(t syscall.Timeval) time.Duration { return time.Duration(t.Nano()) }
 	return tv(self.Utime) + tv(self.Stime) + tv(kids.Utime) + tv(kids.Stime)
+}
+
+// BenchmarkOneFileTemplate measures a template of one 1 MiB COPY on a
+// cached base, thin (a layer stacked on the base's image) and flat (the
+// whole root written again): the build's time (steps and store) and the
+// disk the template adds. The base is the GNU test userland with the
+// host's /usr/share under it, about the size of Debian's.
+//
+//	go test ./internal/imagebuild/ -run XXX -bench OneFileTemplate -benchtime 5x
+func BenchmarkOneFileTemplate(b *testing.B) {
+	runsc := testenv.NeedRunsc(b)
+	testenv.NeedCommand(b, "mkfs.erofs", "template store")
+	dir := b.TempDir()
+	envd := testenv.BuildEnvd(b, dir)
+	log := slog.New(slog.DiscardHandler)
+	store, err := template.Open(filepath.Join(dir, "templates"), envd, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := filepath.Join(dir, "base")
+	testenv.GNURootfs(b, root)
+	if out, err := exec.Command("cp", "-a", "/usr/share", filepath.Join(root, "usr")).CombinedOutput(); err != nil {
+		b.Fatalf("pad the base: %v %s", err, out)
+	}
+	var tarball bytes.Buffer
+	if err := template.WriteTar(context.Background(), &tarball, root); err != nil {
+		b.Fatal(err)
+	}
+	os.RemoveAll(root)
+	base, err := store.Build(context.Background(), template.BuildRequest{Name: "base", Upload: &tarball}, func(template.Progress) {})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("base: image %d MiB", base.ImageSize>>20)
+	body := make([]byte, 1<<20)
+	for _, thin := range []bool{true, false} {
+		name := map[bool]string{true: "thin", false: "flat"}[thin]
+		b.Run(name, func(b *testing.B) {
+			bld, err := imagebuild.New(imagebuild.Config{Dir: filepath.Join(dir, "build-"+name), Runsc: runsc, Templates: store, Log: log, ThinLayers: thin})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var own int64
+			for i := 0; i < b.N; i++ {
+				rand.Read(body)
+				hash := fmt.Sprintf("%s-%d", name, i)
+				var tb bytes.Buffer
+				tw := tar.NewWriter(&tb)
+				tw.WriteHeader(&tar.Header{Name: "task.py", Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+				tw.Write(body)
+				tw.Close()
+				files := map[string][]byte{hash: tb.Bytes()}
+				spec := imagebuild.Spec{Name: fmt.Sprintf("%s-%d", name, i), FromTemplate: "base",
+					Files: func(h string) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(files[h])), nil },
+					Steps: []imagebuild.Step{{Type: "COPY", Args: []string{"task.py", "/task/task.py"}, FilesHash: hash}}}
+				if i == 0 {
+					// The base phase's layer, once: cached for the others.
+					_, cleanup, err := bld.Prepare(context.Background(), imagebuild.Spec{Name: "warm", FromTemplate: "base"}, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					cleanup()
+					b.ResetTimer()
+				}
+				req, cleanup, err := bld.Prepare(context.Background(), spec, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t, err := store.Build(context.Background(), req, func(template.Progress) {})
+				cleanup()
+				if err != nil {
+					b.Fatal(err)
+				}
+				own += t.OwnBytes
+			}
+			b.ReportMetric(float64(own)/float64(b.N)/1024, "KiB/template")
+		})
+	}
 }
