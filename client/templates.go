@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/agentenv/agentenv/client/api"
 )
@@ -105,4 +106,38 @@ func readBuildStream(resp *http.Response, progress func(BuildProgress)) (Templat
 		return Template{}, err
 	}
 	return Template{}, fmt.Errorf("build stream ended without a result")
+}
+
+// BuildSteps builds template name from steps (E2B's v3 build: a request,
+// then its start) and waits until the build ends; it returns the template
+// or why the build failed.
+func (c *Client) BuildSteps(ctx context.Context, name string, start api.TemplateBuildStartV2) (Template, error) {
+	var req api.TemplateRequestResponseV3
+	if err := c.do(ctx, http.MethodPost, "/v3/templates", api.TemplateBuildRequestV3{Name: name}, &req); err != nil {
+		return Template{}, err
+	}
+	if err := c.do(ctx, http.MethodPost, "/v2/templates/"+url.PathEscape(name)+"/builds/"+url.PathEscape(req.BuildID), start, nil); err != nil {
+		return Template{}, err
+	}
+	for {
+		var info api.TemplateBuildInfo
+		if err := c.do(ctx, http.MethodGet, "/templates/"+url.PathEscape(name)+"/builds/"+url.PathEscape(req.BuildID)+"/status", nil, &info); err != nil {
+			return Template{}, err
+		}
+		switch info.Status {
+		case "ready":
+			return c.GetTemplate(ctx, name)
+		case "error":
+			msg := "no reason given"
+			if info.Reason != nil {
+				msg = info.Reason.Message
+			}
+			return Template{}, fmt.Errorf("build of template %s failed: %s", name, msg)
+		}
+		select {
+		case <-ctx.Done():
+			return Template{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

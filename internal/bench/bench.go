@@ -347,6 +347,7 @@ func (r *runner) run(ctx context.Context) error {
 		{GroupRollout, r.rollout},
 		{GroupNetwork, r.network},
 		{GroupDisk, r.diskWrite},
+		{GroupLayers, r.layers},
 		{GroupDensity, r.density},
 		{GroupRL, r.rl},
 	}

@@ -32,6 +32,15 @@ const (
 	OpDiskWrite   Operation = "disk_write_mibps"
 )
 
+// A template of one file built on the bench's template: its build, its
+// own bytes, and creates from it and from the base, taking turns.
+const (
+	OpLayerBuild      Operation = "layer_build_1mib"
+	OpLayerBytes      Operation = "layer_template_mib"
+	OpLayerCreate     Operation = "layer_create"
+	OpLayerBaseCreate Operation = "layer_base_create"
+)
+
 // A snapshot of a sandbox whose previous snapshot exists, 16 MiB changed
 // since: its time, and the MiB it adds to disk.
 const (
@@ -81,6 +90,11 @@ var ops = map[Operation]opInfo{
 	OpProxyDown:   {"throughput sandbox → proxy (MiB/s)", KindBandwidth, GroupNetwork},
 	OpProxyUp:     {"throughput proxy → sandbox upload (MiB/s)", KindBandwidth, GroupNetwork},
 	OpDiskWrite:   {"disk write inside a sandbox, 256 MiB (MiB/s)", KindBandwidth, GroupDisk},
+	// Create may restore the templates' ready snapshots, as OpCreate.
+	OpLayerBuild:      {"build of a one-file (1 MiB) template on a cached base", KindTime, GroupLayers},
+	OpLayerBytes:      {"disk a one-file template adds (MiB)", KindStorage, GroupLayers},
+	OpLayerCreate:     {"create from the one-file template", KindTime, GroupLayers},
+	OpLayerBaseCreate: {"create from its base, in turn with it", KindTime, GroupLayers},
 }
 
 // Label is how the table names the row.
@@ -103,6 +117,7 @@ var Operations = []Operation{
 	OpChurn, OpMemIdle, OpMemFork,
 	OpProxyGet, OpProxyDown, OpProxyUp,
 	OpDiskWrite,
+	OpLayerBuild, OpLayerBytes, OpLayerCreate, OpLayerBaseCreate,
 }
 
 // Groups of rows that can be chosen with Config.Only.
@@ -119,6 +134,7 @@ const (
 	GroupDisk     = "disk"     // write throughput into the write layer
 	GroupCPU      = "cpu"      // CPU per operation, all processes of the target
 	GroupRollout  = "rollout"  // the RL rollout workload by parallelism
+	GroupLayers   = "layers"   // a one-file template on the bench's: build, bytes, creates
 	// GroupDensity starts a thousand idle sandboxes per target and probes
 	// the host limits they approach; it takes minutes, so it runs only when
 	// asked for.
@@ -130,11 +146,11 @@ const (
 )
 
 // Groups lists every group in the order they run.
-var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupDensity, GroupRL}
+var Groups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupLayers, GroupDensity, GroupRL}
 
 // DefaultGroups are the groups a run without --only runs: all but density
 // and rl.
-var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk}
+var DefaultGroups = []string{GroupBasic, GroupPause, GroupSnapshot, GroupRestore, GroupFork, GroupDirty, GroupMemory, GroupChurn, GroupCPU, GroupRollout, GroupNetwork, GroupDisk, GroupLayers}
 
 // ParseGroups turns a comma-separated list of groups into a set; empty
 // means DefaultGroups.
