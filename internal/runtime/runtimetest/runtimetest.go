@@ -215,6 +215,7 @@ func Run(t *testing.T, env Env, newRuntime NewFunc) {
 	})
 	t.Run("DiskLayer", func(t *testing.T) { diskLayer(t, env, newRuntime(t)) })
 	t.Run("Layers", func(t *testing.T) { layers(t, env, newRuntime(t)) })
+	t.Run("LayersXattrs", func(t *testing.T) { layersXattrs(t, env, newRuntime(t)) })
 	t.Run("Watcher", func(t *testing.T) {
 		r := newRuntime(t)
 		w, ok := r.(runtime.Watcher)
