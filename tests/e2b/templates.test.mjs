@@ -107,6 +107,25 @@ describe('templates in code through the e2b SDK', { concurrency: false }, () => 
     assert.deepEqual((await Template.getTags(alias)).map((t) => t.tag), ['default'])
   })
 
+  test('fromTemplate + copy stacks a thin layer on the template: its own bytes are the file', TS, async () => {
+    const thin = `${alias}-thin`
+    const built = await build(Template().fromTemplate(alias).copy('fixtures/tpl-app/hello.txt', '/task/task.txt'), thin)
+    assert.equal(built.info.templateId, thin)
+    const res = await fetch(`${process.env.E2B_API_URL}/templates/${thin}`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    assert.equal(res.status, 200)
+    const info = await res.json()
+    assert.equal(info.layers, 2, `a template on another is two layers: ${JSON.stringify(info)}`)
+    assert.ok(info.ownBytes < 256 << 10 && info.sharedBytes > 4 * info.ownBytes,
+      `its own bytes are about its file, the base's are shared: ${JSON.stringify(info)}`)
+    const sbx = await Sandbox.create(thin)
+    boxes.push(sbx)
+    assert.equal(await sbx.files.read('/task/task.txt'), 'hello from the build context\n', 'the thin layer')
+    assert.equal(await run(sbx, 'mytool'), 'tool-ok', "the base template's RUN step, below")
+    await sbx.kill()
+    await fetch(`${process.env.E2B_API_URL}/templates/${thin}`, { method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    console.log(`thin template on ${alias}: ${built.ms} ms, ${info.ownBytes} bytes of its own, ${info.sharedBytes} shared`)
+  })
+
   test("the build's cpuCount and memoryMB are its sandboxes' defaults", TS, async () => {
     const name = `${alias}-sized`
     const logs = []
