@@ -227,6 +227,7 @@ func FromTemplate(t service.TemplateInfo) *Template {
 		Env: t.Env, Workdir: t.Workdir, User: t.User, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, ReadyTimeout: int32(t.ReadyTimeout),
 		DiskMb: int32(t.DiskMB), InUse: int32(t.InUse), Ready: t.Ready, Owner: t.Owner,
 		CpuCount: int32(t.CPUs), MemoryMb: int32(t.MemoryMB),
+		OwnBytes: t.OwnBytes, SharedBytes: t.SharedBytes, Lowers: t.Lowers,
 	}
 }
 
@@ -237,7 +238,8 @@ func ToTemplate(p *Template) service.TemplateInfo {
 		EnvdHash: p.GetEnvdHash(), Defaults: template.Defaults{Env: p.GetEnv(), Workdir: p.GetWorkdir(), User: p.GetUser()},
 		Start:  template.Start{StartCmd: p.GetStartCmd(), ReadyCmd: p.GetReadyCmd(), ReadyTimeout: int(p.GetReadyTimeout())},
 		DiskMB: int(p.GetDiskMb()), InUse: int(p.GetInUse()), Owner: p.GetOwner(),
-		Size: template.Size{CPUs: int(p.GetCpuCount()), MemoryMB: int(p.GetMemoryMb())},
+		Size:     template.Size{CPUs: int(p.GetCpuCount()), MemoryMB: int(p.GetMemoryMb())},
+		OwnBytes: p.GetOwnBytes(), SharedBytes: p.GetSharedBytes(), Lowers: p.GetLowers(),
 	}}
 }
 

@@ -1801,8 +1801,14 @@ type Template struct {
 	// The API key name that built it ("": the operator's, shared).
 	Owner string `protobuf:"bytes,16,opt,name=owner,proto3" json:"owner,omitempty"`
 	// The CPUs and memory of its sandboxes (0: the server's default).
-	CpuCount      int32 `protobuf:"varint,17,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb      int32 `protobuf:"varint,18,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	CpuCount int32 `protobuf:"varint,17,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb int32 `protobuf:"varint,18,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// Disk of its own files, and of the layers below its image (shared
+	// with the templates on the same base).
+	OwnBytes    int64 `protobuf:"varint,19,opt,name=own_bytes,json=ownBytes,proto3" json:"own_bytes,omitempty"`
+	SharedBytes int64 `protobuf:"varint,20,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"`
+	// The layers below its image (SHA-256 digests, top first).
+	Lowers        []string `protobuf:"bytes,21,rep,name=lowers,proto3" json:"lowers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1961,6 +1967,27 @@ func (x *Template) GetMemoryMb() int32 {
 		return x.MemoryMb
 	}
 	return 0
+}
+
+func (x *Template) GetOwnBytes() int64 {
+	if x != nil {
+		return x.OwnBytes
+	}
+	return 0
+}
+
+func (x *Template) GetSharedBytes() int64 {
+	if x != nil {
+		return x.SharedBytes
+	}
+	return 0
+}
+
+func (x *Template) GetLowers() []string {
+	if x != nil {
+		return x.Lowers
+	}
+	return nil
 }
 
 type TemplateRef struct {
@@ -2548,7 +2575,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"ChildError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x125\n" +
-	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\xdb\x04\n" +
+	"\x06detail\x18\x03 \x01(\v2\x1d.agentenv.node.v1.ErrorDetailR\x06detail\"\xb3\x05\n" +
 	"\bTemplate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -2570,7 +2597,10 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05ready\x18\x0f \x01(\bR\x05ready\x12\x14\n" +
 	"\x05owner\x18\x10 \x01(\tR\x05owner\x12\x1b\n" +
 	"\tcpu_count\x18\x11 \x01(\x05R\bcpuCount\x12\x1b\n" +
-	"\tmemory_mb\x18\x12 \x01(\x05R\bmemoryMb\x1a6\n" +
+	"\tmemory_mb\x18\x12 \x01(\x05R\bmemoryMb\x12\x1b\n" +
+	"\town_bytes\x18\x13 \x01(\x03R\bownBytes\x12!\n" +
+	"\fshared_bytes\x18\x14 \x01(\x03R\vsharedBytes\x12\x16\n" +
+	"\x06lowers\x18\x15 \x03(\tR\x06lowers\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
