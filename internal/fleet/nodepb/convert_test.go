@@ -2,6 +2,7 @@ package nodepb_test
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ func TestTemplateCrosses(t *testing.T) {
 		Defaults: template.Defaults{Env: map[string]string{"A": "1"}, Workdir: "/app", User: "user"},
 		Start:    template.Start{StartCmd: "serve", ReadyCmd: "true", ReadyTimeout: 30},
 		DiskMB:   2048, Owner: "alice", Size: template.Size{CPUs: 2, MemoryMB: 1024}, InUse: 3,
+		OwnBytes: 1 << 20, SharedBytes: 600 << 20, Lowers: []string{strings.Repeat("ab", 32)},
 	}}
 	if got := nodepb.ToTemplate(nodepb.FromTemplate(in)); !reflect.DeepEqual(got, in) {
 		t.Errorf("after the node service:\n got %+v\nwant %+v", got, in)
