@@ -288,6 +288,10 @@ func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id, owne
 	if err := n.ensure(ctx, sn.Template, owner); err != nil {
 		return err
 	}
+	// And the layers it was taken on, which its template may have left.
+	if err := n.copyLayers(ctx, peer, what, n.host.TemplateStore.Dir(), sn.Lowers); err != nil {
+		return err
+	}
 	_, err = n.host.SnapshotStore.Import(id, sn, func(chunk string, size int64, dst string) error {
 		return n.copyChunk(ctx, peer, id, chunk, size, dst)
 	})
