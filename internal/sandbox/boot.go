@@ -345,9 +345,9 @@ func (b *boot) takeWarm(ctx context.Context) error {
 		// A warm container was prepared without them.
 		return nil
 	}
-	if t, err := m.d.Templates.Get(b.sb.Template); err != nil || t.ImageID != b.sb.ImageID {
-		// A snapshot of an image the template has left: warm containers
-		// are prepared on its current one.
+	if t, err := m.d.Templates.Get(b.sb.Template); err != nil || t.ImageID != b.sb.ImageID || !slices.Equal(t.Lowers, b.sb.Lowers) {
+		// A snapshot of an image (or stack) the template has left: warm
+		// containers are prepared on its current one.
 		return nil
 	}
 	w := m.takeWarm(b.sb.Template, b.sb.CPUs, b.sb.MemoryMB, m.d.Limits.pids(b.sb.Nproc), b.sb.DiskMB)
