@@ -23,6 +23,7 @@ var renameAllowed = map[string]string{
 	"internal/template/build.go:Store.Build":             "swaps a template's directory for the new build's",
 	"internal/template/build.go:Store.takeTree":          "moves a prepared rootfs directory into the template",
 	"internal/template/copy.go:Store.Adopt":              "moves a copied template's staging directory into the store",
+	"internal/template/thin.go:Store.prepareThin":        "swaps a thin build's tree of changes for the whole merged root (a directory) when the template must be flat",
 	"internal/snapshot/add.go:Store.commit": "moves a chunk of checkpoint data (megabytes, content-addressed) into the store; " +
 		"syncing it would add about 35 ms per 64 MiB to every snapshot; the manifest naming it is written with WriteFile",
 	"internal/snapshot/snapshot.go:Store.load": "moves a blob of the old store layout to its chunk name (bulk data already on disk); " +

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -56,7 +57,7 @@ func (s *Store) linkImage(name, dir, imageID string) error {
 	if err := os.Link(src, tmp); err != nil {
 		return err
 	}
-	return os.Rename(tmp, dst)
+	return atomicfile.Rename(tmp, dst)
 }
 
 // SetRetain sets what decides whether an image a template is leaving is

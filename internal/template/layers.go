@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -180,7 +181,7 @@ func (s *Store) ownLayer(name string) (string, error) {
 		t.Digest = d
 		t.InUse = 0
 		b, _ := json.MarshalIndent(t, "", "  ")
-		if err := os.WriteFile(filepath.Join(s.dir, name, "template.json"), b, 0o644); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(s.dir, name, "template.json"), b, 0o644); err != nil {
 			return "", err
 		}
 		s.mu.Lock()
@@ -235,7 +236,7 @@ func (s *Store) AdoptLayer(digest string, r io.Reader) error {
 	if got := hex.EncodeToString(h.Sum(nil)); got != digest {
 		return errdefs.Unavailable("layer sha256:%s arrived corrupt (sha256 %s)", digest[:12], got)
 	}
-	if err := os.Rename(f.Name(), dst); err != nil {
+	if err := atomicfile.Rename(f.Name(), dst); err != nil {
 		return err
 	}
 	s.mu.Lock()
