@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -36,7 +38,10 @@ func (bd *build) base(ctx context.Context) error {
 			bd.label = spec.FromImage
 			what += " (imported as template " + t.Name + ")"
 		}
-		return bd.stackBase(ctx, t, what)
+		if bd.b.cfg.ThinLayers || len(t.Lowers) > 0 {
+			return bd.stackBase(ctx, t, what)
+		}
+		return bd.fillBase(ctx, what, templateBase(ctx, bd, t))
 	}
 	bd.label = spec.FromImage
 	img, err := bd.pull(ctx)
@@ -51,17 +56,62 @@ func (bd *build) base(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("image %s: %w", spec.FromImage, err)
 	}
-	key := hashKey(baseVersion, "image", digest.String())
-	st := state{Env: d.Env}
 	what += " (" + digest.String() + ")"
-	fill := func(rootfs string) error {
-		r := template.FlattenImage(img)
-		defer r.Close()
-		if _, err := template.ExtractTarCharged(ctx, r, rootfs, bd.meter.Charge); err != nil {
-			return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
-		}
-		return nil
+	return bd.fillBase(ctx, what, baseSource{
+		key: hashKey(baseVersion, "image", digest.String()),
+		st:  state{Env: d.Env},
+		fill: func(rootfs string) error {
+			r := template.FlattenImage(img)
+			defer r.Close()
+			if _, err := template.ExtractTarCharged(ctx, r, rootfs, bd.meter.Charge); err != nil {
+				return fmt.Errorf("unpack image %s: %w", spec.FromImage, err)
+			}
+			return nil
+		},
+	})
+}
+
+// baseSource is a base made as a tree in the cache: its key, state and
+// what fills its tree.
+type baseSource struct {
+	key  string
+	st   state
+	fill func(rootfs string) error
+}
+
+// templateBase copies a flat template's tree into the cache (a runtime
+// that stacks no layers: its builds are flat).
+func templateBase(ctx context.Context, bd *build, t template.Template) baseSource {
+	src := bd.b.cfg.Templates.RootfsPath(t.Name)
+	return baseSource{
+		// A rebuild of the template changes its creation time or image:
+		// a new base, never one pulled away under a build's mount.
+		key: hashKey(baseVersion, "template", t.Name, t.CreatedAt.String(), strconv.FormatInt(t.ImageSize, 10), t.EnvdHash),
+		st:  state{Env: t.Env, Workdir: t.Workdir, User: t.User},
+		fill: func(rootfs string) error {
+			// Held, the template cannot be rebuilt or deleted while it is
+			// read.
+			_, release, err := bd.b.cfg.Templates.Acquire(t.Name)
+			if err != nil {
+				return err
+			}
+			defer release()
+			if err := bd.meter.Charge(template.DiskUsage(src)); err != nil {
+				return err
+			}
+			// The host's cp copies links as links and keeps owners.
+			if out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", rootfs+"/").CombinedOutput(); err != nil {
+				return fmt.Errorf("copy template %s: %w: %s", t.Name, err, out)
+			}
+			return nil
+		},
 	}
+}
+
+// fillBase finds base src in the cache or makes it there.
+func (bd *build) fillBase(ctx context.Context, what string, src baseSource) error {
+	spec := bd.spec
+	key, st, fill := src.key, src.st, src.fill
 	if st.Env == nil {
 		st.Env = map[string]string{}
 	}

@@ -151,6 +151,24 @@ func TestThinTemplates(t *testing.T) {
 		t.Errorf("20 thin templates of 64 KiB each took %d bytes, want at most %d", grew, 20*(64<<10+thinFixedCost))
 	}
 
+	// A builder whose runtime stacks no layers builds flat, on a thin
+	// template too (its stack mounted, the merged root copied).
+	flatCfg := e.cfg
+	flatCfg.ThinLayers = false
+	fb, err := imagebuild.New(flatCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	thinB := e.b
+	e.b = fb
+	flat, lines := e.build(imagebuild.Spec{Name: "flat-on-a", FromTemplate: "a", Steps: []imagebuild.Step{
+		{Type: "RUN", Args: []string{"test -s /task/f && echo ok > /task/ok", "root"}},
+	}})
+	e.b = thinB
+	if len(flat.Lowers) != 0 || flat.OwnBytes < size {
+		t.Errorf("flat build on thin a: lowers %v, own %d bytes; want a whole root\n%s", flat.Lowers, flat.OwnBytes, strings.Join(lines, "\n"))
+	}
+
 	// Deleting every template on the base frees nothing of it; deleting
 	// the base too removes its layer.
 	for _, n := range []string{"c"} {
