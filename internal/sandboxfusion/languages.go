@@ -35,8 +35,11 @@ var languages = map[string]language{
 }
 
 // RunnerPackages are the Debian packages of the runner template, beside
-// debootstrap's minimal base (which has bash and perl).
-var RunnerPackages = []string{"python3", "g++", "nodejs"}
+// debootstrap's minimal base (which has bash and perl). numpy and
+// matplotlib are there as in SandboxFusion's own runtime, so /run_jupyter
+// answers a figure with its PNG; debootstrap follows no virtual package,
+// so what matplotlib's scipy needs (libboost-regex1.74.0) is listed.
+var RunnerPackages = []string{"python3", "python3-numpy", "python3-matplotlib", "libboost-regex1.74.0", "g++", "nodejs"}
 
 // Languages lists the languages this service runs, sorted.
 func Languages() []string {
