@@ -119,7 +119,8 @@ def _codeinterp_charts():
         if isinstance(v, float):
             if not math.isfinite(v):
                 return None
-            return round(v, 10)
+            # 15 significant digits: 0.1 + 0.2 is 0.3, 1e-12 stays.
+            return float("%.15g" % v)
         return v
 
     unit_re = re.compile(r"[(\[]([^()\[\]]+)[)\]]\s*$")
@@ -258,7 +259,9 @@ def _codeinterp_charts():
         from matplotlib.container import BarContainer
         from matplotlib.patches import Wedge
 
-        records = [r for r in ax.__dict__.get(boxes_attr, []) if any(m.axes is ax for m in r[1].get("medians", []))]
+        # Box plots still drawn on the axes (ax.cla() drops them).
+        lines = list(ax.lines)
+        records = [r for r in ax.__dict__.get(boxes_attr, []) if any(m in lines for m in r[1].get("medians", []))]
         if records:
             return box_chart(ax, records)
         patches = list(ax.patches)
@@ -268,7 +271,7 @@ def _codeinterp_charts():
         bars = [c for c in ax.containers if isinstance(c, BarContainer)]
         if bars:
             return bar_chart(ax, bars)
-        lines = [(l, l.get_xydata()) for l in ax.lines]
+        lines = [(l, l.get_xydata()) for l in lines]
         points = [(c, c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection)]
         if lines:
             return point_chart(ax, "line", lines + points)
