@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 	"time"
 )
 
@@ -43,7 +45,10 @@ func keys(m map[string]any) []string {
 func needMatplotlib(t *testing.T) {
 	t.Helper()
 	if err := exec.Command(hostPython, "-c", "import matplotlib, numpy").Run(); err != nil {
-		t.Skipf("skipping: %s has no matplotlib and numpy (python3-matplotlib)", hostPython)
+		if testenv.Required() {
+			t.Fatalf("%s has no matplotlib: make setup installs python3-matplotlib", hostPython)
+		}
+		t.Skipf("skipping: %s has no matplotlib and numpy (make setup installs python3-matplotlib)", hostPython)
 	}
 }
 

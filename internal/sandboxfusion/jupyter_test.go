@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // runDriver runs the /run_jupyter driver on the host's Debian python3
@@ -17,7 +19,10 @@ func runDriver(t *testing.T, cells []string) []CellResult {
 	t.Helper()
 	const py = "/usr/bin/python3"
 	if err := exec.Command(py, "-c", "import matplotlib").Run(); err != nil {
-		t.Skipf("skipping: %s has no matplotlib (python3-matplotlib)", py)
+		if testenv.Required() {
+			t.Fatalf("%s has no matplotlib: make setup installs python3-matplotlib", py)
+		}
+		t.Skipf("skipping: %s has no matplotlib (make setup installs python3-matplotlib)", py)
 	}
 	dir, cwd := t.TempDir(), t.TempDir()
 	in, _ := json.Marshal(map[string]any{"cells": cells, "cell_timeout": 0})
