@@ -43,6 +43,8 @@ def _codeinterp_register():
 
 _codeinterp_register()
 del _codeinterp_register
+
+
 def _codeinterp_charts():
     # Charts: a matplotlib Figure, when displayed (plt.show() or a Figure
     # as the cell's value), also carries what it plots as JSON under the
