@@ -38,8 +38,8 @@ var languages = map[string]language{
 // debootstrap's minimal base (which has bash and perl). matplotlib is left
 // out although /run_jupyter turns its figures into PNGs: Debian's package
 // installs a .pth file that every Python start runs (importing
-// importlib.util), which cost ~17 ms of CPU per python3 start in a runner
-// (+40 %), on every /run_code call. A runner built with it
+// importlib.util), which cost ~18 ms of CPU per python3 start in a runner
+// (+42 %), on every /run_code call. A runner built with it
 // (--sandboxfusion-template) gets the figures.
 var RunnerPackages = []string{"python3", "g++", "nodejs"}
 
