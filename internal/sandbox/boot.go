@@ -218,10 +218,10 @@ func (b *boot) admit(ctx context.Context) error {
 		}
 		b.after = append(b.after, release)
 	}
-	if err := m.admit(); err != nil {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); err != nil {
 		return err
 	}
-	b.after = append(b.after, m.inflight.Done)
+	b.after = append(b.after, m.reg.inflight.Done)
 	b.sb = b.record(diskMB)
 	b.e = blankEntry(b.sb)
 	b.u = &b.e.undo
@@ -392,16 +392,9 @@ func (b *boot) persist(ctx context.Context) error {
 	if err := m.persist(b.sb); err != nil {
 		return err
 	}
-	m.list(b.e)
+	m.reg.add(b.e)
 	b.u.push(undoStep{kind: undoListed})
 	return nil
-}
-
-// list makes e findable by its ID.
-func (m *Manager) list(e *entry) {
-	m.mu.Lock()
-	m.boxes[e.sb.ID] = e
-	m.mu.Unlock()
 }
 
 // adopt lists a sandbox found after a restart, holding its snapshot (if
@@ -412,7 +405,7 @@ func (m *Manager) adopt(sb Sandbox, releaseTemplate func()) *entry {
 		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
 	}
 	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-	m.list(e)
+	m.reg.add(e)
 	return e
 }
 

@@ -29,7 +29,7 @@ const (
 	undoDir       undoKind = "dir"       // the box's directory (record, bundle, logs, layer)
 	undoSlot      undoKind = "slot"      // its network slot
 	undoContainer undoKind = "container" // its runtime container (a no-op when none was made)
-	undoListed    undoKind = "listed"    // its place in Manager.boxes
+	undoListed    undoKind = "listed"    // its place in the registry
 )
 
 type undoStep struct {
@@ -98,9 +98,7 @@ func (m *Manager) undoOne(ctx context.Context, id string, s undoStep) error {
 			return fmt.Errorf("destroy container: %w", err)
 		}
 	case undoListed:
-		m.mu.Lock()
-		delete(m.boxes, id)
-		m.mu.Unlock()
+		m.reg.remove(id)
 	}
 	return nil
 }

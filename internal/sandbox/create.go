@@ -73,21 +73,6 @@ func volumesExist(sn snapshot.Snapshot) error {
 // errRestore marks a failure of the runtime's restore step.
 var errRestore = errors.New("restore failed")
 
-func (m *Manager) admit() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
-	}
-	// Sandboxes still being torn down hold host resources too.
-	if n := len(m.boxes) + len(m.dying); n >= m.d.Limits.MaxSandboxes {
-		return fmt.Errorf("limit of %d sandboxes reached (%d still being torn down): kill some first, or retry in a moment: %w",
-			m.d.Limits.MaxSandboxes, len(m.dying), errdefs.ErrResourceExhausted)
-	}
-	m.inflight.Add(1)
-	return nil
-}
-
 // busy classes a failure of a create step that says nothing about the
 // request — the sandbox process died while booting, a runtime worker went
 // away, the host ran short of something for a moment — as ErrUnavailable

@@ -34,9 +34,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		if !ok {
 			return Sandbox{}, false
 		}
-		m.mu.Lock()
-		e := m.boxes[id]
-		m.mu.Unlock()
+		e := m.reg.get(id)
 		if e == nil {
 			continue
 		}

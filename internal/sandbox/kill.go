@@ -87,31 +87,32 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 
 	var tomb Sandbox
 	cause := d.cause
+	note := endNote{at: m.d.Clock.Now()}
 	if reason != "" {
 		sb.Reason, sb.EndCause = reason, cause
 		tomb = lostRecord(sb)
-	}
-	now := m.d.Clock.Now()
-	m.mu.Lock()
-	delete(m.boxes, id)
-	if reason != "" {
-		m.lost[id] = tomb
+		note.lost = &tomb
 	} else if was != StatePooled {
 		// Past its end while running: its timer (or a kill racing it).
 		cause = EndKilled
-		if was == StateRunning && !now.Before(sb.EndAt) {
+		if was == StateRunning && !note.at.Before(sb.EndAt) {
 			cause = EndTimeout
 			m.reaped.Add(1)
 		}
-		m.ended.add(id, cause, now)
-	}
-	if was == StatePooled {
-		// No longer waiting in the hot pool: let it refill.
-		m.hot.Remove(sb.Template, id)
+		note.cause = cause
 	}
 	t := newTeardown(sb, u)
-	tracked := m.track(id, t)
-	m.mu.Unlock()
+	var tracked bool
+	if was == StatePooled {
+		// No longer waiting in the hot pool: let it refill. Under m.mu,
+		// so that Unlisted counts it once, in the pool or as dying.
+		m.mu.Lock()
+		m.hot.Remove(sb.Template, id)
+		tracked = m.reg.end(t, note)
+		m.mu.Unlock()
+	} else {
+		tracked = m.reg.end(t, note)
+	}
 	if reason != "" {
 		m.saveTombstone(tomb)
 	}
@@ -120,18 +121,6 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 	}
 	m.runTeardown(ctx, t, tracked, false)
 	return nil
-}
-
-// track registers id as being torn down. It says whether a goroutine may
-// do it: after Shutdown none may (nothing would wait for it). Callers hold
-// m.mu.
-func (m *Manager) track(id string, t *teardown) bool {
-	m.dying[id] = t
-	if m.closed {
-		return false
-	}
-	m.teardowns.Add(1)
-	return true
 }
 
 // teardown is one box's removal: its undo stack, which keeps what a failed
@@ -155,9 +144,7 @@ func newTeardown(sb Sandbox, u undo) *teardown {
 // counts against MaxSandboxes.
 func (m *Manager) tearDown(ctx context.Context, sb Sandbox, u undo, now bool) {
 	t := newTeardown(sb, u)
-	m.mu.Lock()
-	tracked := m.track(sb.ID, t)
-	m.mu.Unlock()
+	tracked := m.reg.track(t)
 	m.runTeardown(ctx, t, tracked, now)
 }
 
@@ -173,7 +160,7 @@ func (m *Manager) runTeardown(ctx context.Context, t *teardown, tracked, now boo
 	n := 1
 	if now {
 		if m.attempt(ctx, t, true) {
-			m.teardowns.Done()
+			m.reg.teardowns.Done()
 			return
 		}
 		n = 2
@@ -185,7 +172,7 @@ func (m *Manager) runTeardown(ctx context.Context, t *teardown, tracked, now boo
 // shuts down; then the record (state killing) is left to Recover. It ends
 // a teardown that track counted.
 func (m *Manager) retry(ctx context.Context, t *teardown, n int) {
-	defer m.teardowns.Done()
+	defer m.reg.teardowns.Done()
 	delay := m.retryBase
 	for ; ; n++ {
 		if n > 1 {
@@ -217,9 +204,7 @@ func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool
 		}
 		return false
 	}
-	m.mu.Lock()
-	delete(m.dying, t.sb.ID)
-	m.mu.Unlock()
+	m.reg.tornDown(t.sb.ID)
 	close(t.done)
 	m.d.Log.Info("sandbox torn down", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
 	return true
@@ -231,13 +216,11 @@ func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool
 // in use.
 func (m *Manager) settle(match func(Sandbox) bool) {
 	var pending []chan struct{}
-	m.mu.Lock()
-	for _, t := range m.dying {
-		if t != nil && match(t.sb) {
+	for _, t := range m.reg.tearing() {
+		if match(t.sb) {
 			pending = append(pending, t.done)
 		}
 	}
-	m.mu.Unlock()
 	timeout := time.NewTimer(settleMax)
 	defer timeout.Stop()
 	for _, done := range pending {
@@ -254,17 +237,14 @@ func (m *Manager) settle(match func(Sandbox) bool) {
 // left to the next start). Running sandboxes are left running; the next
 // start adopts them.
 func (m *Manager) Shutdown() {
-	m.mu.Lock()
-	m.closed = true
-	for _, e := range m.boxes {
+	for _, e := range m.reg.close() {
 		if e.timer != nil {
 			e.timer.Stop()
 		}
 	}
-	m.mu.Unlock()
-	m.inflight.Wait()
+	m.reg.inflight.Wait()
 	done := make(chan struct{})
-	go func() { m.teardowns.Wait(); close(done) }()
+	go func() { m.reg.teardowns.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(m.grace):

@@ -104,9 +104,7 @@ func addSandbox(t *testing.T, m *Manager, st State) (*entry, *atomic.Int32) {
 	if err := m.persist(e.sb); err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	m.boxes[id] = e
-	m.mu.Unlock()
+	m.reg.add(e)
 	return e, released
 }
 
@@ -123,9 +121,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func (m *Manager) dyingCount() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.dying)
+	_, dying := m.reg.count()
+	return dying
 }
 
 func TestKillAnswersBeforeTeardown(t *testing.T) {
@@ -165,9 +162,9 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 		t.Errorf("second kill: got %v, want not found", err)
 	}
 	// Still holding host resources: it counts against MaxSandboxes.
-	if err := m.admit(); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		if err == nil {
-			m.inflight.Done()
+			m.reg.inflight.Done()
 		}
 		t.Errorf("admit while the only slot is being torn down: got %v, want resource exhausted", err)
 	}
@@ -183,10 +180,10 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory after teardown: %v, want it removed", err)
 	}
-	if err := m.admit(); err != nil {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); err != nil {
 		t.Errorf("admit after the teardown: %v", err)
 	} else {
-		m.inflight.Done()
+		m.reg.inflight.Done()
 	}
 }
 
@@ -343,8 +340,8 @@ func TestConcurrentKills(t *testing.T) {
 				}
 				m.List(Filter{})
 				m.Get(entries[(i+1)%n].sb.ID)
-				if err := m.admit(); err == nil {
-					m.inflight.Done()
+				if err := m.reg.admit(m.d.Limits.MaxSandboxes); err == nil {
+					m.reg.inflight.Done()
 				}
 			}
 		}()

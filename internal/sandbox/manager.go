@@ -68,11 +68,13 @@ type Manager struct {
 	dialer *dialer.Dialer
 	envd   Envd
 
-	// mu guards the registry's maps: admission counts live sandboxes and
-	// teardowns together. Lock order: mu, then a pool's own lock (the
-	// pools never call into the manager while holding theirs).
+	// mu guards preparing, and orders a pooled sandbox's leaving the hot
+	// pool with its being counted as dying (kill, Unlisted). Lock order:
+	// mu, then a pool's own lock (the pools never call into the manager
+	// while holding theirs), then the registry's (innermost).
 	mu sync.Mutex
-	registry
+	// reg is the table of sandboxes, with its own lock (registry.go).
+	reg   registry
 	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
 	slots map[int]bool
 
@@ -82,20 +84,14 @@ type Manager struct {
 	warm pool.Warm[warmEntry]
 	hot  pool.Hot
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
-	reaped   atomic.Int64
-	closed   bool
-	inflight sync.WaitGroup
+	reaped atomic.Int64
 
 	// preparing counts, per template, the builds and MakeReady calls at
 	// work on it (under mu), and deletes: the hot and warm pools leave it
 	// alone until they end.
 	preparing map[string]int
 
-	// dying holds the IDs being torn down behind an answered kill (or a
-	// failed create's cleanup that is retried): admission counts them.
-	dying     map[string]*teardown
-	teardowns sync.WaitGroup
-	tearSem   chan struct{}
+	tearSem chan struct{}
 	// stopping ends the retries of failing teardowns (Shutdown).
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -170,12 +166,10 @@ func New(d Deps) (*Manager, error) {
 		d.Envd = envdclient.New(dial.DialContext, d.Log)
 	}
 	m := &Manager{
-		d:        d,
-		dialer:   dial,
-		envd:     d.Envd,
-		registry: registry{boxes: map[string]*entry{}, lost: map[string]Sandbox{}},
+		d:      d,
+		dialer: dial,
+		envd:   d.Envd,
 
-		dying:     map[string]*teardown{},
 		tearSem:   make(chan struct{}, teardownParallel),
 		stopping:  make(chan struct{}),
 		retryBase: 100 * time.Millisecond,
@@ -284,14 +278,7 @@ func binds(vols []volume.Mount) []runtime.Bind {
 // VolumeUsers names the sandboxes (in any state but gone) that mount
 // volume id: a volume they mount must not be deleted.
 func (m *Manager) VolumeUsers(id string) []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for sid, e := range m.boxes {
-		if slices.Contains(e.volumes, id) {
-			out = append(out, sid)
-		}
-	}
+	out := m.reg.mounting(id)
 	slices.Sort(out)
 	return out
 }

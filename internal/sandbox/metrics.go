@@ -98,15 +98,13 @@ func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64
 	}
 	pct = min(max(pct, 0), 100)
 	mine[sb.ID] = cpuSample{at: now, cpu: cpu, pct: pct}
-	m.mu.Lock()
-	if len(mine) > 2*len(m.boxes)+64 { // amortized: not a scan per call
+	if live, _ := m.reg.count(); len(mine) > 2*live+64 { // amortized: not a scan per call
 		for id := range mine {
-			if _, live := m.boxes[id]; !live {
+			if !m.reg.listed(id) {
 				delete(mine, id)
 			}
 		}
 	}
-	m.mu.Unlock()
 	return pct
 }
 

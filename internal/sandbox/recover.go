@@ -128,11 +128,7 @@ func (m *Manager) removeStrayContainers(ctx context.Context) error {
 		return fmt.Errorf("list runtime containers: %w", err)
 	}
 	for _, id := range ids {
-		m.mu.Lock()
-		_, owned := m.boxes[id]
-		_, dying := m.dying[id]
-		m.mu.Unlock()
-		if owned || dying {
+		if m.reg.holds(id) {
 			continue
 		}
 		m.d.Log.Warn("removing container without a sandbox", "container", id)
@@ -228,9 +224,7 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 // tombstone remembers (on disk too) why a sandbox is gone.
 func (m *Manager) tombstone(sb Sandbox) {
 	sb = lostRecord(sb)
-	m.mu.Lock()
-	m.lost[sb.ID] = sb
-	m.mu.Unlock()
+	m.reg.bury(sb)
 	m.saveTombstone(sb)
 }
 
@@ -268,9 +262,7 @@ func (m *Manager) loadTombstones() {
 		}
 		var sb Sandbox
 		if json.Unmarshal(b, &sb) == nil {
-			m.mu.Lock()
-			m.lost[sb.ID] = sb
-			m.mu.Unlock()
+			m.reg.bury(sb)
 		}
 	}
 }

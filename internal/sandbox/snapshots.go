@@ -229,9 +229,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 // wanted whole, and a part of it would only cost restores. Creates racing
 // the fork can still take the room; then single children fail.
 func (m *Manager) admitFork(parent Sandbox, count int) error {
-	m.mu.Lock()
-	used := len(m.boxes) + len(m.dying)
-	m.mu.Unlock()
+	live, dying := m.reg.count()
+	used := live + dying
 	if free := m.d.Limits.MaxSandboxes - used; count > free {
 		return fmt.Errorf("fork of %d children refused: this node runs %d of its %d sandboxes (--max-sandboxes), room for %d: fork fewer, or kill sandboxes first: %w",
 			count, used, m.d.Limits.MaxSandboxes, max(free, 0), errdefs.ErrResourceExhausted)

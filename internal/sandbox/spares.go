@@ -4,7 +4,7 @@ import "context"
 
 // Spares are what the server makes ahead of demand: warm containers
 // (warm.go) and pooled sandboxes (hot.go), kept in their pools (package
-// pool, each with its own lock, taken after m.mu). Users neither see nor
+// pool, each with its own lock, taken after m.mu and before the registry's). Users neither see nor
 // kill them, so although they hold their template as sandboxes do, they
 // never keep it from being deleted (they go with it), and a template's
 // "in use" leaves them out.
@@ -16,8 +16,8 @@ func (m *Manager) Unlisted(template string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.warm.Held(template) + m.hot.Held(template)
-	for _, t := range m.dying {
-		if t != nil && t.sb.Template == template {
+	for _, t := range m.reg.tearing() {
+		if t.sb.Template == template {
 			n++
 		}
 	}

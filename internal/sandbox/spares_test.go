@@ -48,9 +48,7 @@ func holding(t *testing.T, m *Manager, store *template.Store, st State) string {
 	id := newID()
 	os.MkdirAll(m.dir(id), 0o700)
 	e := newEntry(Sandbox{ID: id, Template: "img", State: st, EndAt: time.Now().Add(time.Hour)}, release)
-	m.mu.Lock()
-	m.boxes[id] = e
-	m.mu.Unlock()
+	m.reg.add(e)
 	if st == StatePooled {
 		m.hot.Add("img", id)
 	}
