@@ -89,6 +89,10 @@ type boot struct {
 	container  bool // its container may exist: its cgroup can be sampled
 	rec        BootRecord
 	start      time.Time
+
+	// pooledToken is the token a hot pool's sandbox's envd holds until
+	// the handout rekeys it.
+	pooledToken string
 }
 
 func (m *Manager) newBoot(kind string, req CreateRequest, snap *snapshot.Snapshot) *boot {
@@ -410,9 +414,10 @@ func (m *Manager) adopt(sb Sandbox, releaseTemplate func()) *entry {
 }
 
 // applyEgress sets the sandbox's egress policy. A warm container's slot
-// has the default policy already (one nft run less on a fork child's path).
+// and a pooled sandbox's have the default policy already (one nft run
+// less on a fork child's path and a hot create's).
 func (b *boot) applyEgress(ctx context.Context) error {
-	if b.warm != nil && defaultNetwork(b.sb.Network) {
+	if (b.warm != nil || b.kind == BootHot) && defaultNetwork(b.sb.Network) {
 		return nil
 	}
 	if err := b.m.d.Net.SetEgress(ctx, b.sb.Slot, b.egress); err != nil {
