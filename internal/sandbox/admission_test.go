@@ -127,7 +127,7 @@ func ledgerManager(t *testing.T) *Manager {
 // writeLayer gives sandbox id of m a write layer holding n bytes.
 func writeLayer(t *testing.T, m *Manager, id string, n int64) {
 	t.Helper()
-	p := ocispec.FilestorePath(m.dir(id), id)
+	p := ocispec.FilestorePath(m.rec.dir(id), id)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -389,11 +389,11 @@ func (b *boot) takeSlot(ctx context.Context) error {
 // from here on leaves one that recovery cleans up, and lists the sandbox.
 func (b *boot) persist(ctx context.Context) error {
 	m := b.m
-	if err := os.MkdirAll(m.dir(b.sb.ID), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(b.sb.ID), 0o700); err != nil {
 		return err
 	}
 	b.e.sb = b.sb
-	if err := m.persist(b.sb); err != nil {
+	if err := m.rec.write(b.sb); err != nil {
 		return err
 	}
 	m.reg.add(b.e)
@@ -483,9 +483,9 @@ func (b *boot) running(ctx context.Context) error {
 	defer e.mu.Unlock()
 	e.sb.Boot = b.rec.clone()
 	if b.req.pooled {
-		return b.m.move(e, StatePooled)
+		return b.m.rec.move(e, StatePooled)
 	}
-	if err := b.m.move(e, StateRunning); err != nil {
+	if err := b.m.rec.move(e, StateRunning); err != nil {
 		return err
 	}
 	b.m.armTimer(e)

@@ -88,7 +88,7 @@ func (m *Manager) undoOne(ctx context.Context, id string, s undoStep) error {
 	case undoRelease:
 		s.fn()
 	case undoDir:
-		return os.RemoveAll(m.dir(id))
+		return os.RemoveAll(m.rec.dir(id))
 	case undoSlot:
 		if err := m.d.Slots.Put(ctx, s.slot); err != nil {
 			return fmt.Errorf("release network slot %d: %w", s.slot.Index, err)

@@ -40,7 +40,7 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb S
 		}
 		old := e.sb.EndAt
 		e.sb.EndAt = m.d.Clock.Now().UTC().Add(d)
-		if err := m.persist(e.sb); err != nil {
+		if err := m.rec.write(e.sb); err != nil {
 			e.sb.EndAt = old
 			return Sandbox{}, false, err
 		}

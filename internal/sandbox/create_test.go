@@ -52,7 +52,7 @@ func TestUndoStopsAtFailureAndResumes(t *testing.T) {
 	}
 	m := testManager(t, rt, 10)
 	id := newID()
-	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	released := 0
@@ -66,7 +66,7 @@ func TestUndoStopsAtFailureAndResumes(t *testing.T) {
 		if err := m.runUndo(ctx, &u, 0); err == nil {
 			t.Fatalf("run %d: got nil, want the destroy error", i+1)
 		}
-		if _, err := os.Stat(m.dir(id)); err != nil || released != 0 {
+		if _, err := os.Stat(m.rec.dir(id)); err != nil || released != 0 {
 			t.Fatalf("run %d: dir %v, released %d; want both kept while the container stays", i+1, err, released)
 		}
 	}
@@ -76,7 +76,7 @@ func TestUndoStopsAtFailureAndResumes(t *testing.T) {
 	if err := m.runUndo(ctx, &u, 0); err != nil || len(u.steps) != 0 {
 		t.Fatalf("run with nothing left: %v, %d steps", err, len(u.steps))
 	}
-	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) || released != 1 || rt.calls(id) != 3 {
+	if _, err := os.Stat(m.rec.dir(id)); !os.IsNotExist(err) || released != 1 || rt.calls(id) != 3 {
 		t.Errorf("got dir %v, released %d, destroyed %d; want removed, 1, 3", err, released, rt.calls(id))
 	}
 }

@@ -19,7 +19,7 @@ func (m *Manager) diskMB(template string) int {
 // allocated blocks of its sparse file); 0 when it has none.
 func (m *Manager) LayerBytes(id string) int64 {
 	var st unix.Stat_t
-	if err := unix.Stat(ocispec.FilestorePath(m.dir(id), id), &st); err != nil {
+	if err := unix.Stat(ocispec.FilestorePath(m.rec.dir(id), id), &st); err != nil {
 		return 0
 	}
 	return st.Blocks * 512

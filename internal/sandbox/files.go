@@ -38,7 +38,7 @@ const (
 	sinceMargin = time.Minute
 )
 
-func (m *Manager) filesDir(id string) string { return filepath.Join(m.dir(id), "files") }
+func (m *Manager) filesDir(id string) string { return filepath.Join(m.rec.dir(id), "files") }
 
 // filesCap bounds the stream the host keeps of a sandbox: what its write
 // layer can hold (its disk, or its memory when the layer is there), plus a
@@ -88,7 +88,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 		e.sb.Slot = netns.Slot{}
 	}
 	m.stopClock(e)
-	if err := m.move(e, StatePausedFiles); err != nil {
+	if err := m.rec.move(e, StatePausedFiles); err != nil {
 		return err
 	}
 	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond), "save", saved.Round(time.Millisecond))

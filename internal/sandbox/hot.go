@@ -106,7 +106,7 @@ func (b *boot) handedOut(ctx context.Context) error {
 	e := b.e
 	e.sb = b.sb
 	e.sb.Boot = b.rec.clone()
-	if err := b.m.move(e, StateRunning); err != nil {
+	if err := b.m.rec.move(e, StateRunning); err != nil {
 		return err
 	}
 	b.m.armTimer(e)

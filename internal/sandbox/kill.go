@@ -72,7 +72,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 		return errdefs.NotFound("sandbox %q does not exist (it was killed)", id)
 	}
 	was := e.sb.State
-	if err := m.move(e, StateKilling); err != nil {
+	if err := m.rec.move(e, StateKilling); err != nil {
 		// Only the record failed to change (every state above may move
 		// to killing): tear down all the same; the record goes with it.
 		m.d.Log.Warn("kill: record not updated; tearing down anyway", "sandbox", id, "err", err)
@@ -114,7 +114,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 		tracked = m.reg.end(t, note)
 	}
 	if reason != "" {
-		m.saveTombstone(tomb)
+		m.rec.saveTombstone(tomb)
 	}
 	if was != StatePooled {
 		m.noteEnd(cause, sb)
@@ -288,7 +288,7 @@ func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64
 			return // being killed, or stopped by a pause without memory, on purpose
 		}
 		d := m.deathOf(context.Background(), sb)
-		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
+		if tail := logTail(filepath.Join(m.rec.dir(id), "console.log"), 300); tail != "" {
 			d.reason += "; last output: " + tail
 		}
 		m.d.Log.Warn("sandbox died", "sandbox", id, "state", state, "cause", d.cause, "reason", d.reason)

@@ -96,12 +96,12 @@ func testManager(t *testing.T, rt runtime.Runtime, max int) *Manager {
 func addSandbox(t *testing.T, m *Manager, st State) (*entry, *atomic.Int32) {
 	t.Helper()
 	id := newID()
-	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	released := new(atomic.Int32)
 	e := newEntry(Sandbox{ID: id, State: st, EndAt: time.Now().Add(time.Hour)}, func() { released.Add(1) })
-	if err := m.persist(e.sb); err != nil {
+	if err := m.rec.write(e.sb); err != nil {
 		t.Fatal(err)
 	}
 	m.reg.add(e)
@@ -177,7 +177,7 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 	if n := released.Load(); n != 1 {
 		t.Errorf("template released %d times, want once", n)
 	}
-	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.rec.dir(id)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory after teardown: %v, want it removed", err)
 	}
 	if err := m.reg.admit(m.d.Limits.MaxSandboxes); err != nil {
@@ -215,7 +215,7 @@ func TestTeardownRetriesUntilItSucceeds(t *testing.T) {
 	if n := released.Load(); n != 1 {
 		t.Errorf("template released %d times, want once", n)
 	}
-	if _, err := os.Stat(m.dir(e.sb.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.rec.dir(e.sb.ID)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory: %v, want it removed", err)
 	}
 }
@@ -255,7 +255,7 @@ func TestShutdownLeavesFailingTeardownToRecovery(t *testing.T) {
 	if got := rt2.calls(id); got != 1 {
 		t.Errorf("recovery destroyed the container %d times, want once", got)
 	}
-	if _, err := os.Stat(m2.dir(id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m2.rec.dir(id)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory after recovery: %v, want it removed", err)
 	}
 	if _, err := m2.Get(id); err == nil || strings.Contains(err.Error(), "lost") {

@@ -2,18 +2,15 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdclient"
@@ -74,7 +71,9 @@ type Manager struct {
 	// while holding theirs), then the registry's (innermost).
 	mu sync.Mutex
 	// reg is the table of sandboxes, with its own lock (registry.go).
-	reg   registry
+	reg registry
+	// rec is what is persisted of each sandbox (records.go).
+	rec   records
 	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
 	slots map[int]bool
 
@@ -167,6 +166,7 @@ func New(d Deps) (*Manager, error) {
 	}
 	m := &Manager{
 		d:      d,
+		rec:    records{root: d.Dir, onPersist: d.OnPersist},
 		dialer: dial,
 		envd:   d.Envd,
 
@@ -215,32 +215,6 @@ func (m *Manager) DialSandbox(ctx context.Context, network, addr string) (net.Co
 	return m.dialer.DialContext(ctx, network, addr)
 }
 
-func (m *Manager) dir(id string) string { return filepath.Join(m.d.Dir, id) }
-
-// persist writes a sandbox record atomically.
-func (m *Manager) persist(sb Sandbox) error {
-	b, err := json.MarshalIndent(sb, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(filepath.Join(m.dir(sb.ID), "sandbox.json"), b, 0o600); err != nil {
-		return err
-	}
-	if m.d.OnPersist != nil {
-		m.d.OnPersist(sb)
-	}
-	return nil
-}
-
-// move applies a state transition and persists it.
-func (m *Manager) move(e *entry, to State) error {
-	if !canMove(e.sb.State, to) {
-		return errdefs.Conflict("sandbox %s is %s and cannot become %s", e.sb.ID, e.sb.State, to)
-	}
-	e.sb.State = to
-	return m.persist(e.sb)
-}
-
 func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -252,7 +226,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 	env, args := m.templateProcess(sb, env)
 	return runtime.Spec{
 		ID:       sb.ID,
-		Dir:      m.dir(sb.ID),
+		Dir:      m.rec.dir(sb.ID),
 		Image:    image,
 		Args:     args,
 		Env:      env,
@@ -323,7 +297,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 		defer e.mu.Unlock()
 		// Counts from the resume.
 		e.sb.Remaining = d
-		return e.sb, m.persist(e.sb)
+		return e.sb, m.rec.write(e.sb)
 	case StateRunning:
 	default:
 		defer e.mu.Unlock()
@@ -331,7 +305,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	}
 	defer e.mu.Unlock()
 	e.sb.EndAt = m.d.Clock.Now().UTC().Add(d)
-	if err := m.persist(e.sb); err != nil {
+	if err := m.rec.write(e.sb); err != nil {
 		return Sandbox{}, err
 	}
 	// At or past its end, the timer fires at once, on its own goroutine
@@ -375,7 +349,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 		}
 	}
 	e.sb.Network = n
-	return e.sb, m.persist(e.sb)
+	return e.sb, m.rec.write(e.sb)
 }
 
 // Extend makes a running sandbox live at least d from now; it never

@@ -2,13 +2,11 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/runtime"
 )
 
@@ -41,7 +39,9 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 	if err := m.removeStraySlots(ctx); err != nil {
 		return adopted, lost, err
 	}
-	m.loadTombstones()
+	for _, sb := range m.rec.tombstones() {
+		m.reg.bury(sb)
+	}
 	return adopted, lost, nil
 }
 
@@ -56,13 +56,13 @@ const (
 
 // recoverOne reconciles the sandbox directory id with the host.
 func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery) {
-	if _, err := os.Stat(filepath.Join(m.dir(id), warmMarker)); err == nil {
+	if _, err := os.Stat(filepath.Join(m.rec.dir(id), warmMarker)); err == nil {
 		// A warm container of the last run: its container and slot go as
 		// strays.
-		os.RemoveAll(m.dir(id))
+		os.RemoveAll(m.rec.dir(id))
 		return Sandbox{}, recoveredNone
 	}
-	sb, rerr := m.readRecord(id)
+	sb, rerr := m.rec.read(id)
 	if rerr != nil {
 		// No usable record: nothing is known of it but its files and a
 		// container of the same ID, which teardown removes.
@@ -157,21 +157,6 @@ func (m *Manager) removeStraySlots(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) readRecord(id string) (Sandbox, error) {
-	b, err := os.ReadFile(filepath.Join(m.dir(id), "sandbox.json"))
-	if err != nil {
-		return Sandbox{}, err
-	}
-	var sb Sandbox
-	if err := json.Unmarshal(b, &sb); err != nil {
-		return Sandbox{}, err
-	}
-	if sb.ID != id {
-		return Sandbox{}, fmt.Errorf("record names sandbox %q", sb.ID)
-	}
-	return sb, nil
-}
-
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if !sb.State.Live() {
@@ -216,16 +201,12 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 	}
 	sb.Reason, sb.EndCause = reason, EndLost
-	m.tombstone(sb)
+	// Look-ups, and the next start, say why it is gone.
+	tomb := lostRecord(sb)
+	m.reg.bury(tomb)
+	m.rec.saveTombstone(tomb)
 	m.noteEnd(EndLost, sb)
 	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
-}
-
-// tombstone remembers (on disk too) why a sandbox is gone.
-func (m *Manager) tombstone(sb Sandbox) {
-	sb = lostRecord(sb)
-	m.reg.bury(sb)
-	m.saveTombstone(sb)
 }
 
 // lostRecord is what a tombstone keeps of a sandbox (no secrets).
@@ -234,35 +215,4 @@ func lostRecord(sb Sandbox) Sandbox {
 	sb.AccessToken = ""
 	sb.TrafficToken = ""
 	return sb
-}
-
-func (m *Manager) saveTombstone(sb Sandbox) {
-	dir := filepath.Join(m.d.Dir, "lost")
-	os.MkdirAll(dir, 0o700)
-	if b, err := json.Marshal(sb); err == nil {
-		atomicfile.WriteFile(filepath.Join(dir, sb.ID+".json"), b, 0o600)
-	}
-}
-
-// loadTombstones reads the lost sandboxes of the last day; older ones are
-// deleted.
-func (m *Manager) loadTombstones() {
-	dir := filepath.Join(m.d.Dir, "lost")
-	entries, _ := os.ReadDir(dir)
-	for _, de := range entries {
-		p := filepath.Join(dir, de.Name())
-		info, err := de.Info()
-		if err != nil || time.Since(info.ModTime()) > 24*time.Hour {
-			os.Remove(p)
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		var sb Sandbox
-		if json.Unmarshal(b, &sb) == nil {
-			m.reg.bury(sb)
-		}
-	}
 }

@@ -46,7 +46,7 @@ func holding(t *testing.T, m *Manager, store *template.Store, st State) string {
 		t.Fatal(err)
 	}
 	id := newID()
-	os.MkdirAll(m.dir(id), 0o700)
+	os.MkdirAll(m.rec.dir(id), 0o700)
 	e := newEntry(Sandbox{ID: id, Template: "img", State: st, EndAt: time.Now().Add(time.Hour)}, release)
 	m.reg.add(e)
 	if st == StatePooled {

@@ -54,7 +54,7 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB 
 		if !ok {
 			return nil
 		}
-		err := os.Remove(filepath.Join(m.dir(w.id), warmMarker))
+		err := os.Remove(filepath.Join(m.rec.dir(w.id), warmMarker))
 		if err == nil {
 			return &w
 		}
@@ -108,7 +108,7 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 // warmMarker makes the container's directory, marked as a warm
 // container's (Recover removes it as one).
 func (b *boot) warmMarker(ctx context.Context) error {
-	dir := b.m.dir(b.sb.ID)
+	dir := b.m.rec.dir(b.sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
