@@ -113,10 +113,10 @@ func (m *Manager) runBoot(ctx context.Context, b *boot, steps []step) error {
 	for _, s := range steps {
 		if err := b.timed(ctx, s); err != nil {
 			m.d.Log.Warn("boot failed", "kind", b.kind, "step", s.name, "sandbox", b.sb.ID, "template", b.sb.Template, "err", err)
-			if uerr := m.runUndo(ctx, b.u, b.floor); uerr != nil && b.floor == 0 {
+			if uerr := m.reap.runUndo(ctx, b.u, b.floor); uerr != nil && b.floor == 0 {
 				// The answer keeps the step's error class; what could not
 				// be removed is retried behind it.
-				m.tearDown(ctx, b.sb, *b.u, false)
+				m.reap.tearDown(ctx, b.sb, *b.u, false)
 			} else if uerr != nil {
 				m.d.Log.Error("undo of a failed boot; left for the next boot or the kill", "kind", b.kind, "sandbox", b.sb.ID, "err", uerr)
 			}
@@ -356,7 +356,7 @@ func (b *boot) takeWarm(ctx context.Context) error {
 		return nil
 	}
 	// The sandbox holds the template itself.
-	m.runUndo(ctx, &w.undo, 0, undoRelease)
+	m.reap.runUndo(ctx, &w.undo, 0, undoRelease)
 	b.warm, b.container = w, true
 	b.sb.ID, b.u.id = w.id, w.id
 	b.sb.Slot = w.slot

@@ -1,9 +1,6 @@
 package sandbox
 
 import (
-	"context"
-	"fmt"
-	"os"
 
 	"github.com/agentenv/agentenv/internal/netns"
 )
@@ -21,7 +18,7 @@ type undo struct {
 }
 
 // undoKind names what an undo step gives back. Teardown is written once,
-// in Manager.undoOne.
+// in reaper.undoOne.
 type undoKind string
 
 const (
@@ -56,24 +53,6 @@ func (u *undo) moveTo(dst *undo) {
 	u.steps = nil
 }
 
-// runUndo runs u's steps above floor from the top, those of kinds (all
-// when none are given), and removes each that succeeds; it stops at the
-// first failure.
-func (m *Manager) runUndo(ctx context.Context, u *undo, floor int, kinds ...undoKind) error {
-	ctx = context.WithoutCancel(ctx)
-	for i := len(u.steps) - 1; i >= floor; i-- {
-		s := u.steps[i]
-		if len(kinds) > 0 && !containsKind(kinds, s.kind) {
-			continue
-		}
-		if err := m.undoOne(ctx, u.id, s); err != nil {
-			return err
-		}
-		u.steps = append(u.steps[:i:i], u.steps[i+1:]...)
-	}
-	return nil
-}
-
 func containsKind(kinds []undoKind, k undoKind) bool {
 	for _, x := range kinds {
 		if x == k {
@@ -81,26 +60,6 @@ func containsKind(kinds []undoKind, k undoKind) bool {
 		}
 	}
 	return false
-}
-
-func (m *Manager) undoOne(ctx context.Context, id string, s undoStep) error {
-	switch s.kind {
-	case undoRelease:
-		s.fn()
-	case undoDir:
-		return os.RemoveAll(m.rec.dir(id))
-	case undoSlot:
-		if err := m.d.Slots.Put(ctx, s.slot); err != nil {
-			return fmt.Errorf("release network slot %d: %w", s.slot.Index, err)
-		}
-	case undoContainer:
-		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
-			return fmt.Errorf("destroy container: %w", err)
-		}
-	case undoListed:
-		m.reg.remove(id)
-	}
-	return nil
 }
 
 // recordUndo is the undo of a sandbox that exists already (adopted after a

@@ -75,13 +75,13 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	// longer unexpected (the watch waits for e.mu, and then finds it
 	// paused without memory).
 	e.markGone()
-	if err := m.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
+	if err := m.reap.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
 		// Still running as far as we know: reachable and watched again.
 		e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 		go m.watch(e)
 		return fmt.Errorf("stop sandbox %s after saving its files: %w", sb.ID, err)
 	}
-	if err := m.runUndo(ctx, &e.undo, 0, undoSlot); err != nil {
+	if err := m.reap.runUndo(ctx, &e.undo, 0, undoSlot); err != nil {
 		// Kept in the record: the resume or the teardown frees it.
 		m.d.Log.Warn("pause without memory: network slot not released yet", "sandbox", sb.ID, "err", err)
 	} else {
@@ -120,7 +120,7 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) error {
 // release, or a failed reboot left (a late destroy behind the answer would
 // hit this boot of the ID).
 func (b *boot) clearLeftovers(ctx context.Context) error {
-	if err := b.m.runUndo(ctx, b.u, 0, undoContainer, undoSlot); err != nil {
+	if err := b.m.reap.runUndo(ctx, b.u, 0, undoContainer, undoSlot); err != nil {
 		return busy("remove what the pause or a failed resume left", err)
 	}
 	b.sb.Slot, b.e.sb.Slot = netns.Slot{}, netns.Slot{}

@@ -119,7 +119,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 	if was != StatePooled {
 		m.noteEnd(cause, sb)
 	}
-	m.runTeardown(ctx, t, tracked, false)
+	m.reap.runTeardown(ctx, t, tracked, false)
 	return nil
 }
 
@@ -138,100 +138,6 @@ func newTeardown(sb Sandbox, u undo) *teardown {
 	return &teardown{sb: sb, u: u, start: time.Now(), done: make(chan struct{})}
 }
 
-// tearDown gives back what u holds for sb (a box Recover does not adopt,
-// what a failed boot could not undo at once): the first attempt now when
-// now is set, retries behind while it fails. Until it is done the box
-// counts against MaxSandboxes.
-func (m *Manager) tearDown(ctx context.Context, sb Sandbox, u undo, now bool) {
-	t := newTeardown(sb, u)
-	tracked := m.reg.track(t)
-	m.runTeardown(ctx, t, tracked, now)
-}
-
-// runTeardown runs t, the first attempt now when now is set (else behind
-// the caller's answer, as a kill), and ends the teardown track counted.
-func (m *Manager) runTeardown(ctx context.Context, t *teardown, tracked, now bool) {
-	ctx = context.WithoutCancel(ctx)
-	if !tracked {
-		// After Shutdown nothing waits for a goroutine: one attempt now.
-		m.attempt(ctx, t, false)
-		return
-	}
-	n := 1
-	if now {
-		if m.attempt(ctx, t, true) {
-			m.reg.teardowns.Done()
-			return
-		}
-		n = 2
-	}
-	go m.retry(ctx, t, n)
-}
-
-// retry runs attempts from the n-th on until one succeeds or the server
-// shuts down; then the record (state killing) is left to Recover. It ends
-// a teardown that track counted.
-func (m *Manager) retry(ctx context.Context, t *teardown, n int) {
-	defer m.reg.teardowns.Done()
-	delay := m.retryBase
-	for ; ; n++ {
-		if n > 1 {
-			select {
-			case <-time.After(delay):
-			case <-m.stopping:
-				m.d.Log.Error("sandbox teardown left to the next start", "sandbox", t.sb.ID, "attempts", n-1)
-				return
-			}
-			delay = min(2*delay, teardownRetryMax)
-		}
-		if m.attempt(ctx, t, true) {
-			return
-		}
-	}
-}
-
-// attempt runs what is left of t's undo stack and says whether it is all
-// gone; then it forgets the box.
-func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool {
-	m.tearSem <- struct{}{}
-	err := m.runUndo(ctx, &t.u, 0)
-	<-m.tearSem
-	if err != nil {
-		if willRetry {
-			m.d.Log.Warn("sandbox teardown failed; will retry", "sandbox", t.sb.ID, "err", err)
-		} else {
-			m.d.Log.Error("sandbox teardown failed; left to the next start", "sandbox", t.sb.ID, "err", err)
-		}
-		return false
-	}
-	m.reg.tornDown(t.sb.ID)
-	close(t.done)
-	m.d.Log.Info("sandbox torn down", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
-	return true
-}
-
-// settle waits, up to settleMax, for the teardowns of killed sandboxes that
-// match to end. A kill answers before its sandbox lets go of its template
-// and snapshot; a delete of them right after the kill must not find them
-// in use.
-func (m *Manager) settle(match func(Sandbox) bool) {
-	var pending []chan struct{}
-	for _, t := range m.reg.tearing() {
-		if match(t.sb) {
-			pending = append(pending, t.done)
-		}
-	}
-	timeout := time.NewTimer(settleMax)
-	defer timeout.Stop()
-	for _, done := range pending {
-		select {
-		case <-done:
-		case <-timeout.C:
-			return
-		}
-	}
-}
-
 // Shutdown stops accepting creates and waits for those in flight and for
 // pending teardowns (failing ones retry for up to shutdownGrace, then are
 // left to the next start). Running sandboxes are left running; the next
@@ -243,14 +149,7 @@ func (m *Manager) Shutdown() {
 		}
 	}
 	m.reg.inflight.Wait()
-	done := make(chan struct{})
-	go func() { m.reg.teardowns.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(m.grace):
-	}
-	m.stopOnce.Do(func() { close(m.stopping) })
-	<-done
+	m.reap.wait()
 }
 
 // watch tears a sandbox down when it dies on its own (out of memory, a

@@ -87,7 +87,7 @@ func testManager(t *testing.T, rt runtime.Runtime, max int) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.retryBase = time.Millisecond
+	m.reap.retryBase = time.Millisecond
 	return m
 }
 
@@ -228,7 +228,7 @@ func TestShutdownLeavesFailingTeardownToRecovery(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.destroy = func(string, int) error { return errors.New("runtime down") }
 	m := testManager(t, rt, 10)
-	m.grace = 20 * time.Millisecond
+	m.reap.grace = 20 * time.Millisecond
 	e, released := addSandbox(t, m, StateRunning)
 	id := e.sb.ID
 	if err := m.Kill(context.Background(), id); err != nil {
@@ -378,10 +378,10 @@ func TestSettleWaitsForMatchingTeardowns(t *testing.T) {
 	if err := m.Kill(context.Background(), e.sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Template == "other" }) // returns at once
+	m.reap.settle(func(sb Sandbox) bool { return sb.Template == "other" }) // returns at once
 	settled := make(chan struct{})
 	go func() {
-		m.settle(func(sb Sandbox) bool { return sb.Template == "base" })
+		m.reap.settle(func(sb Sandbox) bool { return sb.Template == "base" })
 		close(settled)
 	}()
 	select {

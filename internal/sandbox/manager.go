@@ -90,13 +90,8 @@ type Manager struct {
 	// alone until they end.
 	preparing map[string]int
 
-	tearSem chan struct{}
-	// stopping ends the retries of failing teardowns (Shutdown).
-	stopping chan struct{}
-	stopOnce sync.Once
-	// retryBase is the first wait between teardown attempts; grace how
-	// long Shutdown lets failing teardowns retry.
-	retryBase, grace time.Duration
+	// reap tears boxes down (reaper.go).
+	reap reaper
 	// stepObs is told of every boot step (boot.go).
 	stepObs atomic.Pointer[StepObserver]
 	// ends tells an observer of every sandbox end (ends.go).
@@ -169,12 +164,8 @@ func New(d Deps) (*Manager, error) {
 		rec:    records{root: d.Dir, onPersist: d.OnPersist},
 		dialer: dial,
 		envd:   d.Envd,
-
-		tearSem:   make(chan struct{}, teardownParallel),
-		stopping:  make(chan struct{}),
-		retryBase: 100 * time.Millisecond,
-		grace:     shutdownGrace,
 	}
+	m.reap = newReaper(&m.reg, m.rec, d)
 	m.initPools()
 	return m, nil
 }

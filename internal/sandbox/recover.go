@@ -77,7 +77,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery)
 		if sb.Slot.Namespace != "" {
 			m.d.Slots.MarkUsed(sb.Slot.Index)
 		}
-		m.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb.Template)), true)
+		m.reap.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb.Template)), true)
 		return Sandbox{}, recoveredNone
 	}
 	if m.adoptFilesOnly(sb) {
@@ -206,7 +206,7 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	m.reg.bury(tomb)
 	m.rec.saveTombstone(tomb)
 	m.noteEnd(EndLost, sb)
-	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
+	m.reap.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 
 // lostRecord is what a tombstone keeps of a sandbox (no secrets).

@@ -250,6 +250,6 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if m.d.Snapshots == nil {
 		return errdefs.NotFound("snapshot %q does not exist", id)
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Snapshot == id })
+	m.reap.settle(func(sb Sandbox) bool { return sb.Snapshot == id })
 	return m.d.Snapshots.Delete(id)
 }

@@ -39,6 +39,6 @@ func (m *Manager) dropSpares(template string) (done func()) {
 			m.killWhen(context.Background(), e, death{}, func(sb Sandbox) bool { return sb.State == StatePooled })
 		}
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Template == template })
+	m.reap.settle(func(sb Sandbox) bool { return sb.Template == template })
 	return done
 }

@@ -34,7 +34,7 @@ func sparesManager(t *testing.T) (*Manager, *template.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.retryBase = time.Millisecond
+	m.reap.retryBase = time.Millisecond
 	return m, store
 }
 

@@ -311,13 +311,13 @@ func TestUndoKindsAndFloor(t *testing.T) {
 		u.push(undoStep{kind: undoRelease, name: name, fn: func() { order = append(order, name) }})
 	}
 	u.push(undoStep{kind: undoContainer})
-	if err := m.runUndo(context.Background(), &u, 0, undoContainer); err != nil || len(order) != 0 || len(u.steps) != 4 {
+	if err := m.reap.runUndo(context.Background(), &u, 0, undoContainer); err != nil || len(order) != 0 || len(u.steps) != 4 {
 		t.Fatalf("only the container: err %v, released %v, %d steps left; want nil, none, 4", err, order, len(u.steps))
 	}
-	if err := m.runUndo(context.Background(), &u, 2); err != nil || len(u.steps) != 2 {
+	if err := m.reap.runUndo(context.Background(), &u, 2); err != nil || len(u.steps) != 2 {
 		t.Fatalf("above the floor: err %v, %d steps left; want nil, 2", err, len(u.steps))
 	}
-	if err := m.runUndo(context.Background(), &u, 0); err != nil {
+	if err := m.reap.runUndo(context.Background(), &u, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(order, ""), "dcba"; got != want {

@@ -134,5 +134,5 @@ func (b *boot) listWarm(ctx context.Context) error {
 
 // dropWarm removes one warm container and what it holds.
 func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
-	m.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
+	m.reap.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
 }
