@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-
 	"github.com/agentenv/agentenv/internal/netns"
 )
 

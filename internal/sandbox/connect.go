@@ -11,7 +11,7 @@ import (
 // to d only when that is more than it had left; a running one lives at
 // least d more (never shortened). Any other state is returned as it is.
 func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb Sandbox, resumed bool, err error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, false, err
 	}

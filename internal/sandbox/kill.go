@@ -37,7 +37,7 @@ const (
 // Kill stops a sandbox: it disappears at once, and what it held is
 // released behind the answer.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 		m.rec.saveTombstone(tomb)
 	}
 	if was != StatePooled {
-		m.noteEnd(cause, sb)
+		m.ends.note(cause, sb)
 	}
 	m.reap.runTeardown(ctx, t, tracked, false)
 	return nil

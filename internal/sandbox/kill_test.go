@@ -120,7 +120,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (m *Manager) dyingCount() int {
+func dyingCount(m *Manager) int {
 	_, dying := m.reg.count()
 	return dying
 }
@@ -173,7 +173,7 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 	}
 
 	close(unblock)
-	eventually(t, "teardown still pending", func() bool { return m.dyingCount() == 0 })
+	eventually(t, "teardown still pending", func() bool { return dyingCount(m) == 0 })
 	if n := released.Load(); n != 1 {
 		t.Errorf("template released %d times, want once", n)
 	}
@@ -208,7 +208,7 @@ func TestTeardownRetriesUntilItSucceeds(t *testing.T) {
 	if err := m.Kill(context.Background(), e.sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "failing teardown never finished", func() bool { return m.dyingCount() == 0 })
+	eventually(t, "failing teardown never finished", func() bool { return dyingCount(m) == 0 })
 	if got := rt.calls(e.sb.ID); got != 4 {
 		t.Errorf("destroy called %d times, want 4 (3 failures, then success)", got)
 	}
@@ -299,7 +299,7 @@ func TestDeathTearsDownWithReason(t *testing.T) {
 			rt.mu.Lock()
 			close(rt.exited[id])
 			rt.mu.Unlock()
-			eventually(t, "dead sandbox not torn down", func() bool { return rt.calls(id) == 1 && m.dyingCount() == 0 })
+			eventually(t, "dead sandbox not torn down", func() bool { return rt.calls(id) == 1 && dyingCount(m) == 0 })
 			if _, err := m.Get(id); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "stopped unexpectedly") {
 				t.Errorf("get after death: %v, want not found saying it stopped unexpectedly", err)
 			}
@@ -360,7 +360,7 @@ func TestConcurrentKills(t *testing.T) {
 			t.Errorf("sandbox %d released %d times, want once", i, got)
 		}
 	}
-	if d := m.dyingCount(); d != 0 {
+	if d := dyingCount(m); d != 0 {
 		t.Errorf("%d teardowns pending after Shutdown", d)
 	}
 }

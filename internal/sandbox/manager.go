@@ -272,7 +272,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	if err := m.d.Limits.checkTimeout(d); err != nil {
 		return Sandbox{}, err
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -323,7 +323,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	if err != nil {
 		return Sandbox{}, err
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}

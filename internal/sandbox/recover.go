@@ -205,7 +205,7 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 	tomb := lostRecord(sb)
 	m.reg.bury(tomb)
 	m.rec.saveTombstone(tomb)
-	m.noteEnd(EndLost, sb)
+	m.ends.note(EndLost, sb)
 	m.reap.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 

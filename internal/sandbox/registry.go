@@ -257,13 +257,9 @@ func (r *registry) close() []*entry {
 	return entries
 }
 
-func (m *Manager) entry(id string) (*entry, error) { return m.reg.lookup(id) }
-
-func (m *Manager) entries() []*entry { return m.reg.all() }
-
 // Get returns a sandbox.
 func (m *Manager) Get(id string) (Sandbox, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -314,7 +310,7 @@ func (f Filter) Match(sb Sandbox) bool {
 
 // List returns the sandboxes that match, oldest first.
 func (m *Manager) List(f Filter) []Sandbox {
-	entries := m.entries()
+	entries := m.reg.all()
 	out := make([]Sandbox, 0, len(entries))
 	for _, e := range entries {
 		e.mu.Lock()
@@ -375,7 +371,7 @@ func routeLocked(e *entry, port int) Route {
 // A sandbox that is not (or no longer) running gives ErrNotFound, which
 // the proxy answers with 502, read by the E2B SDK as "not running".
 func (m *Manager) Resolve(id string, port int, check func(Route) error) (Route, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Route{}, err
 	}
@@ -405,7 +401,7 @@ func (m *Manager) Resolve(id string, port int, check func(Route) error) (Route, 
 // match accepts (a signed file URL without a sandbox ID is matched
 // against each).
 func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
-	for _, e := range m.entries() {
+	for _, e := range m.reg.all() {
 		e.mu.Lock()
 		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
 		e.mu.Unlock()

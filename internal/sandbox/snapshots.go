@@ -27,7 +27,7 @@ func (m *Manager) PauseFiles(ctx context.Context, id string) (Sandbox, error) {
 }
 
 func (m *Manager) pause(ctx context.Context, id string, how func(context.Context, *entry) error) (Sandbox, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -55,7 +55,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 			return Sandbox{}, err
 		}
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -107,7 +107,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if !req.internal && strings.HasPrefix(req.Name, readyPrefix) {
 		return snapshot.Snapshot{}, nil, errdefs.Invalid("snapshot name %q: names starting with %q are reserved for the server's ready templates; choose another name", req.Name, readyPrefix)
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return snapshot.Snapshot{}, nil, err
 	}

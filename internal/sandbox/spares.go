@@ -35,7 +35,7 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	m.warm.DropOf(template)
 	for _, id := range m.hot.Of(template) {
 		// Only if still pooled: a create may have just taken it.
-		if e, err := m.entry(id); err == nil {
+		if e, err := m.reg.lookup(id); err == nil {
 			m.killWhen(context.Background(), e, death{}, func(sb Sandbox) bool { return sb.State == StatePooled })
 		}
 	}
