@@ -455,7 +455,7 @@ func (b *boot) activate(ctx context.Context) error {
 	return nil
 }
 
-func (b *boot) waitEnvd(ctx context.Context) error { return b.m.waitEnvd(ctx, b.sb) }
+func (b *boot) waitEnvd(ctx context.Context) error { return waitEnvd(ctx, b.m.envd, b.sb) }
 
 // startCommand runs the template's start command (on a reboot, over the
 // files the sandbox had, as a boot from its disk would).
@@ -470,7 +470,7 @@ func (b *boot) rekey(ctx context.Context) error { return b.rekeyWith(ctx, nil) }
 func (b *boot) rekeyFresh(ctx context.Context) error { return b.rekeyWith(ctx, readyEnv(b.sb)) }
 
 func (b *boot) rekeyWith(ctx context.Context, env map[string]string) error {
-	if err := b.m.rekey(ctx, b.sb, b.snap.AccessToken, env); err != nil {
+	if err := rekey(ctx, b.m.envd, b.sb, b.snap.AccessToken, env); err != nil {
 		return busy("hand the restored sandbox its own token", err)
 	}
 	return nil

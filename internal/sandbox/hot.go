@@ -97,7 +97,7 @@ func (b *boot) claimPooled(ctx context.Context) error {
 // rekeyPooled gives the pooled sandbox's envd the new token and the
 // request's environment.
 func (b *boot) rekeyPooled(ctx context.Context) error {
-	return b.m.rekey(ctx, b.sb, b.pooledToken, readyEnv(b.sb))
+	return rekey(ctx, b.m.envd, b.sb, b.pooledToken, readyEnv(b.sb))
 }
 
 // handedOut makes the claimed sandbox running with its timer (its lock is

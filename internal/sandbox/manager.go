@@ -65,17 +65,16 @@ type Manager struct {
 	dialer *dialer.Dialer
 	envd   Envd
 
-	// mu guards preparing, and orders a pooled sandbox's leaving the hot
-	// pool with its being counted as dying (kill, Unlisted). Lock order:
-	// mu, then a pool's own lock (the pools never call into the manager
-	// while holding theirs), then the registry's (innermost).
+	// mu orders a pooled sandbox's leaving the hot pool with its being
+	// counted as dying (kill, Unlisted). Lock order: mu, then a pool's own
+	// lock (the pools never call into the manager while holding theirs),
+	// then the registry's (innermost).
 	mu sync.Mutex
 	// reg is the table of sandboxes, with its own lock (registry.go).
 	reg registry
 	// rec is what is persisted of each sandbox (records.go).
-	rec   records
-	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
-	slots map[int]bool
+	rec records
+	cpu cpuSamples // metrics: the last CPU sample of each sandbox
 
 	// warm and hot are the pools of spares (package pool; warm.go,
 	// hot.go, spares.go), each with its own lock, kick channel and spares
@@ -85,10 +84,9 @@ type Manager struct {
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped atomic.Int64
 
-	// preparing counts, per template, the builds and MakeReady calls at
-	// work on it (under mu), and deletes: the hot and warm pools leave it
-	// alone until they end.
-	preparing map[string]int
+	// prep marks the templates being built, made ready or deleted
+	// (ready.go): the pools leave them alone.
+	prep preparing
 
 	// reap tears boxes down (reaper.go).
 	reap reaper
@@ -181,13 +179,13 @@ func (m *Manager) initPools() {
 	}
 	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
 	m.warm.Init(pool.Host[warmEntry]{
-		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
 		Drop: m.dropWarm,
 	})
 	m.warm.Ready = m.IsReady
 	m.hot.Init(pool.Host[string]{
-		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error {
 			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
 			if err == nil {

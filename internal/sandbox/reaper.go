@@ -15,7 +15,8 @@ import (
 // reaper gives back what boxes hold: it runs undo stacks (a failed boot's,
 // a kill's, a pause without memory's) and tears boxes down behind the
 // answer, retrying a failing teardown until it succeeds or the server
-// shuts down. The boxes it tears down are counted as dying in the
+// shuts down; after a restart it removes the containers and network slots
+// no box owns. The boxes it tears down are counted as dying in the
 // registry until they are gone. It takes no lock of its own but the
 // registry's (through its methods).
 type reaper struct {
@@ -23,6 +24,7 @@ type reaper struct {
 	rec   records
 	rt    runtime.Runtime
 	slots *netns.Pool
+	net   *netns.Manager
 	log   *slog.Logger
 	// sem bounds the teardowns that run at once (teardownParallel).
 	sem chan struct{}
@@ -35,7 +37,7 @@ type reaper struct {
 }
 
 func newReaper(reg *registry, rec records, d Deps) reaper {
-	return reaper{reg: reg, rec: rec, rt: d.Runtime, slots: d.Slots, log: d.Log,
+	return reaper{reg: reg, rec: rec, rt: d.Runtime, slots: d.Slots, net: d.Net, log: d.Log,
 		sem: make(chan struct{}, teardownParallel), stopping: make(chan struct{}),
 		retryBase: 100 * time.Millisecond, grace: shutdownGrace}
 }
@@ -181,6 +183,42 @@ func (r *reaper) undoOne(ctx context.Context, id string, s undoStep) error {
 		}
 	case undoListed:
 		r.reg.remove(id)
+	}
+	return nil
+}
+
+// removeStrayContainers destroys the runtime's containers no sandbox owns.
+func (r *reaper) removeStrayContainers(ctx context.Context) error {
+	ids, err := r.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list runtime containers: %w", err)
+	}
+	for _, id := range ids {
+		if r.reg.holds(id) {
+			continue
+		}
+		r.log.Warn("removing container without a sandbox", "container", id)
+		if err := r.rt.Destroy(ctx, id); err != nil {
+			r.log.Error("remove stray container", "container", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// removeStraySlots deletes the network slots no sandbox uses.
+func (r *reaper) removeStraySlots(ctx context.Context) error {
+	left, err := r.net.Leftovers()
+	if err != nil {
+		return fmt.Errorf("list network slots: %w", err)
+	}
+	for _, i := range left {
+		if r.slots.Used(i) {
+			continue
+		}
+		r.log.Warn("removing network slot without a sandbox", "slot", i)
+		if err := r.net.Delete(ctx, r.net.SlotFor(i)); err != nil {
+			r.log.Error("remove stray network slot", "slot", i, "err", err)
+		}
 	}
 	return nil
 }

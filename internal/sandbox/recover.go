@@ -33,10 +33,10 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 	}
 	// Containers and slots that no record owns: a crash between their
 	// creation and the first record write, or a record deleted by hand.
-	if err := m.removeStrayContainers(ctx); err != nil {
+	if err := m.reap.removeStrayContainers(ctx); err != nil {
 		return adopted, lost, err
 	}
-	if err := m.removeStraySlots(ctx); err != nil {
+	if err := m.reap.removeStraySlots(ctx); err != nil {
 		return adopted, lost, err
 	}
 	for _, sb := range m.rec.tombstones() {
@@ -121,42 +121,6 @@ func (m *Manager) adoptLive(ctx context.Context, sb Sandbox) {
 	m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
 }
 
-// removeStrayContainers destroys the runtime's containers no sandbox owns.
-func (m *Manager) removeStrayContainers(ctx context.Context) error {
-	ids, err := m.d.Runtime.List(ctx)
-	if err != nil {
-		return fmt.Errorf("list runtime containers: %w", err)
-	}
-	for _, id := range ids {
-		if m.reg.holds(id) {
-			continue
-		}
-		m.d.Log.Warn("removing container without a sandbox", "container", id)
-		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
-			m.d.Log.Error("remove stray container", "container", id, "err", err)
-		}
-	}
-	return nil
-}
-
-// removeStraySlots deletes the network slots no sandbox uses.
-func (m *Manager) removeStraySlots(ctx context.Context) error {
-	left, err := m.d.Net.Leftovers()
-	if err != nil {
-		return fmt.Errorf("list network slots: %w", err)
-	}
-	for _, i := range left {
-		if m.d.Slots.Used(i) {
-			continue
-		}
-		m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
-		if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
-			m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
-		}
-	}
-	return nil
-}
-
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if !sb.State.Live() {
@@ -182,16 +146,12 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if sb.State.Paused() {
 		return ""
 	}
-	if err := m.waitEnvdQuick(ctx, sb); err != nil {
+	quick, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := waitEnvd(quick, m.envd, sb); err != nil {
 		return fmt.Sprintf("envd did not answer after the restart: %v", err)
 	}
 	return ""
-}
-
-func (m *Manager) waitEnvdQuick(ctx context.Context, sb Sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	return m.waitEnvd(ctx, sb)
 }
 
 // markLost tears a sandbox down and keeps a tombstone explaining why.
