@@ -17,7 +17,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
-	"github.com/agentenv/agentenv/internal/sandbox/pool"
+	"github.com/agentenv/agentenv/internal/sandbox/spare"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -76,11 +76,11 @@ type Manager struct {
 	rec records
 	cpu cpuSamples // metrics: the last CPU sample of each sandbox
 
-	// warm and hot are the pools of spares (package pool; warm.go,
+	// warm and hot are the pools of spares (package spare; warm.go,
 	// hot.go, spares.go), each with its own lock, kick channel and spares
 	// being made.
-	warm pool.Warm[warmEntry]
-	hot  pool.Hot
+	warm spare.Warm[warmEntry]
+	hot  spare.Hot
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
 	reaped atomic.Int64
 
@@ -178,13 +178,13 @@ func (m *Manager) initPools() {
 		return out
 	}
 	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
-	m.warm.Init(pool.Host[warmEntry]{
+	m.warm.Init(spare.Host[warmEntry]{
 		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
 		Drop: m.dropWarm,
 	})
 	m.warm.Ready = m.IsReady
-	m.hot.Init(pool.Host[string]{
+	m.hot.Init(spare.Host[string]{
 		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error {
 			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
