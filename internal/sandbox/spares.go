@@ -4,8 +4,8 @@ import "context"
 
 // Spares are what the server makes ahead of demand: warm containers
 // (warm.go) and pooled sandboxes (hot.go), kept in their pools (package
-// pool, each with its own lock, taken after m.mu and before the registry's). Users neither see nor
-// kill them, so although they hold their template as sandboxes do, they
+// spare, each with its own lock, taken after m.mu and before the
+// registry's). Users neither see nor kill them, so although they hold their template as sandboxes do, they
 // never keep it from being deleted (they go with it), and a template's
 // "in use" leaves them out.
 
