@@ -190,7 +190,7 @@ func (r BootRecord) String() string {
 // create in flight and makes the sandbox's record and entry.
 func (b *boot) admit(ctx context.Context) error {
 	m, req := b.m, &b.req
-	m.sized(req)
+	m.size.fill(req)
 	if err := m.d.Limits.check(req); err != nil {
 		return err
 	}
@@ -205,7 +205,7 @@ func (b *boot) admit(ctx context.Context) error {
 	// The write layer counts as used once the sandbox is listed; until
 	// the create ends, what its boot or restore writes into it is
 	// reserved.
-	diskMB := m.diskMB(req.Template)
+	diskMB := m.size.diskMB(req.Template)
 	if b.snap != nil {
 		diskMB = b.snap.DiskMB
 	}

@@ -16,7 +16,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 	if m.d.Limits.HotPool <= 0 {
 		return Sandbox{}, false
 	}
-	m.sized(&req)
+	m.size.fill(&req)
 	if err := m.d.Limits.check(&req); err != nil {
 		return Sandbox{}, false // the normal path reports it
 	}
@@ -24,7 +24,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		req.Network = &Network{AllowInternet: true}
 	}
 	// Pooled sandboxes were booted with the template's size.
-	cpus, memMB := m.templateSize(req.Template)
+	cpus, memMB := m.size.of(req.Template)
 	if _, err := req.Network.egress(); err != nil || req.CPUs != cpus || req.MemoryMB != memMB {
 		return Sandbox{}, false
 	}

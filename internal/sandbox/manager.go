@@ -74,7 +74,9 @@ type Manager struct {
 	reg registry
 	// rec is what is persisted of each sandbox (records.go).
 	rec records
-	cpu cpuSamples // metrics: the last CPU sample of each sandbox
+	// size is what a template's new sandboxes get (size.go).
+	size sizes
+	cpu  cpuSamples // metrics: the last CPU sample of each sandbox
 
 	// warm and hot are the pools of spares (package spare; warm.go,
 	// hot.go, spares.go), each with its own lock, kick channel and spares
@@ -160,6 +162,7 @@ func New(d Deps) (*Manager, error) {
 	m := &Manager{
 		d:      d,
 		rec:    records{root: d.Dir, onPersist: d.OnPersist},
+		size:   sizes{templates: d.Templates, limits: d.Limits},
 		dialer: dial,
 		envd:   d.Envd,
 	}

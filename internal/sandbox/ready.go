@@ -28,7 +28,7 @@ func (m *Manager) readySnapshot(template string) (snapshot.Snapshot, bool) {
 	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
 		return snapshot.Snapshot{}, false
 	}
-	disk := m.diskMB(template)
+	disk := m.size.diskMB(template)
 	for _, sn := range m.d.Snapshots.ListAll() {
 		if sn.Internal && sn.Name == readyPrefix+template && sn.Runtime == m.d.Runtime.Version() && sn.DiskMB == disk {
 			return sn, true
