@@ -17,7 +17,7 @@ import (
 // The boot pipeline. Every way a box comes up — create (boot), restore (a
 // user's snapshot, a ready template's, a fork child), reboot (a resume
 // without memory) and warm-prepare — is a list of named steps over one
-// boot, run by runBoot; variants differ by the steps they list. A step that
+// boot, run by boot.run; variants differ by the steps they list. A step that
 // acquires something pushes its undo on the box's stack (cleanup.go); when
 // a step fails, what the boot pushed is undone (a sandbox's, retried behind
 // the answer like a kill's teardown). Each step is timed — wall, and the
@@ -99,11 +99,12 @@ func (m *Manager) newBoot(kind string, req CreateRequest, snap *snapshot.Snapsho
 	return &boot{m: m, kind: kind, req: req, snap: snap, u: &undo{}, rec: BootRecord{Kind: kind}}
 }
 
-// runBoot runs steps in order. When one fails, what the boot pushed on the
+// run runs steps in order. When one fails, what the boot pushed on the
 // box's stack is undone: for a box that outlives the boot (a reboot) once,
 // leaving what fails on its stack for its next boot or its kill; otherwise
 // with retries behind the answer, counted as dying until it is gone.
-func (m *Manager) runBoot(ctx context.Context, b *boot, steps []step) error {
+func (b *boot) run(ctx context.Context, steps []step) error {
+	m := b.m
 	defer func() {
 		for i := len(b.after) - 1; i >= 0; i-- {
 			b.after[i]()
@@ -528,9 +529,9 @@ func restoreList(snap, rekey step) []step {
 		{"restore", (*boot).restoreRuntime, true}, netStep, rekey, runStep, watchStep}
 }
 
-// bootSandbox runs a create's steps and returns the new sandbox.
-func (m *Manager) bootSandbox(ctx context.Context, b *boot, steps []step) (Sandbox, error) {
-	if err := m.runBoot(ctx, b, steps); err != nil {
+// newSandbox runs a create's steps and returns the new sandbox.
+func (b *boot) newSandbox(ctx context.Context, steps []step) (Sandbox, error) {
+	if err := b.run(ctx, steps); err != nil {
 		return Sandbox{}, err
 	}
 	b.e.mu.Lock()

@@ -52,7 +52,7 @@ func TestRunBoot(t *testing.T) {
 			b := m.newBoot(BootCreate, CreateRequest{}, nil)
 			b.sb.ID = newID()
 			b.u.id = b.sb.ID
-			err := m.runBoot(context.Background(), b, tt.steps)
+			err := b.run(context.Background(), tt.steps)
 			if !errors.Is(err, tt.err) {
 				t.Fatalf("got %v, want %v", err, tt.err)
 			}

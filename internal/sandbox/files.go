@@ -113,7 +113,7 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) error {
 		return err
 	}
 	b.egress = eg
-	return m.runBoot(ctx, b, rebootSteps)
+	return b.run(ctx, rebootSteps)
 }
 
 // clearLeftovers gives back the slot and container a pause could not

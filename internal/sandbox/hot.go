@@ -57,7 +57,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (Sandbox, error) {
 	b := m.newBoot(BootHot, req, nil)
 	b.e = e
-	return m.bootSandbox(ctx, b, hotSteps)
+	return b.newSandbox(ctx, hotSteps)
 }
 
 // hotSteps are the hot boot's: the sandbox was booted for the pool.

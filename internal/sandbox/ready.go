@@ -71,7 +71,7 @@ func (m *Manager) MakeReady(ctx context.Context, template string, force bool) er
 	start := time.Now()
 	// Boot with the template's size; a sandbox restored from it gets its
 	// own limits from its create request.
-	sb, err := m.bootSandbox(ctx, m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil), createSteps)
+	sb, err := m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil).newSandbox(ctx, createSteps)
 	if err != nil {
 		return fmt.Errorf("boot template %s to make it ready: %w", template, err)
 	}
@@ -140,7 +140,7 @@ func (m *Manager) checkStart(ctx context.Context, template string) error {
 	if t, err := m.d.Templates.Get(template); err != nil || t.StartCmd == "" {
 		return err
 	}
-	sb, err := m.bootSandbox(ctx, m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil), createSteps)
+	sb, err := m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil).newSandbox(ctx, createSteps)
 	if err != nil {
 		return err
 	}

@@ -207,7 +207,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	for i := range count {
 		wg.Go(func() {
 			network := parent.Network
-			sb, err := m.bootSandbox(ctx, m.restoreBoot(BootFork, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, sn), forkSteps)
+			sb, err := m.restoreBoot(BootFork, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, sn).newSandbox(ctx, forkSteps)
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}

@@ -102,7 +102,7 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 	}
 	b.egress = eg
 	b.prep = prep
-	return m.runBoot(ctx, b, warmSteps)
+	return b.run(ctx, warmSteps)
 }
 
 // warmMarker makes the container's directory, marked as a warm
