@@ -75,8 +75,8 @@ type death struct{ cause, reason string }
 // memory when the host's OOM killer killed a process in its memory cgroup
 // (read before its teardown removes the cgroup), lost otherwise. Without
 // the cgroup's count (no cgroups), the reason names both.
-func (m *Manager) deathOf(ctx context.Context, sb Sandbox) death {
-	st, ok := m.d.Runtime.(runtime.Statser)
+func deathOf(ctx context.Context, rt runtime.Runtime, sb Sandbox) death {
+	st, ok := rt.(runtime.Statser)
 	if !ok {
 		return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
 	}

@@ -38,8 +38,6 @@ const (
 	sinceMargin = time.Minute
 )
 
-func (m *Manager) filesDir(id string) string { return filepath.Join(m.rec.dir(id), "files") }
-
 // filesCap bounds the stream the host keeps of a sandbox: what its write
 // layer can hold (its disk, or its memory when the layer is there), plus a
 // margin for the archive's headers and path list. It returns both.
@@ -58,7 +56,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), filesTimeout)
 	defer cancel()
 	sb, start := e.sb, time.Now()
-	dir := m.filesDir(sb.ID)
+	dir := m.rec.filesDir(sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -138,7 +136,7 @@ func (b *boot) restoreFiles(ctx context.Context) error {
 // rebooted makes the new boot the sandbox's (its caller resumes it).
 func (b *boot) rebooted(ctx context.Context) error {
 	e := b.e
-	os.RemoveAll(b.m.filesDir(e.sb.ID))
+	os.RemoveAll(b.m.rec.filesDir(e.sb.ID))
 	next := b.sb
 	next.Boot = b.rec.clone()
 	e.sb = next
@@ -190,7 +188,7 @@ func receiveFiles(dst string, r io.Reader, sb Sandbox) error {
 // restoreFiles hands the stored stream to the fresh sandbox's envd, which
 // unpacks it and deletes what the paused sandbox no longer had.
 func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
-	f, err := os.Open(filepath.Join(m.filesDir(sb.ID), filesArchive))
+	f, err := os.Open(filepath.Join(m.rec.filesDir(sb.ID), filesArchive))
 	if err != nil {
 		return err
 	}
@@ -209,7 +207,7 @@ func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
 	if sb.State != StatePausedFiles || sb.Slot.Namespace != "" {
 		return false
 	}
-	if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), filesArchive)); err != nil {
+	if _, err := os.Stat(filepath.Join(m.rec.filesDir(sb.ID), filesArchive)); err != nil {
 		return false
 	}
 	_, releaseTemplate, err := m.d.Templates.Acquire(sb.Template)

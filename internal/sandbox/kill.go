@@ -186,7 +186,7 @@ func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64
 		if state == StateKilling || rebooted {
 			return // being killed, or stopped by a pause without memory, on purpose
 		}
-		d := m.deathOf(context.Background(), sb)
+		d := deathOf(context.Background(), m.d.Runtime, sb)
 		if tail := logTail(filepath.Join(m.rec.dir(id), "console.log"), 300); tail != "" {
 			d.reason += "; last output: " + tail
 		}

@@ -27,6 +27,9 @@ type records struct {
 // dir is the directory of sandbox id.
 func (r records) dir(id string) string { return filepath.Join(r.root, id) }
 
+// filesDir holds what a pause without memory saved of sandbox id's files.
+func (r records) filesDir(id string) string { return filepath.Join(r.dir(id), "files") }
+
 // write writes a sandbox record atomically.
 func (r records) write(sb Sandbox) error {
 	b, err := json.MarshalIndent(sb, "", "  ")

@@ -127,8 +127,8 @@ func TestRecoverOldFilesOnlyRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := newID()
-	os.MkdirAll(m.filesDir(id), 0o700)
-	os.WriteFile(filepath.Join(m.filesDir(id), filesArchive), nil, 0o600)
+	os.MkdirAll(m.rec.filesDir(id), 0o700)
+	os.WriteFile(filepath.Join(m.rec.filesDir(id), filesArchive), nil, 0o600)
 	old := `{"sandboxID":"` + id + `","templateID":"img","state":"paused","filesOnly":true,"slot":{}}`
 	os.WriteFile(filepath.Join(m.rec.dir(id), "sandbox.json"), []byte(old), 0o600)
 	sb, err := m.rec.read(id)
