@@ -2,16 +2,16 @@
 // ahead of demand, of two kinds kept in two pools (Hot: booted sandboxes;
 // Warm: containers prepared for a restore). Per template it holds what
 // waits to be taken, what is being made, the refill loops, and (Warm) the
-// demand for warm containers. A spare is an
-// opaque T: the package knows neither the boot pipeline, nor the registry,
-// nor what a spare holds; it reaches the manager only through Host's
-// functions.
+// demand for warm containers. A spare is an opaque T: the package knows
+// neither the boot pipeline, nor the registry, nor what a spare holds; it
+// reaches the manager only through Host's functions.
 //
-// Lock order: the manager's lock, then a pool's. A pool's lock is a leaf:
-// held only around its own maps, never while calling into Host, so the
-// manager may read or change a pool while holding its own lock (a pooled
-// sandbox leaves the hot pool as it leaves the registry; the manager
-// counts the spares and its teardowns at one instant).
+// Lock order: the manager's lock, then a pool's, then the manager's
+// registry's. A pool's lock is held only around its own maps, never while
+// calling into Host, so the manager may read or change a pool while
+// holding its own lock (a pooled sandbox leaves the hot pool as it is
+// counted as dying; the manager counts the spares and its teardowns at one
+// instant).
 package spare
 
 import (
