@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 RUNSC_VERSION=$(cat RUNSC_VERSION)
 # chromium: headless, the test of the live page (/ui) renders it in a real browser.
-# python3-ipykernel: the code interpreter server's tests run its kernels on the host.
-APT_PACKAGES=(busybox-static e2fsprogs protobuf-compiler libprotobuf-dev debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 python3-pip patch libnss-myhostname chromium python3-ipykernel)
+# python3-ipykernel, python3-matplotlib: the code interpreter server's tests run its kernels
+# on the host (charts), and so do the tests of SandboxFusion's Jupyter driver.
+APT_PACKAGES=(busybox-static e2fsprogs protobuf-compiler libprotobuf-dev debootstrap debian-archive-keyring erofs-utils iproute2 nftables crun curl python3 python3-pip patch libnss-myhostname chromium python3-ipykernel python3-matplotlib)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

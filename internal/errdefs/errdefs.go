@@ -110,10 +110,20 @@ func HTTPStatus(err error) (int, string) {
 func FromCode(code, message string) error {
 	for _, c := range classes {
 		if c.code == code {
-			return &coded{msg: message, class: c.err}
+			return Received(message, c.err)
 		}
 	}
 	return errors.New(message)
+}
+
+// Received is an error another process sent: message as sent, wrapping
+// class (nil for none) so errors.Is answers as on the sender's side. Every
+// transport's codec decodes into it; none keeps a type of its own.
+func Received(message string, class error) error {
+	if class == nil {
+		return errors.New(message)
+	}
+	return &coded{msg: message, class: class}
 }
 
 // coded is an error received from another process: its text as sent,

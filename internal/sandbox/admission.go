@@ -208,17 +208,7 @@ func (d *Disk) useLocked(held bool) DiskUse {
 		}
 	}
 	if d.m != nil {
-		var live, dying []string
-		d.m.mu.Lock()
-		for id := range d.m.dying {
-			dying = append(dying, id)
-		}
-		if held {
-			for id := range d.m.boxes {
-				live = append(live, id)
-			}
-		}
-		d.m.mu.Unlock()
+		live, dying := d.m.reg.ids(held)
 		for _, id := range dying {
 			u.Freeing += d.m.LayerBytes(id)
 		}

@@ -121,13 +121,13 @@ func (f *fakeFS) statfs(string) (int64, error) { return f.free.Load(), nil }
 // ledgerManager is a manager with no sandboxes whose layers are files a
 // test writes (LayerBytes measures them as it does the real ones).
 func ledgerManager(t *testing.T) *Manager {
-	return &Manager{registry: registry{boxes: map[string]*entry{}}, dying: map[string]*teardown{}, d: Deps{Dir: t.TempDir()}}
+	return &Manager{d: Deps{Dir: t.TempDir()}}
 }
 
 // writeLayer gives sandbox id of m a write layer holding n bytes.
 func writeLayer(t *testing.T, m *Manager, id string, n int64) {
 	t.Helper()
-	p := ocispec.FilestorePath(m.dir(id), id)
+	p := ocispec.FilestorePath(m.rec.dir(id), id)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestDiskLedger(t *testing.T) {
 	snapshots.Store(gib)
 
 	// A live sandbox's layer counts what it holds, not its size.
-	m.boxes["a"] = &entry{}
+	m.reg.add(&entry{sb: Sandbox{ID: "a"}})
 	writeLayer(t, m, "a", 3*mib)
 	if got := d.Use(); got.Layers < 3*mib || got.Layers > 4*mib || got.Sandboxes != 1 {
 		t.Fatalf("one sandbox holding 3 MiB: %+v, want its layer at about 3 MiB", got)
@@ -176,15 +176,14 @@ func TestDiskLedger(t *testing.T) {
 		t.Fatalf("create with 1 MiB above the reserve: %v, want insufficient storage", err)
 	}
 	writeLayer(t, m, "a", 64*mib)
-	delete(m.boxes, "a")
-	m.dying["a"] = &teardown{}
+	m.reg.end(&teardown{sb: Sandbox{ID: "a"}}, endNote{})
 	if err := d.fits(layerStartBytes, "a create"); err != nil {
 		t.Fatalf("create after a kill that frees 64 MiB: %v", err)
 	}
 	if got := d.Use(); got.Layers != 0 || got.Freeing < 64*mib {
 		t.Fatalf("while torn down: %+v, want no layers held and 64 MiB being freed", got)
 	}
-	delete(m.dying, "a")
+	m.reg.tornDown("a")
 
 	// A meter charges chunk by chunk and refuses at the reserve.
 	fsys.free.Store(2*gib + 10*mib)

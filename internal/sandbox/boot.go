@@ -18,7 +18,7 @@ import (
 // The boot pipeline. Every way a box comes up — create (boot), restore (a
 // user's snapshot, a ready template's, a fork child), reboot (a resume
 // without memory) and warm-prepare — is a list of named steps over one
-// boot, run by runBoot; variants differ by the steps they list. A step that
+// boot, run by boot.run; variants differ by the steps they list. A step that
 // acquires something pushes its undo on the box's stack (cleanup.go); when
 // a step fails, what the boot pushed is undone (a sandbox's, retried behind
 // the answer like a kill's teardown). Each step is timed — wall, and the
@@ -90,17 +90,22 @@ type boot struct {
 	container  bool // its container may exist: its cgroup can be sampled
 	rec        BootRecord
 	start      time.Time
+
+	// pooledToken is the token a hot pool's sandbox's envd holds until
+	// the handout rekeys it.
+	pooledToken string
 }
 
 func (m *Manager) newBoot(kind string, req CreateRequest, snap *snapshot.Snapshot) *boot {
 	return &boot{m: m, kind: kind, req: req, snap: snap, u: &undo{}, rec: BootRecord{Kind: kind}}
 }
 
-// runBoot runs steps in order. When one fails, what the boot pushed on the
+// run runs steps in order. When one fails, what the boot pushed on the
 // box's stack is undone: for a box that outlives the boot (a reboot) once,
 // leaving what fails on its stack for its next boot or its kill; otherwise
 // with retries behind the answer, counted as dying until it is gone.
-func (m *Manager) runBoot(ctx context.Context, b *boot, steps []step) error {
+func (b *boot) run(ctx context.Context, steps []step) error {
+	m := b.m
 	defer func() {
 		for i := len(b.after) - 1; i >= 0; i-- {
 			b.after[i]()
@@ -110,10 +115,10 @@ func (m *Manager) runBoot(ctx context.Context, b *boot, steps []step) error {
 	for _, s := range steps {
 		if err := b.timed(ctx, s); err != nil {
 			m.d.Log.Warn("boot failed", "kind", b.kind, "step", s.name, "sandbox", b.sb.ID, "template", b.sb.Template, "err", err)
-			if uerr := m.runUndo(ctx, b.u, b.floor); uerr != nil && b.floor == 0 {
+			if uerr := m.reap.runUndo(ctx, b.u, b.floor); uerr != nil && b.floor == 0 {
 				// The answer keeps the step's error class; what could not
 				// be removed is retried behind it.
-				m.tearDown(ctx, b.sb, *b.u, false)
+				m.reap.tearDown(ctx, b.sb, *b.u, false)
 			} else if uerr != nil {
 				m.d.Log.Error("undo of a failed boot; left for the next boot or the kill", "kind", b.kind, "sandbox", b.sb.ID, "err", uerr)
 			}
@@ -187,7 +192,7 @@ func (r BootRecord) String() string {
 // create in flight and makes the sandbox's record and entry.
 func (b *boot) admit(ctx context.Context) error {
 	m, req := b.m, &b.req
-	m.sized(req)
+	m.size.fill(req)
 	if err := m.d.Limits.check(req); err != nil {
 		return err
 	}
@@ -202,7 +207,7 @@ func (b *boot) admit(ctx context.Context) error {
 	// The write layer counts as used once the sandbox is listed; until
 	// the create ends, what its boot or restore writes into it is
 	// reserved.
-	diskMB := m.diskMB(req.Template)
+	diskMB := m.size.diskMB(req.Template)
 	if b.snap != nil {
 		diskMB = b.snap.DiskMB
 	}
@@ -219,10 +224,10 @@ func (b *boot) admit(ctx context.Context) error {
 		}
 		b.after = append(b.after, release)
 	}
-	if err := m.admit(); err != nil {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); err != nil {
 		return err
 	}
-	b.after = append(b.after, m.inflight.Done)
+	b.after = append(b.after, m.reg.inflight.Done)
 	b.sb = b.record(diskMB)
 	b.e = blankEntry(b.sb)
 	b.u = &b.e.undo
@@ -355,7 +360,7 @@ func (b *boot) takeWarm(ctx context.Context) error {
 		return nil
 	}
 	// The sandbox holds the template itself.
-	m.runUndo(ctx, &w.undo, 0, undoRelease)
+	m.reap.runUndo(ctx, &w.undo, 0, undoRelease)
 	b.warm, b.container = w, true
 	b.sb.ID, b.u.id = w.id, w.id
 	b.sb.Slot = w.slot
@@ -388,23 +393,16 @@ func (b *boot) takeSlot(ctx context.Context) error {
 // from here on leaves one that recovery cleans up, and lists the sandbox.
 func (b *boot) persist(ctx context.Context) error {
 	m := b.m
-	if err := os.MkdirAll(m.dir(b.sb.ID), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(b.sb.ID), 0o700); err != nil {
 		return err
 	}
 	b.e.sb = b.sb
-	if err := m.persist(b.sb); err != nil {
+	if err := m.rec.write(b.sb); err != nil {
 		return err
 	}
-	m.list(b.e)
+	m.reg.add(b.e)
 	b.u.push(undoStep{kind: undoListed})
 	return nil
-}
-
-// list makes e findable by its ID.
-func (m *Manager) list(e *entry) {
-	m.mu.Lock()
-	m.boxes[e.sb.ID] = e
-	m.mu.Unlock()
 }
 
 // adopt lists a sandbox found after a restart, holding its snapshot (if
@@ -415,14 +413,15 @@ func (m *Manager) adopt(sb Sandbox, releaseTemplate func()) *entry {
 		releaseSnap = m.d.Snapshots.Hold(sb.Snapshot)
 	}
 	e := newEntry(sb, func() { releaseTemplate(); releaseSnap() })
-	m.list(e)
+	m.reg.add(e)
 	return e
 }
 
 // applyEgress sets the sandbox's egress policy. A warm container's slot
-// has the default policy already (one nft run less on a fork child's path).
+// and a pooled sandbox's have the default policy already (one nft run
+// less on a fork child's path and a hot create's).
 func (b *boot) applyEgress(ctx context.Context) error {
-	if b.warm != nil && defaultNetwork(b.sb.Network) {
+	if (b.warm != nil || b.kind == BootHot) && defaultNetwork(b.sb.Network) {
 		return nil
 	}
 	if err := b.m.d.Net.SetEgress(ctx, b.sb.Slot, b.egress); err != nil {
@@ -460,7 +459,7 @@ func (b *boot) activate(ctx context.Context) error {
 	return nil
 }
 
-func (b *boot) waitEnvd(ctx context.Context) error { return b.m.waitEnvd(ctx, b.sb) }
+func (b *boot) waitEnvd(ctx context.Context) error { return waitEnvd(ctx, b.m.envd, b.sb) }
 
 // startCommand runs the template's start command (on a reboot, over the
 // files the sandbox had, as a boot from its disk would).
@@ -475,7 +474,7 @@ func (b *boot) rekey(ctx context.Context) error { return b.rekeyWith(ctx, nil) }
 func (b *boot) rekeyFresh(ctx context.Context) error { return b.rekeyWith(ctx, readyEnv(b.sb)) }
 
 func (b *boot) rekeyWith(ctx context.Context, env map[string]string) error {
-	if err := b.m.rekey(ctx, b.sb, b.snap.AccessToken, env); err != nil {
+	if err := rekey(ctx, b.m.envd, b.sb, b.snap.AccessToken, env); err != nil {
 		return busy("hand the restored sandbox its own token", err)
 	}
 	return nil
@@ -488,9 +487,9 @@ func (b *boot) running(ctx context.Context) error {
 	defer e.mu.Unlock()
 	e.sb.Boot = b.rec.clone()
 	if b.req.pooled {
-		return b.m.move(e, StatePooled)
+		return b.m.rec.move(e, StatePooled)
 	}
-	if err := b.m.move(e, StateRunning); err != nil {
+	if err := b.m.rec.move(e, StateRunning); err != nil {
 		return err
 	}
 	b.m.armTimer(e)
@@ -533,9 +532,9 @@ func restoreList(snap, rekey step) []step {
 		{"restore", (*boot).restoreRuntime, true}, netStep, rekey, runStep, watchStep}
 }
 
-// bootSandbox runs a create's steps and returns the new sandbox.
-func (m *Manager) bootSandbox(ctx context.Context, b *boot, steps []step) (Sandbox, error) {
-	if err := m.runBoot(ctx, b, steps); err != nil {
+// newSandbox runs a create's steps and returns the new sandbox.
+func (b *boot) newSandbox(ctx context.Context, steps []step) (Sandbox, error) {
+	if err := b.run(ctx, steps); err != nil {
 		return Sandbox{}, err
 	}
 	b.e.mu.Lock()

@@ -52,7 +52,7 @@ func TestRunBoot(t *testing.T) {
 			b := m.newBoot(BootCreate, CreateRequest{}, nil)
 			b.sb.ID = newID()
 			b.u.id = b.sb.ID
-			err := m.runBoot(context.Background(), b, tt.steps)
+			err := b.run(context.Background(), tt.steps)
 			if !errors.Is(err, tt.err) {
 				t.Fatalf("got %v, want %v", err, tt.err)
 			}
@@ -63,8 +63,8 @@ func TestRunBoot(t *testing.T) {
 			if len(observed) != ran || len(b.rec.Steps) != ran || b.rec.Steps[ran-1].Step != tt.steps[ran-1].name {
 				t.Errorf("recorded %v, observed %v; want the %d steps that ran", b.rec.Steps, observed, ran)
 			}
-			if tt.err != nil && (len(b.u.steps) != 0 || m.dyingCount() != 0) {
-				t.Errorf("after the failure: %d undo steps left, %d dying; want none", len(b.u.steps), m.dyingCount())
+			if tt.err != nil && (len(b.u.steps) != 0 || dyingCount(m) != 0) {
+				t.Errorf("after the failure: %d undo steps left, %d dying; want none", len(b.u.steps), dyingCount(m))
 			}
 		})
 	}

@@ -1,10 +1,6 @@
 package sandbox
 
 import (
-	"context"
-	"fmt"
-	"os"
-
 	"github.com/agentenv/agentenv/internal/netns"
 )
 
@@ -21,7 +17,7 @@ type undo struct {
 }
 
 // undoKind names what an undo step gives back. Teardown is written once,
-// in Manager.undoOne.
+// in reaper.undoOne.
 type undoKind string
 
 const (
@@ -29,7 +25,7 @@ const (
 	undoDir       undoKind = "dir"       // the box's directory (record, bundle, logs, layer)
 	undoSlot      undoKind = "slot"      // its network slot
 	undoContainer undoKind = "container" // its runtime container (a no-op when none was made)
-	undoListed    undoKind = "listed"    // its place in Manager.boxes
+	undoListed    undoKind = "listed"    // its place in the registry
 )
 
 type undoStep struct {
@@ -56,24 +52,6 @@ func (u *undo) moveTo(dst *undo) {
 	u.steps = nil
 }
 
-// runUndo runs u's steps above floor from the top, those of kinds (all
-// when none are given), and removes each that succeeds; it stops at the
-// first failure.
-func (m *Manager) runUndo(ctx context.Context, u *undo, floor int, kinds ...undoKind) error {
-	ctx = context.WithoutCancel(ctx)
-	for i := len(u.steps) - 1; i >= floor; i-- {
-		s := u.steps[i]
-		if len(kinds) > 0 && !containsKind(kinds, s.kind) {
-			continue
-		}
-		if err := m.undoOne(ctx, u.id, s); err != nil {
-			return err
-		}
-		u.steps = append(u.steps[:i:i], u.steps[i+1:]...)
-	}
-	return nil
-}
-
 func containsKind(kinds []undoKind, k undoKind) bool {
 	for _, x := range kinds {
 		if x == k {
@@ -81,28 +59,6 @@ func containsKind(kinds []undoKind, k undoKind) bool {
 		}
 	}
 	return false
-}
-
-func (m *Manager) undoOne(ctx context.Context, id string, s undoStep) error {
-	switch s.kind {
-	case undoRelease:
-		s.fn()
-	case undoDir:
-		return os.RemoveAll(m.dir(id))
-	case undoSlot:
-		if err := m.d.Slots.Put(ctx, s.slot); err != nil {
-			return fmt.Errorf("release network slot %d: %w", s.slot.Index, err)
-		}
-	case undoContainer:
-		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
-			return fmt.Errorf("destroy container: %w", err)
-		}
-	case undoListed:
-		m.mu.Lock()
-		delete(m.boxes, id)
-		m.mu.Unlock()
-	}
-	return nil
 }
 
 // recordUndo is the undo of a sandbox that exists already (adopted after a

@@ -11,7 +11,7 @@ import (
 // to d only when that is more than it had left; a running one lives at
 // least d more (never shortened). Any other state is returned as it is.
 func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb Sandbox, resumed bool, err error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, false, err
 	}
@@ -40,7 +40,7 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb S
 		}
 		old := e.sb.EndAt
 		e.sb.EndAt = m.d.Clock.Now().UTC().Add(d)
-		if err := m.persist(e.sb); err != nil {
+		if err := m.rec.write(e.sb); err != nil {
 			e.sb.EndAt = old
 			return Sandbox{}, false, err
 		}

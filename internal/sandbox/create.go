@@ -24,7 +24,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 	}
 	if sn, ok := m.readySnapshot(req.Template); ok && len(req.Volumes) == 0 {
-		sb, err := m.bootSandbox(ctx, m.restoreBoot(BootReady, req, sn), readySteps)
+		sb, err := m.restoreBoot(BootReady, req, sn).newSandbox(ctx, readySteps)
 		if err == nil || !errors.Is(err, errRestore) {
 			return sb, err
 		}
@@ -33,7 +33,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.d.Log.Warn("ready snapshot does not restore; booting instead", "template", req.Template, "snapshot", sn.ID, "err", err)
 		m.dropReady(req.Template)
 	}
-	return m.bootSandbox(ctx, m.newBoot(BootCreate, req, nil), createSteps)
+	return m.newBoot(BootCreate, req, nil).newSandbox(ctx, createSteps)
 }
 
 // restore is a create from the snapshot req.Template names.
@@ -56,7 +56,7 @@ func (m *Manager) restore(ctx context.Context, req CreateRequest) (Sandbox, erro
 	if len(sn.Volumes) == 0 { // a restore with volumes takes no warm container
 		m.wantWarm(sn.Template, sn.CPUs, sn.MemoryMB, sn.Nproc, sn.DiskMB, 1)
 	}
-	return m.bootSandbox(ctx, m.restoreBoot(BootRestore, req, sn), restoreSteps)
+	return m.restoreBoot(BootRestore, req, sn).newSandbox(ctx, restoreSteps)
 }
 
 // volumesExist tells whether the volumes snapshot sn mounted are still
@@ -72,21 +72,6 @@ func volumesExist(sn snapshot.Snapshot) error {
 
 // errRestore marks a failure of the runtime's restore step.
 var errRestore = errors.New("restore failed")
-
-func (m *Manager) admit() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
-	}
-	// Sandboxes still being torn down hold host resources too.
-	if n := len(m.boxes) + len(m.dying); n >= m.d.Limits.MaxSandboxes {
-		return fmt.Errorf("limit of %d sandboxes reached (%d still being torn down): kill some first, or retry in a moment: %w",
-			m.d.Limits.MaxSandboxes, len(m.dying), errdefs.ErrResourceExhausted)
-	}
-	m.inflight.Add(1)
-	return nil
-}
 
 // busy classes a failure of a create step that says nothing about the
 // request — the sandbox process died while booting, a runtime worker went

@@ -52,7 +52,7 @@ func TestUndoStopsAtFailureAndResumes(t *testing.T) {
 	}
 	m := testManager(t, rt, 10)
 	id := newID()
-	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	released := 0
@@ -63,20 +63,20 @@ func TestUndoStopsAtFailureAndResumes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // an undo is not cut short by its caller's cancellation
 	for i := range 2 {
-		if err := m.runUndo(ctx, &u, 0); err == nil {
+		if err := m.reap.runUndo(ctx, &u, 0); err == nil {
 			t.Fatalf("run %d: got nil, want the destroy error", i+1)
 		}
-		if _, err := os.Stat(m.dir(id)); err != nil || released != 0 {
+		if _, err := os.Stat(m.rec.dir(id)); err != nil || released != 0 {
 			t.Fatalf("run %d: dir %v, released %d; want both kept while the container stays", i+1, err, released)
 		}
 	}
-	if err := m.runUndo(ctx, &u, 0); err != nil {
+	if err := m.reap.runUndo(ctx, &u, 0); err != nil {
 		t.Fatalf("third run: %v", err)
 	}
-	if err := m.runUndo(ctx, &u, 0); err != nil || len(u.steps) != 0 {
+	if err := m.reap.runUndo(ctx, &u, 0); err != nil || len(u.steps) != 0 {
 		t.Fatalf("run with nothing left: %v, %d steps", err, len(u.steps))
 	}
-	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) || released != 1 || rt.calls(id) != 3 {
+	if _, err := os.Stat(m.rec.dir(id)); !os.IsNotExist(err) || released != 1 || rt.calls(id) != 3 {
 		t.Errorf("got dir %v, released %d, destroyed %d; want removed, 1, 3", err, released, rt.calls(id))
 	}
 }

@@ -7,7 +7,7 @@ import "time"
 // 12:04:05 UTC") instead of a bare "does not exist". It is bounded (the
 // oldest are forgotten first) and not persisted: after a restart, or
 // maxEnded kills later, the generic message returns. Guarded by
-// Manager.mu.
+// the registry's lock.
 type ended struct {
 	byID  map[string]endedSandbox
 	order []string // oldest first
@@ -21,7 +21,7 @@ type endedSandbox struct {
 // maxEnded bounds the memory of ended sandboxes (about 100 bytes each).
 const maxEnded = 10000
 
-// add records that sandbox id ended at now for cause. Callers hold m.mu.
+// add records that sandbox id ended at now for cause. Callers hold the registry's lock.
 func (e *ended) add(id string, cause string, now time.Time) {
 	if e.byID == nil {
 		e.byID = map[string]endedSandbox{}
@@ -37,7 +37,7 @@ func (e *ended) add(id string, cause string, now time.Time) {
 }
 
 // how says how the sandbox id ended, and its cause, if it is remembered.
-// Callers hold m.mu.
+// Callers hold the registry's lock.
 func (e *ended) how(id string) (string, string, bool) {
 	r, ok := e.byID[id]
 	if !ok {

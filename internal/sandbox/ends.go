@@ -53,17 +53,17 @@ func (m *Manager) ObserveEnds(fn EndObserver) {
 	m.ends.pending = nil
 }
 
-// noteEnd tells the observer that sb ended for cause. Callers hold no
+// note tells the observer that sb ended for cause. Callers hold no
 // lock of the manager's.
-func (m *Manager) noteEnd(cause string, sb Sandbox) {
-	m.ends.mu.Lock()
-	defer m.ends.mu.Unlock()
-	if m.ends.fn != nil {
-		m.ends.fn(cause, sb)
+func (n *endNotes) note(cause string, sb Sandbox) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fn != nil {
+		n.fn(cause, sb)
 		return
 	}
-	if len(m.ends.pending) < maxPendingEnds {
-		m.ends.pending = append(m.ends.pending, pendingEnd{cause, sb})
+	if len(n.pending) < maxPendingEnds {
+		n.pending = append(n.pending, pendingEnd{cause, sb})
 	}
 }
 
@@ -75,8 +75,8 @@ type death struct{ cause, reason string }
 // memory when the host's OOM killer killed a process in its memory cgroup
 // (read before its teardown removes the cgroup), lost otherwise. Without
 // the cgroup's count (no cgroups), the reason names both.
-func (m *Manager) deathOf(ctx context.Context, sb Sandbox) death {
-	st, ok := m.d.Runtime.(runtime.Statser)
+func deathOf(ctx context.Context, rt runtime.Runtime, sb Sandbox) death {
+	st, ok := rt.(runtime.Statser)
 	if !ok {
 		return death{EndLost, "it stopped unexpectedly (out of its memory limit, or its init process exited)"}
 	}

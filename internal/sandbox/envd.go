@@ -38,10 +38,10 @@ func envdOf(sb Sandbox) envdclient.Target {
 }
 
 // waitEnvd waits (at most 30 s) until sb's envd answers.
-func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
+func waitEnvd(ctx context.Context, c Envd, sb Sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := m.envd.Wait(ctx, envdOf(sb)); err != nil {
+	if err := c.Wait(ctx, envdOf(sb)); err != nil {
 		return fmt.Errorf("envd in sandbox %s did not answer within 30s (%v): %w", sb.ID, err, errdefs.ErrUnavailable)
 	}
 	return nil
@@ -50,8 +50,8 @@ func (m *Manager) waitEnvd(ctx context.Context, sb Sandbox) error {
 // rekey sets a new access token in a restored sandbox's envd, which still
 // has oldToken, waiting (at most 30 s, as waitEnvd) for envd to accept the
 // connection.
-func (m *Manager) rekey(ctx context.Context, sb Sandbox, oldToken string, envs map[string]string) error {
+func rekey(ctx context.Context, c Envd, sb Sandbox, oldToken string, envs map[string]string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return m.envd.Init(ctx, envdclient.Target{Addr: sb.Addr(envdapi.Port), Token: oldToken}, sb.AccessToken, envs)
+	return c.Init(ctx, envdclient.Target{Addr: sb.Addr(envdapi.Port), Token: oldToken}, sb.AccessToken, envs)
 }

@@ -38,8 +38,6 @@ const (
 	sinceMargin = time.Minute
 )
 
-func (m *Manager) filesDir(id string) string { return filepath.Join(m.dir(id), "files") }
-
 // filesCap bounds the stream the host keeps of a sandbox: what its write
 // layer can hold (its disk, or its memory when the layer is there), plus a
 // margin for the archive's headers and path list. It returns both.
@@ -58,7 +56,7 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), filesTimeout)
 	defer cancel()
 	sb, start := e.sb, time.Now()
-	dir := m.filesDir(sb.ID)
+	dir := m.rec.filesDir(sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -75,20 +73,20 @@ func (m *Manager) pauseFilesLocked(ctx context.Context, e *entry) error {
 	// longer unexpected (the watch waits for e.mu, and then finds it
 	// paused without memory).
 	e.markGone()
-	if err := m.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
+	if err := m.reap.runUndo(ctx, &e.undo, 0, undoContainer); err != nil {
 		// Still running as far as we know: reachable and watched again.
 		e.gone, e.goneOnce = make(chan struct{}), sync.Once{}
 		go m.watch(e)
 		return fmt.Errorf("stop sandbox %s after saving its files: %w", sb.ID, err)
 	}
-	if err := m.runUndo(ctx, &e.undo, 0, undoSlot); err != nil {
+	if err := m.reap.runUndo(ctx, &e.undo, 0, undoSlot); err != nil {
 		// Kept in the record: the resume or the teardown frees it.
 		m.d.Log.Warn("pause without memory: network slot not released yet", "sandbox", sb.ID, "err", err)
 	} else {
 		e.sb.Slot = netns.Slot{}
 	}
 	m.stopClock(e)
-	if err := m.move(e, StatePausedFiles); err != nil {
+	if err := m.rec.move(e, StatePausedFiles); err != nil {
 		return err
 	}
 	m.d.Log.Info("sandbox paused without memory", "sandbox", sb.ID, "took", time.Since(start).Round(time.Millisecond), "save", saved.Round(time.Millisecond))
@@ -113,14 +111,14 @@ func (m *Manager) rebootLocked(ctx context.Context, e *entry) error {
 		return err
 	}
 	b.egress = eg
-	return m.runBoot(ctx, b, rebootSteps)
+	return b.run(ctx, rebootSteps)
 }
 
 // clearLeftovers gives back the slot and container a pause could not
 // release, or a failed reboot left (a late destroy behind the answer would
 // hit this boot of the ID).
 func (b *boot) clearLeftovers(ctx context.Context) error {
-	if err := b.m.runUndo(ctx, b.u, 0, undoContainer, undoSlot); err != nil {
+	if err := b.m.reap.runUndo(ctx, b.u, 0, undoContainer, undoSlot); err != nil {
 		return busy("remove what the pause or a failed resume left", err)
 	}
 	b.sb.Slot, b.e.sb.Slot = netns.Slot{}, netns.Slot{}
@@ -138,7 +136,7 @@ func (b *boot) restoreFiles(ctx context.Context) error {
 // rebooted makes the new boot the sandbox's (its caller resumes it).
 func (b *boot) rebooted(ctx context.Context) error {
 	e := b.e
-	os.RemoveAll(b.m.filesDir(e.sb.ID))
+	os.RemoveAll(b.m.rec.filesDir(e.sb.ID))
 	next := b.sb
 	next.Boot = b.rec.clone()
 	e.sb = next
@@ -190,7 +188,7 @@ func receiveFiles(dst string, r io.Reader, sb Sandbox) error {
 // restoreFiles hands the stored stream to the fresh sandbox's envd, which
 // unpacks it and deletes what the paused sandbox no longer had.
 func (m *Manager) restoreFiles(ctx context.Context, sb Sandbox) error {
-	f, err := os.Open(filepath.Join(m.filesDir(sb.ID), filesArchive))
+	f, err := os.Open(filepath.Join(m.rec.filesDir(sb.ID), filesArchive))
 	if err != nil {
 		return err
 	}
@@ -209,7 +207,7 @@ func (m *Manager) adoptFilesOnly(sb Sandbox) bool {
 	if sb.State != StatePausedFiles || sb.Slot.Namespace != "" {
 		return false
 	}
-	if _, err := os.Stat(filepath.Join(m.filesDir(sb.ID), filesArchive)); err != nil {
+	if _, err := os.Stat(filepath.Join(m.rec.filesDir(sb.ID), filesArchive)); err != nil {
 		return false
 	}
 	_, releaseTemplate, err := m.d.Templates.Acquire(sb.Template)

@@ -16,7 +16,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 	if m.d.Limits.HotPool <= 0 {
 		return Sandbox{}, false
 	}
-	m.sized(&req)
+	m.size.fill(&req)
 	if err := m.d.Limits.check(&req); err != nil {
 		return Sandbox{}, false // the normal path reports it
 	}
@@ -24,7 +24,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		req.Network = &Network{AllowInternet: true}
 	}
 	// Pooled sandboxes were booted with the template's size.
-	cpus, memMB := m.templateSize(req.Template)
+	cpus, memMB := m.size.of(req.Template)
 	if _, err := req.Network.egress(); err != nil || req.CPUs != cpus || req.MemoryMB != memMB {
 		return Sandbox{}, false
 	}
@@ -34,9 +34,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 		if !ok {
 			return Sandbox{}, false
 		}
-		m.mu.Lock()
-		e := m.boxes[id]
-		m.mu.Unlock()
+		e := m.reg.get(id)
 		if e == nil {
 			continue
 		}
@@ -50,13 +48,39 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest) (Sandbox, bool
 	}
 }
 
+// handOut makes pooled sandbox e req's: it runs the hot boot's steps on
+// e's undo stack, above what the pool's boot left there. The handout
+// acquires nothing the stack must give back (a policy goes with the slot),
+// so a failed step leaves the stack as it was and the caller kills the
+// box. e's lock is held from the claim to the end of the boot: a kill
+// waits for the handout and then finds the sandbox running.
 func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (Sandbox, error) {
+	b := m.newBoot(BootHot, req, nil)
+	b.e = e
+	return b.newSandbox(ctx, hotSteps)
+}
+
+// hotSteps are the hot boot's: the sandbox was booted for the pool.
+var hotSteps = []step{{"claim", (*boot).claimPooled, false}, egStep,
+	{"rekey", (*boot).rekeyPooled, true}, {"running", (*boot).handedOut, false}}
+
+// claimPooled takes the pooled sandbox b.e for the request (holding its
+// lock until the boot ends) and makes its record the request's.
+func (b *boot) claimPooled(ctx context.Context) error {
+	e, req := b.e, b.req
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	b.after = append(b.after, e.mu.Unlock)
 	if e.sb.State != StatePooled {
-		return Sandbox{}, errNotPooled
+		return errNotPooled
 	}
+	b.u, b.floor, b.container = &e.undo, len(e.undo.steps), true
+	eg, err := req.Network.egress()
+	if err != nil {
+		return err
+	}
+	b.egress = eg
 	next := e.sb
+	b.pooledToken = e.sb.AccessToken
 	next.AccessToken = newToken()
 	next.Metadata, next.EnvVars, next.Network, next.Owner = req.Metadata, req.EnvVars, *req.Network, req.Owner
 	next.TrafficToken = ""
@@ -66,27 +90,27 @@ func (m *Manager) handOut(ctx context.Context, e *entry, req CreateRequest) (San
 	now := time.Now().UTC()
 	next.StartedAt, next.EndAt = now, now.Add(req.Timeout)
 	next.Timeout, next.Lifecycle = req.Timeout, req.Lifecycle
-	if eg, err := req.Network.egress(); err == nil && !defaultNetwork(*req.Network) {
-		if err := m.d.Net.SetEgress(ctx, next.Slot, eg); err != nil {
-			return Sandbox{}, err
-		}
+	b.sb = next
+	return nil
+}
+
+// rekeyPooled gives the pooled sandbox's envd the new token and the
+// request's environment.
+func (b *boot) rekeyPooled(ctx context.Context) error {
+	return rekey(ctx, b.m.envd, b.sb, b.pooledToken, readyEnv(b.sb))
+}
+
+// handedOut makes the claimed sandbox running with its timer (its lock is
+// held since the claim).
+func (b *boot) handedOut(ctx context.Context) error {
+	e := b.e
+	e.sb = b.sb
+	e.sb.Boot = b.rec.clone()
+	if err := b.m.rec.move(e, StateRunning); err != nil {
+		return err
 	}
-	if err := m.rekey(ctx, next, e.sb.AccessToken, readyEnv(next)); err != nil {
-		return Sandbox{}, err
-	}
-	// Its boot happened before: the create's record is the hand-out.
-	took := time.Since(now)
-	next.Boot = &BootRecord{Kind: BootHot, Steps: []StepTime{{Step: "handout", Wall: took}}}
-	if fn := m.stepObs.Load(); fn != nil && *fn != nil {
-		(*fn)(BootHot, "handout", took, -1)
-	}
-	e.sb = next
-	if err := m.move(e, StateRunning); err != nil {
-		return Sandbox{}, err
-	}
-	m.armTimer(e)
-	m.d.Log.Info("sandbox running", "sandbox", next.ID, "template", next.Template, "hot", true, "took", time.Since(now).Round(time.Microsecond))
-	return e.sb, nil
+	b.m.armTimer(e)
+	return nil
 }
 
 func defaultNetwork(n Network) bool {

@@ -37,7 +37,7 @@ const (
 // Kill stops a sandbox: it disappears at once, and what it held is
 // released behind the answer.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 		return errdefs.NotFound("sandbox %q does not exist (it was killed)", id)
 	}
 	was := e.sb.State
-	if err := m.move(e, StateKilling); err != nil {
+	if err := m.rec.move(e, StateKilling); err != nil {
 		// Only the record failed to change (every state above may move
 		// to killing): tear down all the same; the record goes with it.
 		m.d.Log.Warn("kill: record not updated; tearing down anyway", "sandbox", id, "err", err)
@@ -87,51 +87,40 @@ func (m *Manager) killWhen(ctx context.Context, e *entry, d death, cond func(San
 
 	var tomb Sandbox
 	cause := d.cause
+	note := endNote{at: m.d.Clock.Now()}
 	if reason != "" {
 		sb.Reason, sb.EndCause = reason, cause
 		tomb = lostRecord(sb)
-	}
-	now := m.d.Clock.Now()
-	m.mu.Lock()
-	delete(m.boxes, id)
-	if reason != "" {
-		m.lost[id] = tomb
+		note.lost = &tomb
 	} else if was != StatePooled {
 		// Past its end while running: its timer (or a kill racing it).
 		cause = EndKilled
-		if was == StateRunning && !now.Before(sb.EndAt) {
+		if was == StateRunning && !note.at.Before(sb.EndAt) {
 			cause = EndTimeout
 			m.reaped.Add(1)
 		}
-		m.ended.add(id, cause, now)
-	}
-	if was == StatePooled {
-		// No longer waiting in the hot pool: let it refill.
-		m.hot.Remove(sb.Template, id)
+		note.cause = cause
 	}
 	t := newTeardown(sb, u)
-	tracked := m.track(id, t)
-	m.mu.Unlock()
+	var tracked bool
+	if was == StatePooled {
+		// No longer waiting in the hot pool: let it refill. Under m.mu,
+		// so that Unlisted counts it once, in the pool or as dying.
+		m.mu.Lock()
+		m.hot.Remove(sb.Template, id)
+		tracked = m.reg.end(t, note)
+		m.mu.Unlock()
+	} else {
+		tracked = m.reg.end(t, note)
+	}
 	if reason != "" {
-		m.saveTombstone(tomb)
+		m.rec.saveTombstone(tomb)
 	}
 	if was != StatePooled {
-		m.noteEnd(cause, sb)
+		m.ends.note(cause, sb)
 	}
-	m.runTeardown(ctx, t, tracked, false)
+	m.reap.runTeardown(ctx, t, tracked, false)
 	return nil
-}
-
-// track registers id as being torn down. It says whether a goroutine may
-// do it: after Shutdown none may (nothing would wait for it). Callers hold
-// m.mu.
-func (m *Manager) track(id string, t *teardown) bool {
-	m.dying[id] = t
-	if m.closed {
-		return false
-	}
-	m.teardowns.Add(1)
-	return true
 }
 
 // teardown is one box's removal: its undo stack, which keeps what a failed
@@ -149,128 +138,18 @@ func newTeardown(sb Sandbox, u undo) *teardown {
 	return &teardown{sb: sb, u: u, start: time.Now(), done: make(chan struct{})}
 }
 
-// tearDown gives back what u holds for sb (a box Recover does not adopt,
-// what a failed boot could not undo at once): the first attempt now when
-// now is set, retries behind while it fails. Until it is done the box
-// counts against MaxSandboxes.
-func (m *Manager) tearDown(ctx context.Context, sb Sandbox, u undo, now bool) {
-	t := newTeardown(sb, u)
-	m.mu.Lock()
-	tracked := m.track(sb.ID, t)
-	m.mu.Unlock()
-	m.runTeardown(ctx, t, tracked, now)
-}
-
-// runTeardown runs t, the first attempt now when now is set (else behind
-// the caller's answer, as a kill), and ends the teardown track counted.
-func (m *Manager) runTeardown(ctx context.Context, t *teardown, tracked, now bool) {
-	ctx = context.WithoutCancel(ctx)
-	if !tracked {
-		// After Shutdown nothing waits for a goroutine: one attempt now.
-		m.attempt(ctx, t, false)
-		return
-	}
-	n := 1
-	if now {
-		if m.attempt(ctx, t, true) {
-			m.teardowns.Done()
-			return
-		}
-		n = 2
-	}
-	go m.retry(ctx, t, n)
-}
-
-// retry runs attempts from the n-th on until one succeeds or the server
-// shuts down; then the record (state killing) is left to Recover. It ends
-// a teardown that track counted.
-func (m *Manager) retry(ctx context.Context, t *teardown, n int) {
-	defer m.teardowns.Done()
-	delay := m.retryBase
-	for ; ; n++ {
-		if n > 1 {
-			select {
-			case <-time.After(delay):
-			case <-m.stopping:
-				m.d.Log.Error("sandbox teardown left to the next start", "sandbox", t.sb.ID, "attempts", n-1)
-				return
-			}
-			delay = min(2*delay, teardownRetryMax)
-		}
-		if m.attempt(ctx, t, true) {
-			return
-		}
-	}
-}
-
-// attempt runs what is left of t's undo stack and says whether it is all
-// gone; then it forgets the box.
-func (m *Manager) attempt(ctx context.Context, t *teardown, willRetry bool) bool {
-	m.tearSem <- struct{}{}
-	err := m.runUndo(ctx, &t.u, 0)
-	<-m.tearSem
-	if err != nil {
-		if willRetry {
-			m.d.Log.Warn("sandbox teardown failed; will retry", "sandbox", t.sb.ID, "err", err)
-		} else {
-			m.d.Log.Error("sandbox teardown failed; left to the next start", "sandbox", t.sb.ID, "err", err)
-		}
-		return false
-	}
-	m.mu.Lock()
-	delete(m.dying, t.sb.ID)
-	m.mu.Unlock()
-	close(t.done)
-	m.d.Log.Info("sandbox torn down", "sandbox", t.sb.ID, "teardown", time.Since(t.start).Round(time.Millisecond))
-	return true
-}
-
-// settle waits, up to settleMax, for the teardowns of killed sandboxes that
-// match to end. A kill answers before its sandbox lets go of its template
-// and snapshot; a delete of them right after the kill must not find them
-// in use.
-func (m *Manager) settle(match func(Sandbox) bool) {
-	var pending []chan struct{}
-	m.mu.Lock()
-	for _, t := range m.dying {
-		if t != nil && match(t.sb) {
-			pending = append(pending, t.done)
-		}
-	}
-	m.mu.Unlock()
-	timeout := time.NewTimer(settleMax)
-	defer timeout.Stop()
-	for _, done := range pending {
-		select {
-		case <-done:
-		case <-timeout.C:
-			return
-		}
-	}
-}
-
 // Shutdown stops accepting creates and waits for those in flight and for
 // pending teardowns (failing ones retry for up to shutdownGrace, then are
 // left to the next start). Running sandboxes are left running; the next
 // start adopts them.
 func (m *Manager) Shutdown() {
-	m.mu.Lock()
-	m.closed = true
-	for _, e := range m.boxes {
+	for _, e := range m.reg.close() {
 		if e.timer != nil {
 			e.timer.Stop()
 		}
 	}
-	m.mu.Unlock()
-	m.inflight.Wait()
-	done := make(chan struct{})
-	go func() { m.teardowns.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(m.grace):
-	}
-	m.stopOnce.Do(func() { close(m.stopping) })
-	<-done
+	m.reg.inflight.Wait()
+	m.reap.wait()
 }
 
 // watch tears a sandbox down when it dies on its own (out of memory, a
@@ -307,8 +186,8 @@ func (m *Manager) watchBoot(e *entry, id string, gone chan struct{}, boot uint64
 		if state == StateKilling || rebooted {
 			return // being killed, or stopped by a pause without memory, on purpose
 		}
-		d := m.deathOf(context.Background(), sb)
-		if tail := logTail(filepath.Join(m.dir(id), "console.log"), 300); tail != "" {
+		d := deathOf(context.Background(), m.d.Runtime, sb)
+		if tail := logTail(filepath.Join(m.rec.dir(id), "console.log"), 300); tail != "" {
 			d.reason += "; last output: " + tail
 		}
 		m.d.Log.Warn("sandbox died", "sandbox", id, "state", state, "cause", d.cause, "reason", d.reason)

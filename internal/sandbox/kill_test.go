@@ -87,7 +87,7 @@ func testManager(t *testing.T, rt runtime.Runtime, max int) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.retryBase = time.Millisecond
+	m.reap.retryBase = time.Millisecond
 	return m
 }
 
@@ -96,17 +96,15 @@ func testManager(t *testing.T, rt runtime.Runtime, max int) *Manager {
 func addSandbox(t *testing.T, m *Manager, st State) (*entry, *atomic.Int32) {
 	t.Helper()
 	id := newID()
-	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	released := new(atomic.Int32)
 	e := newEntry(Sandbox{ID: id, State: st, EndAt: time.Now().Add(time.Hour)}, func() { released.Add(1) })
-	if err := m.persist(e.sb); err != nil {
+	if err := m.rec.write(e.sb); err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	m.boxes[id] = e
-	m.mu.Unlock()
+	m.reg.add(e)
 	return e, released
 }
 
@@ -122,10 +120,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (m *Manager) dyingCount() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.dying)
+func dyingCount(m *Manager) int {
+	_, dying := m.reg.count()
+	return dying
 }
 
 func TestKillAnswersBeforeTeardown(t *testing.T) {
@@ -165,9 +162,9 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 		t.Errorf("second kill: got %v, want not found", err)
 	}
 	// Still holding host resources: it counts against MaxSandboxes.
-	if err := m.admit(); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		if err == nil {
-			m.inflight.Done()
+			m.reg.inflight.Done()
 		}
 		t.Errorf("admit while the only slot is being torn down: got %v, want resource exhausted", err)
 	}
@@ -176,17 +173,17 @@ func TestKillAnswersBeforeTeardown(t *testing.T) {
 	}
 
 	close(unblock)
-	eventually(t, "teardown still pending", func() bool { return m.dyingCount() == 0 })
+	eventually(t, "teardown still pending", func() bool { return dyingCount(m) == 0 })
 	if n := released.Load(); n != 1 {
 		t.Errorf("template released %d times, want once", n)
 	}
-	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.rec.dir(id)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory after teardown: %v, want it removed", err)
 	}
-	if err := m.admit(); err != nil {
+	if err := m.reg.admit(m.d.Limits.MaxSandboxes); err != nil {
 		t.Errorf("admit after the teardown: %v", err)
 	} else {
-		m.inflight.Done()
+		m.reg.inflight.Done()
 	}
 }
 
@@ -211,14 +208,14 @@ func TestTeardownRetriesUntilItSucceeds(t *testing.T) {
 	if err := m.Kill(context.Background(), e.sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "failing teardown never finished", func() bool { return m.dyingCount() == 0 })
+	eventually(t, "failing teardown never finished", func() bool { return dyingCount(m) == 0 })
 	if got := rt.calls(e.sb.ID); got != 4 {
 		t.Errorf("destroy called %d times, want 4 (3 failures, then success)", got)
 	}
 	if n := released.Load(); n != 1 {
 		t.Errorf("template released %d times, want once", n)
 	}
-	if _, err := os.Stat(m.dir(e.sb.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.rec.dir(e.sb.ID)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory: %v, want it removed", err)
 	}
 }
@@ -231,7 +228,7 @@ func TestShutdownLeavesFailingTeardownToRecovery(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.destroy = func(string, int) error { return errors.New("runtime down") }
 	m := testManager(t, rt, 10)
-	m.grace = 20 * time.Millisecond
+	m.reap.grace = 20 * time.Millisecond
 	e, released := addSandbox(t, m, StateRunning)
 	id := e.sb.ID
 	if err := m.Kill(context.Background(), id); err != nil {
@@ -258,7 +255,7 @@ func TestShutdownLeavesFailingTeardownToRecovery(t *testing.T) {
 	if got := rt2.calls(id); got != 1 {
 		t.Errorf("recovery destroyed the container %d times, want once", got)
 	}
-	if _, err := os.Stat(m2.dir(id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(m2.rec.dir(id)); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory after recovery: %v, want it removed", err)
 	}
 	if _, err := m2.Get(id); err == nil || strings.Contains(err.Error(), "lost") {
@@ -302,7 +299,7 @@ func TestDeathTearsDownWithReason(t *testing.T) {
 			rt.mu.Lock()
 			close(rt.exited[id])
 			rt.mu.Unlock()
-			eventually(t, "dead sandbox not torn down", func() bool { return rt.calls(id) == 1 && m.dyingCount() == 0 })
+			eventually(t, "dead sandbox not torn down", func() bool { return rt.calls(id) == 1 && dyingCount(m) == 0 })
 			if _, err := m.Get(id); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "stopped unexpectedly") {
 				t.Errorf("get after death: %v, want not found saying it stopped unexpectedly", err)
 			}
@@ -343,8 +340,8 @@ func TestConcurrentKills(t *testing.T) {
 				}
 				m.List(Filter{})
 				m.Get(entries[(i+1)%n].sb.ID)
-				if err := m.admit(); err == nil {
-					m.inflight.Done()
+				if err := m.reg.admit(m.d.Limits.MaxSandboxes); err == nil {
+					m.reg.inflight.Done()
 				}
 			}
 		}()
@@ -363,7 +360,7 @@ func TestConcurrentKills(t *testing.T) {
 			t.Errorf("sandbox %d released %d times, want once", i, got)
 		}
 	}
-	if d := m.dyingCount(); d != 0 {
+	if d := dyingCount(m); d != 0 {
 		t.Errorf("%d teardowns pending after Shutdown", d)
 	}
 }
@@ -381,10 +378,10 @@ func TestSettleWaitsForMatchingTeardowns(t *testing.T) {
 	if err := m.Kill(context.Background(), e.sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Template == "other" }) // returns at once
+	m.reap.settle(func(sb Sandbox) bool { return sb.Template == "other" }) // returns at once
 	settled := make(chan struct{})
 	go func() {
-		m.settle(func(sb Sandbox) bool { return sb.Template == "base" })
+		m.reap.settle(func(sb Sandbox) bool { return sb.Template == "base" })
 		close(settled)
 	}()
 	select {

@@ -89,7 +89,7 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {
 		return fmt.Errorf("pause %s: %w", e.sb.ID, err)
 	}
 	m.stopClock(e)
-	return m.move(e, StatePaused)
+	return m.rec.move(e, StatePaused)
 }
 
 // stopClock stops the timer and keeps the time the sandbox had left.
@@ -134,7 +134,7 @@ func (m *Manager) resumeLocked(ctx context.Context, e *entry, timeout time.Durat
 	}
 	e.sb.EndAt = m.d.Clock.Now().UTC().Add(left)
 	e.sb.Remaining = 0
-	if err := m.move(e, StateRunning); err != nil {
+	if err := m.rec.move(e, StateRunning); err != nil {
 		return err
 	}
 	m.armTimer(e)

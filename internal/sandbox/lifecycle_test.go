@@ -80,7 +80,7 @@ func TestTimeoutPauseRacesKill(t *testing.T) {
 		if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("kill: %v", err)
 		}
-		eventually(t, "killed sandbox not torn down", func() bool { return rt.calls(id) == 1 && m.dyingCount() == 0 })
+		eventually(t, "killed sandbox not torn down", func() bool { return rt.calls(id) == 1 && dyingCount(m) == 0 })
 		time.Sleep(time.Millisecond) // a late timer has run by now
 		if _, err := m.Get(id); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("killed sandbox still there (%v), state %s", err, state(e))

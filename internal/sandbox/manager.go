@@ -2,25 +2,22 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/dialer"
 	"github.com/agentenv/agentenv/internal/envdapi"
 	"github.com/agentenv/agentenv/internal/envdclient"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/netns"
 	"github.com/agentenv/agentenv/internal/runtime"
-	"github.com/agentenv/agentenv/internal/sandbox/pool"
+	"github.com/agentenv/agentenv/internal/sandbox/spare"
 	"github.com/agentenv/agentenv/internal/snapshot"
 	"github.com/agentenv/agentenv/internal/template"
 	"github.com/agentenv/agentenv/internal/volume"
@@ -68,40 +65,33 @@ type Manager struct {
 	dialer *dialer.Dialer
 	envd   Envd
 
-	// mu guards the registry's maps: admission counts live sandboxes and
-	// teardowns together. Lock order: mu, then a pool's own lock (the
-	// pools never call into the manager while holding theirs).
+	// mu orders a pooled sandbox's leaving the hot pool with its being
+	// counted as dying (kill, Unlisted). Lock order: mu, then a pool's own
+	// lock (the pools never call into the manager while holding theirs),
+	// then the registry's (innermost).
 	mu sync.Mutex
-	registry
-	cpu   cpuSamples // metrics: the last CPU sample of each sandbox
-	slots map[int]bool
+	// reg is the table of sandboxes, with its own lock (registry.go).
+	reg registry
+	// rec is what is persisted of each sandbox (records.go).
+	rec records
+	// size is what a template's new sandboxes get (size.go).
+	size sizes
+	cpu  cpuSamples // metrics: the last CPU sample of each sandbox
 
-	// warm and hot are the pools of spares (package pool; warm.go,
+	// warm and hot are the pools of spares (package spare; warm.go,
 	// hot.go, spares.go), each with its own lock, kick channel and spares
 	// being made.
-	warm pool.Warm[warmEntry]
-	hot  pool.Hot
+	warm spare.Warm[warmEntry]
+	hot  spare.Hot
 	// reaped counts the sandboxes killed by their timeout (for /metrics).
-	reaped   atomic.Int64
-	closed   bool
-	inflight sync.WaitGroup
+	reaped atomic.Int64
 
-	// preparing counts, per template, the builds and MakeReady calls at
-	// work on it (under mu), and deletes: the hot and warm pools leave it
-	// alone until they end.
-	preparing map[string]int
+	// prep marks the templates being built, made ready or deleted
+	// (ready.go): the pools leave them alone.
+	prep preparing
 
-	// dying holds the IDs being torn down behind an answered kill (or a
-	// failed create's cleanup that is retried): admission counts them.
-	dying     map[string]*teardown
-	teardowns sync.WaitGroup
-	tearSem   chan struct{}
-	// stopping ends the retries of failing teardowns (Shutdown).
-	stopping chan struct{}
-	stopOnce sync.Once
-	// retryBase is the first wait between teardown attempts; grace how
-	// long Shutdown lets failing teardowns retry.
-	retryBase, grace time.Duration
+	// reap tears boxes down (reaper.go).
+	reap reaper
 	// stepObs is told of every boot step (boot.go).
 	stepObs atomic.Pointer[StepObserver]
 	// ends tells an observer of every sandbox end (ends.go).
@@ -170,17 +160,13 @@ func New(d Deps) (*Manager, error) {
 		d.Envd = envdclient.New(dial.DialContext, d.Log)
 	}
 	m := &Manager{
-		d:        d,
-		dialer:   dial,
-		envd:     d.Envd,
-		registry: registry{boxes: map[string]*entry{}, lost: map[string]Sandbox{}},
-
-		dying:     map[string]*teardown{},
-		tearSem:   make(chan struct{}, teardownParallel),
-		stopping:  make(chan struct{}),
-		retryBase: 100 * time.Millisecond,
-		grace:     shutdownGrace,
+		d:      d,
+		rec:    records{root: d.Dir, onPersist: d.OnPersist},
+		size:   sizes{templates: d.Templates, limits: d.Limits},
+		dialer: dial,
+		envd:   d.Envd,
 	}
+	m.reap = newReaper(&m.reg, m.rec, d)
 	m.initPools()
 	return m, nil
 }
@@ -195,14 +181,14 @@ func (m *Manager) initPools() {
 		return out
 	}
 	prep, canPrepare := m.d.Runtime.(runtime.Preparer)
-	m.warm.Init(pool.Host[warmEntry]{
-		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+	m.warm.Init(spare.Host[warmEntry]{
+		Size: m.d.WarmPool, Off: !canPrepare, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error { return m.prepareWarm(ctx, prep, template) },
 		Drop: m.dropWarm,
 	})
 	m.warm.Ready = m.IsReady
-	m.hot.Init(pool.Host[string]{
-		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.isPreparing,
+	m.hot.Init(spare.Host[string]{
+		Size: m.d.Limits.HotPool, Log: m.d.Log, Templates: names, Preparing: m.prep.has,
 		Make: func(ctx context.Context, template string) error {
 			sb, err := m.Create(ctx, CreateRequest{Template: template, Timeout: m.d.Limits.MaxTimeout, pooled: true})
 			if err == nil {
@@ -221,32 +207,6 @@ func (m *Manager) DialSandbox(ctx context.Context, network, addr string) (net.Co
 	return m.dialer.DialContext(ctx, network, addr)
 }
 
-func (m *Manager) dir(id string) string { return filepath.Join(m.d.Dir, id) }
-
-// persist writes a sandbox record atomically.
-func (m *Manager) persist(sb Sandbox) error {
-	b, err := json.MarshalIndent(sb, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(filepath.Join(m.dir(sb.ID), "sandbox.json"), b, 0o600); err != nil {
-		return err
-	}
-	if m.d.OnPersist != nil {
-		m.d.OnPersist(sb)
-	}
-	return nil
-}
-
-// move applies a state transition and persists it.
-func (m *Manager) move(e *entry, to State) error {
-	if !canMove(e.sb.State, to) {
-		return errdefs.Conflict("sandbox %s is %s and cannot become %s", e.sb.ID, e.sb.State, to)
-	}
-	e.sb.State = to
-	return m.persist(e.sb)
-}
-
 func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -258,7 +218,7 @@ func (m *Manager) spec(sb Sandbox, image string) runtime.Spec {
 	env, args := m.templateProcess(sb, env)
 	return runtime.Spec{
 		ID:       sb.ID,
-		Dir:      m.dir(sb.ID),
+		Dir:      m.rec.dir(sb.ID),
 		Image:    image,
 		Lowers:   m.d.Templates.LayerPaths(sb.Lowers),
 		Args:     args,
@@ -285,14 +245,7 @@ func binds(vols []volume.Mount) []runtime.Bind {
 // VolumeUsers names the sandboxes (in any state but gone) that mount
 // volume id: a volume they mount must not be deleted.
 func (m *Manager) VolumeUsers(id string) []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for sid, e := range m.boxes {
-		if slices.Contains(e.volumes, id) {
-			out = append(out, sid)
-		}
-	}
+	out := m.reg.mounting(id)
 	slices.Sort(out)
 	return out
 }
@@ -321,7 +274,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	if err := m.d.Limits.checkTimeout(d); err != nil {
 		return Sandbox{}, err
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -337,7 +290,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 		defer e.mu.Unlock()
 		// Counts from the resume.
 		e.sb.Remaining = d
-		return e.sb, m.persist(e.sb)
+		return e.sb, m.rec.write(e.sb)
 	case StateRunning:
 	default:
 		defer e.mu.Unlock()
@@ -345,7 +298,7 @@ func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
 	}
 	defer e.mu.Unlock()
 	e.sb.EndAt = m.d.Clock.Now().UTC().Add(d)
-	if err := m.persist(e.sb); err != nil {
+	if err := m.rec.write(e.sb); err != nil {
 		return Sandbox{}, err
 	}
 	// At or past its end, the timer fires at once, on its own goroutine
@@ -372,7 +325,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 	if err != nil {
 		return Sandbox{}, err
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -389,7 +342,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) (Sandbox
 		}
 	}
 	e.sb.Network = n
-	return e.sb, m.persist(e.sb)
+	return e.sb, m.rec.write(e.sb)
 }
 
 // Extend makes a running sandbox live at least d from now; it never

@@ -72,19 +72,20 @@ func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 	if out.MemTotal == 0 || (s.MemLimit > 0 && s.MemLimit < out.MemTotal) {
 		out.MemTotal = s.MemLimit
 	}
-	out.CPUUsedPct = m.cpuShare(sb, s.CPU, now)
+	out.CPUUsedPct = m.cpu.share(&m.reg, sb, s.CPU, now)
 	out.DiskUsed, out.DiskTotal = m.diskUse(sb, out.MemTotal)
 	return out, nil
 }
 
-// cpuShare is the share of its CPUs sb used since its previous sample.
-func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64 {
-	m.cpu.Lock()
-	defer m.cpu.Unlock()
-	if m.cpu.m == nil {
-		m.cpu.m = map[string]cpuSample{}
+// share is the share of its CPUs sb used since its previous sample;
+// samples of sandboxes reg no longer lists are pruned.
+func (c *cpuSamples) share(reg *registry, sb Sandbox, cpu time.Duration, now time.Time) float64 {
+	c.Lock()
+	defer c.Unlock()
+	if c.m == nil {
+		c.m = map[string]cpuSample{}
 	}
-	mine := m.cpu.m
+	mine := c.m
 	prev, ok := mine[sb.ID]
 	if !ok {
 		prev = cpuSample{at: sb.StartedAt}
@@ -98,15 +99,13 @@ func (m *Manager) cpuShare(sb Sandbox, cpu time.Duration, now time.Time) float64
 	}
 	pct = min(max(pct, 0), 100)
 	mine[sb.ID] = cpuSample{at: now, cpu: cpu, pct: pct}
-	m.mu.Lock()
-	if len(mine) > 2*len(m.boxes)+64 { // amortized: not a scan per call
+	if live, _ := reg.count(); len(mine) > 2*live+64 { // amortized: not a scan per call
 		for id := range mine {
-			if _, live := m.boxes[id]; !live {
+			if !reg.listed(id) {
 				delete(mine, id)
 			}
 		}
 	}
-	m.mu.Unlock()
 	return pct
 }
 

@@ -28,7 +28,7 @@ func (m *Manager) readySnapshot(template string) (snapshot.Snapshot, bool) {
 	if !m.d.ReadyTemplates || m.d.Snapshots == nil {
 		return snapshot.Snapshot{}, false
 	}
-	disk := m.diskMB(template)
+	disk := m.size.diskMB(template)
 	for _, sn := range m.d.Snapshots.ListAll() {
 		if sn.Internal && sn.Name == readyPrefix+template && sn.Runtime == m.d.Runtime.Version() && sn.DiskMB == disk {
 			return sn, true
@@ -71,7 +71,7 @@ func (m *Manager) MakeReady(ctx context.Context, template string, force bool) er
 	start := time.Now()
 	// Boot with the template's size; a sandbox restored from it gets its
 	// own limits from its create request.
-	sb, err := m.bootSandbox(ctx, m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil), createSteps)
+	sb, err := m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil).newSandbox(ctx, createSteps)
 	if err != nil {
 		return fmt.Errorf("boot template %s to make it ready: %w", template, err)
 	}
@@ -140,7 +140,7 @@ func (m *Manager) checkStart(ctx context.Context, template string) error {
 	if t, err := m.d.Templates.Get(template); err != nil || t.StartCmd == "" {
 		return err
 	}
-	sb, err := m.bootSandbox(ctx, m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil), createSteps)
+	sb, err := m.newBoot(BootCreate, CreateRequest{Template: template, Timeout: time.Minute}, nil).newSandbox(ctx, createSteps)
 	if err != nil {
 		return err
 	}
@@ -150,27 +150,40 @@ func (m *Manager) checkStart(ctx context.Context, template string) error {
 // Preparing marks a template as being built or made ready until done is
 // called: the hot pool boots none of it meanwhile (a boot there would run
 // a start command not yet known to pass, or race the ready snapshot).
-func (m *Manager) Preparing(template string) (done func()) {
-	m.mu.Lock()
-	if m.preparing == nil {
-		m.preparing = map[string]int{}
+func (m *Manager) Preparing(template string) (done func()) { return m.prep.mark(template) }
+
+// preparing counts, per template, the builds and MakeReady calls at work
+// on it, and deletes: the hot and warm pools leave it alone until they
+// end. Its lock is its own: taken under none of the manager's, and
+// nothing is called under it.
+type preparing struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// mark counts one preparation of template until done is called.
+func (p *preparing) mark(template string) (done func()) {
+	p.mu.Lock()
+	if p.n == nil {
+		p.n = map[string]int{}
 	}
-	m.preparing[template]++
-	m.mu.Unlock()
+	p.n[template]++
+	p.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			m.mu.Lock()
-			if m.preparing[template]--; m.preparing[template] <= 0 {
-				delete(m.preparing, template)
+			p.mu.Lock()
+			if p.n[template]--; p.n[template] <= 0 {
+				delete(p.n, template)
 			}
-			m.mu.Unlock()
+			p.mu.Unlock()
 		})
 	}
 }
 
-func (m *Manager) isPreparing(template string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.preparing[template] > 0
+// has says whether template is being prepared.
+func (p *preparing) has(template string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n[template] > 0
 }

@@ -2,13 +2,11 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/runtime"
 )
 
@@ -35,13 +33,15 @@ func (m *Manager) Recover(ctx context.Context) (adopted, lost []Sandbox, err err
 	}
 	// Containers and slots that no record owns: a crash between their
 	// creation and the first record write, or a record deleted by hand.
-	if err := m.removeStrayContainers(ctx); err != nil {
+	if err := m.reap.removeStrayContainers(ctx); err != nil {
 		return adopted, lost, err
 	}
-	if err := m.removeStraySlots(ctx); err != nil {
+	if err := m.reap.removeStraySlots(ctx); err != nil {
 		return adopted, lost, err
 	}
-	m.loadTombstones()
+	for _, sb := range m.rec.tombstones() {
+		m.reg.bury(sb)
+	}
 	return adopted, lost, nil
 }
 
@@ -56,13 +56,13 @@ const (
 
 // recoverOne reconciles the sandbox directory id with the host.
 func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery) {
-	if _, err := os.Stat(filepath.Join(m.dir(id), warmMarker)); err == nil {
+	if _, err := os.Stat(filepath.Join(m.rec.dir(id), warmMarker)); err == nil {
 		// A warm container of the last run: its container and slot go as
 		// strays.
-		os.RemoveAll(m.dir(id))
+		os.RemoveAll(m.rec.dir(id))
 		return Sandbox{}, recoveredNone
 	}
-	sb, rerr := m.readRecord(id)
+	sb, rerr := m.rec.read(id)
 	if rerr != nil {
 		// No usable record: nothing is known of it but its files and a
 		// container of the same ID, which teardown removes.
@@ -77,7 +77,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) (Sandbox, recovery)
 		if sb.Slot.Namespace != "" {
 			m.d.Slots.MarkUsed(sb.Slot.Index)
 		}
-		m.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb)), true)
+		m.reap.tearDown(ctx, sb, recordUndo(sb, m.acquireTemplate(sb)), true)
 		return Sandbox{}, recoveredNone
 	}
 	if m.adoptFilesOnly(sb) {
@@ -122,61 +122,6 @@ func (m *Manager) adoptLive(ctx context.Context, sb Sandbox) {
 	m.d.Log.Info("adopted sandbox after restart", "sandbox", sb.ID, "endAt", sb.EndAt)
 }
 
-// removeStrayContainers destroys the runtime's containers no sandbox owns.
-func (m *Manager) removeStrayContainers(ctx context.Context) error {
-	ids, err := m.d.Runtime.List(ctx)
-	if err != nil {
-		return fmt.Errorf("list runtime containers: %w", err)
-	}
-	for _, id := range ids {
-		m.mu.Lock()
-		_, owned := m.boxes[id]
-		_, dying := m.dying[id]
-		m.mu.Unlock()
-		if owned || dying {
-			continue
-		}
-		m.d.Log.Warn("removing container without a sandbox", "container", id)
-		if err := m.d.Runtime.Destroy(ctx, id); err != nil {
-			m.d.Log.Error("remove stray container", "container", id, "err", err)
-		}
-	}
-	return nil
-}
-
-// removeStraySlots deletes the network slots no sandbox uses.
-func (m *Manager) removeStraySlots(ctx context.Context) error {
-	left, err := m.d.Net.Leftovers()
-	if err != nil {
-		return fmt.Errorf("list network slots: %w", err)
-	}
-	for _, i := range left {
-		if m.d.Slots.Used(i) {
-			continue
-		}
-		m.d.Log.Warn("removing network slot without a sandbox", "slot", i)
-		if err := m.d.Net.Delete(ctx, m.d.Net.SlotFor(i)); err != nil {
-			m.d.Log.Error("remove stray network slot", "slot", i, "err", err)
-		}
-	}
-	return nil
-}
-
-func (m *Manager) readRecord(id string) (Sandbox, error) {
-	b, err := os.ReadFile(filepath.Join(m.dir(id), "sandbox.json"))
-	if err != nil {
-		return Sandbox{}, err
-	}
-	var sb Sandbox
-	if err := json.Unmarshal(b, &sb); err != nil {
-		return Sandbox{}, err
-	}
-	if sb.ID != id {
-		return Sandbox{}, fmt.Errorf("record names sandbox %q", sb.ID)
-	}
-	return sb, nil
-}
-
 // alive says why a recorded sandbox cannot be adopted, or "" if it can.
 func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if !sb.State.Live() {
@@ -202,16 +147,12 @@ func (m *Manager) alive(ctx context.Context, sb Sandbox) string {
 	if sb.State.Paused() {
 		return ""
 	}
-	if err := m.waitEnvdQuick(ctx, sb); err != nil {
+	quick, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := waitEnvd(quick, m.envd, sb); err != nil {
 		return fmt.Sprintf("envd did not answer after the restart: %v", err)
 	}
 	return ""
-}
-
-func (m *Manager) waitEnvdQuick(ctx context.Context, sb Sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	return m.waitEnvd(ctx, sb)
 }
 
 // markLost tears a sandbox down and keeps a tombstone explaining why.
@@ -221,18 +162,12 @@ func (m *Manager) markLost(ctx context.Context, sb Sandbox, reason string) {
 		m.d.Slots.MarkUsed(sb.Slot.Index)
 	}
 	sb.Reason, sb.EndCause = reason, EndLost
-	m.tombstone(sb)
-	m.noteEnd(EndLost, sb)
-	m.tearDown(ctx, sb, recordUndo(sb, nil), true)
-}
-
-// tombstone remembers (on disk too) why a sandbox is gone.
-func (m *Manager) tombstone(sb Sandbox) {
-	sb = lostRecord(sb)
-	m.mu.Lock()
-	m.lost[sb.ID] = sb
-	m.mu.Unlock()
-	m.saveTombstone(sb)
+	// Look-ups, and the next start, say why it is gone.
+	tomb := lostRecord(sb)
+	m.reg.bury(tomb)
+	m.rec.saveTombstone(tomb)
+	m.ends.note(EndLost, sb)
+	m.reap.tearDown(ctx, sb, recordUndo(sb, nil), true)
 }
 
 // lostRecord is what a tombstone keeps of a sandbox (no secrets).
@@ -241,37 +176,4 @@ func lostRecord(sb Sandbox) Sandbox {
 	sb.AccessToken = ""
 	sb.TrafficToken = ""
 	return sb
-}
-
-func (m *Manager) saveTombstone(sb Sandbox) {
-	dir := filepath.Join(m.d.Dir, "lost")
-	os.MkdirAll(dir, 0o700)
-	if b, err := json.Marshal(sb); err == nil {
-		atomicfile.WriteFile(filepath.Join(dir, sb.ID+".json"), b, 0o600)
-	}
-}
-
-// loadTombstones reads the lost sandboxes of the last day; older ones are
-// deleted.
-func (m *Manager) loadTombstones() {
-	dir := filepath.Join(m.d.Dir, "lost")
-	entries, _ := os.ReadDir(dir)
-	for _, de := range entries {
-		p := filepath.Join(dir, de.Name())
-		info, err := de.Info()
-		if err != nil || time.Since(info.ModTime()) > 24*time.Hour {
-			os.Remove(p)
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		var sb Sandbox
-		if json.Unmarshal(b, &sb) == nil {
-			m.mu.Lock()
-			m.lost[sb.ID] = sb
-			m.mu.Unlock()
-		}
-	}
 }

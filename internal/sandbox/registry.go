@@ -2,25 +2,47 @@ package sandbox
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // registry is the manager's table of sandboxes: the live ones, the
-// tombstones of lost ones and how the last ended ones ended. Its maps are
-// guarded by Manager.mu (admission counts live sandboxes and teardowns
-// under one lock); each entry's record by the entry's own lock.
+// tombstones of lost ones, how the last ended ones ended, the ones being
+// torn down, and the creates in flight. It counts what holds host
+// resources (admission), so each change is one step under its own lock:
+// a kill moves a sandbox from live to dying at once, and nothing ever sees
+// it in neither or both.
+//
+// Lock order: its lock is innermost. It may be taken while an entry's
+// lock, Manager.mu, a pool's or the disk ledger's is held, and nothing is
+// called while it is held (its methods only read and write its fields).
+// Each entry's record is guarded by the entry's own lock.
 type registry struct {
+	mu    sync.Mutex
 	boxes map[string]*entry
 	lost  map[string]Sandbox
 	ended ended // how the last killed and timed-out sandboxes ended
+	// dying holds the IDs being torn down behind an answered kill (or a
+	// failed create's cleanup that is retried): admission counts them.
+	dying map[string]*teardown
+	// closed is set by Shutdown: no create is admitted and no teardown
+	// goroutine started after it.
+	closed bool
+	// inflight counts the admitted creates; teardowns the teardown
+	// goroutines. Both are added to under mu, only while not closed, so
+	// that Shutdown's waits see every one.
+	inflight  sync.WaitGroup
+	teardowns sync.WaitGroup
 }
 
-// lookup finds a live sandbox, or says why there is none. Callers hold
-// Manager.mu.
+// lookup finds a live sandbox, or says why there is none.
 func (r *registry) lookup(id string) (*entry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if e, ok := r.boxes[id]; ok {
 		return e, nil
 	}
@@ -33,8 +55,17 @@ func (r *registry) lookup(id string) (*entry, error) {
 	return nil, errdefs.NotFound("sandbox %q does not exist (it may have been killed or timed out)", id)
 }
 
-// all returns the live entries. Callers hold Manager.mu.
+// get is the live entry of id, or nil.
+func (r *registry) get(id string) *entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.boxes[id]
+}
+
+// all returns the live entries.
 func (r *registry) all() []*entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	entries := make([]*entry, 0, len(r.boxes))
 	for _, e := range r.boxes {
 		entries = append(entries, e)
@@ -42,21 +73,193 @@ func (r *registry) all() []*entry {
 	return entries
 }
 
-func (m *Manager) entry(id string) (*entry, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lookup(id)
+// add lists e under its ID.
+func (r *registry) add(e *entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.boxes == nil {
+		r.boxes = map[string]*entry{}
+	}
+	r.boxes[e.sb.ID] = e
 }
 
-func (m *Manager) entries() []*entry {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.all()
+// remove unlists the live sandbox id (a failed boot's undo).
+func (r *registry) remove(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.boxes, id)
+}
+
+// bury keeps the tombstone of a lost sandbox: look-ups of its ID say why
+// it is gone.
+func (r *registry) bury(tomb Sandbox) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buryLocked(tomb)
+}
+
+func (r *registry) buryLocked(tomb Sandbox) {
+	if r.lost == nil {
+		r.lost = map[string]Sandbox{}
+	}
+	r.lost[tomb.ID] = tomb
+}
+
+// admit counts a create in flight unless the server is shutting down or
+// max sandboxes (live and being torn down) exist. The caller calls
+// r.inflight.Done when the create ends.
+func (r *registry) admit(max int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("server is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	// Sandboxes still being torn down hold host resources too.
+	if n := len(r.boxes) + len(r.dying); n >= max {
+		return fmt.Errorf("limit of %d sandboxes reached (%d still being torn down): kill some first, or retry in a moment: %w",
+			max, len(r.dying), errdefs.ErrResourceExhausted)
+	}
+	r.inflight.Add(1)
+	return nil
+}
+
+// endNote is how a killed sandbox is remembered: its tombstone when it
+// died (lost), else the cause of its end when there is one to tell (a
+// pooled sandbox's end is not).
+type endNote struct {
+	lost  *Sandbox
+	cause string
+	at    time.Time
+}
+
+// end is a kill's one step: the live sandbox t.sb.ID is unlisted,
+// remembered as note says and counted as dying. It says whether a
+// goroutine may tear it down (see track).
+func (r *registry) end(t *teardown, note endNote) (tracked bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id := t.sb.ID
+	delete(r.boxes, id)
+	switch {
+	case note.lost != nil:
+		r.buryLocked(*note.lost)
+	case note.cause != "":
+		r.ended.add(id, note.cause, note.at)
+	}
+	return r.trackLocked(t)
+}
+
+// track counts t's box as being torn down. It says whether a goroutine
+// may do it: after Shutdown none may (nothing would wait for it); else
+// the goroutine calls r.teardowns.Done when it ends.
+func (r *registry) track(t *teardown) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.trackLocked(t)
+}
+
+func (r *registry) trackLocked(t *teardown) bool {
+	if r.dying == nil {
+		r.dying = map[string]*teardown{}
+	}
+	r.dying[t.sb.ID] = t
+	if r.closed {
+		return false
+	}
+	r.teardowns.Add(1)
+	return true
+}
+
+// tornDown forgets the box id, which holds nothing any more.
+func (r *registry) tornDown(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.dying, id)
+}
+
+// tearing returns the teardowns under way.
+func (r *registry) tearing() []*teardown {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*teardown, 0, len(r.dying))
+	for _, t := range r.dying {
+		if t != nil {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// ids returns the IDs of the live sandboxes (when live is set) and of
+// those being torn down.
+func (r *registry) ids(live bool) (listed, dying []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id := range r.dying {
+		dying = append(dying, id)
+	}
+	if live {
+		for id := range r.boxes {
+			listed = append(listed, id)
+		}
+	}
+	return listed, dying
+}
+
+// count is how many sandboxes are live and how many being torn down.
+func (r *registry) count() (live, dying int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.boxes), len(r.dying)
+}
+
+// holds says whether id is a live sandbox or one being torn down.
+func (r *registry) holds(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, live := r.boxes[id]
+	_, dying := r.dying[id]
+	return live || dying
+}
+
+// listed says whether id is a live sandbox.
+func (r *registry) listed(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.boxes[id]
+	return ok
+}
+
+// mounting names the live sandboxes that mount volume id (an entry's
+// volumes never change once it is listed).
+func (r *registry) mounting(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for sid, e := range r.boxes {
+		if slices.Contains(e.volumes, id) {
+			out = append(out, sid)
+		}
+	}
+	return out
+}
+
+// close admits no more creates and teardown goroutines, and returns the
+// live entries.
+func (r *registry) close() []*entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	entries := make([]*entry, 0, len(r.boxes))
+	for _, e := range r.boxes {
+		entries = append(entries, e)
+	}
+	return entries
 }
 
 // Get returns a sandbox.
 func (m *Manager) Get(id string) (Sandbox, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -107,7 +310,7 @@ func (f Filter) Match(sb Sandbox) bool {
 
 // List returns the sandboxes that match, oldest first.
 func (m *Manager) List(f Filter) []Sandbox {
-	entries := m.entries()
+	entries := m.reg.all()
 	out := make([]Sandbox, 0, len(entries))
 	for _, e := range entries {
 		e.mu.Lock()
@@ -168,7 +371,7 @@ func routeLocked(e *entry, port int) Route {
 // A sandbox that is not (or no longer) running gives ErrNotFound, which
 // the proxy answers with 502, read by the E2B SDK as "not running".
 func (m *Manager) Resolve(id string, port int, check func(Route) error) (Route, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Route{}, err
 	}
@@ -198,7 +401,7 @@ func (m *Manager) Resolve(id string, port int, check func(Route) error) (Route, 
 // match accepts (a signed file URL without a sandbox ID is matched
 // against each).
 func (m *Manager) FindByToken(match func(token string) bool) (string, bool) {
-	for _, e := range m.entries() {
+	for _, e := range m.reg.all() {
 		e.mu.Lock()
 		id, token, state := e.sb.ID, e.sb.AccessToken, e.sb.State
 		e.mu.Unlock()

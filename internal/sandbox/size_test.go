@@ -52,7 +52,7 @@ func TestTemplateSize(t *testing.T) {
 		{"huge", 0, 0, l.MaxCPUs, l.MaxMemMB},
 	} {
 		req := CreateRequest{Template: tc.template, CPUs: tc.cpus, MemoryMB: tc.mem}
-		m.sized(&req)
+		m.size.fill(&req)
 		if req.CPUs != tc.wantCPUs || req.MemoryMB != tc.wantMem {
 			t.Errorf("%s asking for %d CPUs, %d MiB: got %d, %d; want %d, %d", tc.template, tc.cpus, tc.mem, req.CPUs, req.MemoryMB, tc.wantCPUs, tc.wantMem)
 		}

@@ -27,7 +27,7 @@ func (m *Manager) PauseFiles(ctx context.Context, id string) (Sandbox, error) {
 }
 
 func (m *Manager) pause(ctx context.Context, id string, how func(context.Context, *entry) error) (Sandbox, error) {
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -55,7 +55,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 			return Sandbox{}, err
 		}
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -107,7 +107,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if !req.internal && strings.HasPrefix(req.Name, readyPrefix) {
 		return snapshot.Snapshot{}, nil, errdefs.Invalid("snapshot name %q: names starting with %q are reserved for the server's ready templates; choose another name", req.Name, readyPrefix)
 	}
-	e, err := m.entry(id)
+	e, err := m.reg.lookup(id)
 	if err != nil {
 		return snapshot.Snapshot{}, nil, err
 	}
@@ -207,7 +207,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	for i := range count {
 		wg.Go(func() {
 			network := parent.Network
-			sb, err := m.bootSandbox(ctx, m.restoreBoot(BootFork, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, sn), forkSteps)
+			sb, err := m.restoreBoot(BootFork, CreateRequest{Timeout: timeout, Metadata: metadata, Network: &network}, sn).newSandbox(ctx, forkSteps)
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}
@@ -229,9 +229,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 // wanted whole, and a part of it would only cost restores. Creates racing
 // the fork can still take the room; then single children fail.
 func (m *Manager) admitFork(parent Sandbox, count int) error {
-	m.mu.Lock()
-	used := len(m.boxes) + len(m.dying)
-	m.mu.Unlock()
+	live, dying := m.reg.count()
+	used := live + dying
 	if free := m.d.Limits.MaxSandboxes - used; count > free {
 		return fmt.Errorf("fork of %d children refused: this node runs %d of its %d sandboxes (--max-sandboxes), room for %d: fork fewer, or kill sandboxes first: %w",
 			count, used, m.d.Limits.MaxSandboxes, max(free, 0), errdefs.ErrResourceExhausted)
@@ -251,6 +250,6 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if m.d.Snapshots == nil {
 		return errdefs.NotFound("snapshot %q does not exist", id)
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Snapshot == id })
+	m.reap.settle(func(sb Sandbox) bool { return sb.Snapshot == id })
 	return m.d.Snapshots.Delete(id)
 }

@@ -4,8 +4,8 @@ import "context"
 
 // Spares are what the server makes ahead of demand: warm containers
 // (warm.go) and pooled sandboxes (hot.go), kept in their pools (package
-// pool, each with its own lock, taken after m.mu). Users neither see nor
-// kill them, so although they hold their template as sandboxes do, they
+// spare, each with its own lock, taken after m.mu and before the
+// registry's). Users neither see nor kill them, so although they hold their template as sandboxes do, they
 // never keep it from being deleted (they go with it), and a template's
 // "in use" leaves them out.
 
@@ -16,8 +16,8 @@ func (m *Manager) Unlisted(template string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.warm.Held(template) + m.hot.Held(template)
-	for _, t := range m.dying {
-		if t != nil && t.sb.Template == template {
+	for _, t := range m.reg.tearing() {
+		if t.sb.Template == template {
 			n++
 		}
 	}
@@ -35,10 +35,10 @@ func (m *Manager) dropSpares(template string) (done func()) {
 	m.warm.DropOf(template)
 	for _, id := range m.hot.Of(template) {
 		// Only if still pooled: a create may have just taken it.
-		if e, err := m.entry(id); err == nil {
+		if e, err := m.reg.lookup(id); err == nil {
 			m.killWhen(context.Background(), e, death{}, func(sb Sandbox) bool { return sb.State == StatePooled })
 		}
 	}
-	m.settle(func(sb Sandbox) bool { return sb.Template == template })
+	m.reap.settle(func(sb Sandbox) bool { return sb.Template == template })
 	return done
 }

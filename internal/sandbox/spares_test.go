@@ -34,7 +34,7 @@ func sparesManager(t *testing.T) (*Manager, *template.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.retryBase = time.Millisecond
+	m.reap.retryBase = time.Millisecond
 	return m, store
 }
 
@@ -46,11 +46,9 @@ func holding(t *testing.T, m *Manager, store *template.Store, st State) string {
 		t.Fatal(err)
 	}
 	id := newID()
-	os.MkdirAll(m.dir(id), 0o700)
+	os.MkdirAll(m.rec.dir(id), 0o700)
 	e := newEntry(Sandbox{ID: id, Template: "img", State: st, EndAt: time.Now().Add(time.Hour)}, release)
-	m.mu.Lock()
-	m.boxes[id] = e
-	m.mu.Unlock()
+	m.reg.add(e)
 	if st == StatePooled {
 		m.hot.Add("img", id)
 	}

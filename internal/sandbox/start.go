@@ -111,7 +111,7 @@ func (m *Manager) runStart(ctx context.Context, sb Sandbox) error {
 			}
 			continue
 		}
-		ok, res := m.readyCheck(ctx, sb, t.ReadyCmd)
+		ok, res := readyCheck(ctx, m.envd, sb, t.ReadyCmd)
 		if ok {
 			m.d.Log.Debug("start command ready", "sandbox", sb.ID, "template", sb.Template)
 			return nil
@@ -124,11 +124,11 @@ func (m *Manager) runStart(ctx context.Context, sb Sandbox) error {
 }
 
 // readyCheck runs the ready command once (at most 10 s).
-func (m *Manager) readyCheck(ctx context.Context, sb Sandbox, cmd string) (bool, string) {
+func readyCheck(ctx context.Context, c Envd, sb Sandbox, cmd string) (bool, string) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	out := &tailBuffer{max: 1 << 10}
-	status := m.envd.Run(cctx, envdOf(sb), cmd, out)
+	status := c.Run(cctx, envdOf(sb), cmd, out)
 	return status == "exit status 0", strings.TrimSpace(status + ": " + out.String())
 }
 

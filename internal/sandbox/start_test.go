@@ -63,17 +63,17 @@ func TestPreparing(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			done := m.Preparing("t")
-			_ = m.isPreparing("t")
+			_ = m.prep.has("t")
 			done()
 			done() // a second call is a no-op
 		}()
 	}
 	wg.Wait()
-	if !m.isPreparing("t") {
+	if !m.prep.has("t") {
 		t.Fatal("not preparing while the outer mark is held")
 	}
 	outer()
-	if m.isPreparing("t") {
+	if m.prep.has("t") {
 		t.Fatal("still preparing after every mark was dropped")
 	}
 }

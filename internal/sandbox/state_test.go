@@ -127,11 +127,11 @@ func TestRecoverOldFilesOnlyRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := newID()
-	os.MkdirAll(m.filesDir(id), 0o700)
-	os.WriteFile(filepath.Join(m.filesDir(id), filesArchive), nil, 0o600)
+	os.MkdirAll(m.rec.filesDir(id), 0o700)
+	os.WriteFile(filepath.Join(m.rec.filesDir(id), filesArchive), nil, 0o600)
 	old := `{"sandboxID":"` + id + `","templateID":"img","state":"paused","filesOnly":true,"slot":{}}`
-	os.WriteFile(filepath.Join(m.dir(id), "sandbox.json"), []byte(old), 0o600)
-	sb, err := m.readRecord(id)
+	os.WriteFile(filepath.Join(m.rec.dir(id), "sandbox.json"), []byte(old), 0o600)
+	sb, err := m.rec.read(id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,11 +164,11 @@ func TestMovePersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := newID()
-	if err := os.MkdirAll(m.dir(id), 0o700); err != nil {
+	if err := os.MkdirAll(m.rec.dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	e := newEntry(Sandbox{ID: id, State: StateCreating}, nil)
-	if err := m.persist(e.sb); err != nil {
+	if err := m.rec.write(e.sb); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
@@ -186,7 +186,7 @@ func TestMovePersists(t *testing.T) {
 	}
 	for i, s := range steps {
 		before := e.sb.State
-		err := m.move(e, s.to)
+		err := m.rec.move(e, s.to)
 		if (err == nil) != s.ok {
 			t.Fatalf("step %d: move %s → %s = %v, want ok=%v", i, before, s.to, err, s.ok)
 		}
@@ -203,7 +203,7 @@ func TestMovePersists(t *testing.T) {
 		}
 	}
 	// Only the record is left; no temporary file.
-	entries, _ := os.ReadDir(m.dir(id))
+	entries, _ := os.ReadDir(m.rec.dir(id))
 	if len(entries) != 1 || entries[0].Name() != "sandbox.json" {
 		var names []string
 		for _, e := range entries {
@@ -311,13 +311,13 @@ func TestUndoKindsAndFloor(t *testing.T) {
 		u.push(undoStep{kind: undoRelease, name: name, fn: func() { order = append(order, name) }})
 	}
 	u.push(undoStep{kind: undoContainer})
-	if err := m.runUndo(context.Background(), &u, 0, undoContainer); err != nil || len(order) != 0 || len(u.steps) != 4 {
+	if err := m.reap.runUndo(context.Background(), &u, 0, undoContainer); err != nil || len(order) != 0 || len(u.steps) != 4 {
 		t.Fatalf("only the container: err %v, released %v, %d steps left; want nil, none, 4", err, order, len(u.steps))
 	}
-	if err := m.runUndo(context.Background(), &u, 2); err != nil || len(u.steps) != 2 {
+	if err := m.reap.runUndo(context.Background(), &u, 2); err != nil || len(u.steps) != 2 {
 		t.Fatalf("above the floor: err %v, %d steps left; want nil, 2", err, len(u.steps))
 	}
-	if err := m.runUndo(context.Background(), &u, 0); err != nil {
+	if err := m.reap.runUndo(context.Background(), &u, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(order, ""), "dcba"; got != want {

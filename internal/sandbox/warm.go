@@ -54,7 +54,7 @@ func (m *Manager) takeWarm(template string, cpus, memMB int, pids int64, diskMB 
 		if !ok {
 			return nil
 		}
-		err := os.Remove(filepath.Join(m.dir(w.id), warmMarker))
+		err := os.Remove(filepath.Join(m.rec.dir(w.id), warmMarker))
 		if err == nil {
 			return &w
 		}
@@ -72,7 +72,7 @@ func (m *Manager) wantWarm(template string, cpus, memMB int, nproc int64, diskMB
 	if m.d.WarmPool <= 0 {
 		return
 	}
-	if wc, wm := m.templateSize(template); cpus != wc || memMB != wm || l.pids(nproc) != l.pids(l.nproc(wm)) || diskMB != m.diskMB(template) {
+	if wc, wm := m.size.of(template); cpus != wc || memMB != wm || l.pids(nproc) != l.pids(l.nproc(wm)) || diskMB != m.size.diskMB(template) {
 		return
 	}
 	m.warm.Want(template, n)
@@ -90,8 +90,8 @@ var warmSteps = []step{tmplStep, slotStep, {"marker", (*boot).warmMarker, false}
 func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, template string) error {
 	l := m.d.Limits
 	b := m.newBoot(BootWarm, CreateRequest{}, nil)
-	cpus, memMB := m.templateSize(template)
-	b.sb = Sandbox{ID: newID(), Template: template, CPUs: cpus, MemoryMB: memMB, Nproc: l.nproc(memMB), DiskMB: m.diskMB(template)}
+	cpus, memMB := m.size.of(template)
+	b.sb = Sandbox{ID: newID(), Template: template, CPUs: cpus, MemoryMB: memMB, Nproc: l.nproc(memMB), DiskMB: m.size.diskMB(template)}
 	b.making = &warmEntry{id: b.sb.ID, template: template, cpus: b.sb.CPUs, memMB: b.sb.MemoryMB, pids: l.pids(b.sb.Nproc), diskMB: b.sb.DiskMB, undo: undo{id: b.sb.ID}}
 	b.u = &b.making.undo
 	// The default egress policy now, so that a restore that wants it
@@ -102,13 +102,13 @@ func (m *Manager) prepareWarm(ctx context.Context, prep runtime.Preparer, templa
 	}
 	b.egress = eg
 	b.prep = prep
-	return m.runBoot(ctx, b, warmSteps)
+	return b.run(ctx, warmSteps)
 }
 
 // warmMarker makes the container's directory, marked as a warm
 // container's (Recover removes it as one).
 func (b *boot) warmMarker(ctx context.Context) error {
-	dir := b.m.dir(b.sb.ID)
+	dir := b.m.rec.dir(b.sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -134,5 +134,5 @@ func (b *boot) listWarm(ctx context.Context) error {
 
 // dropWarm removes one warm container and what it holds.
 func (m *Manager) dropWarm(ctx context.Context, w warmEntry) {
-	m.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
+	m.reap.tearDown(ctx, Sandbox{ID: w.id, Template: w.template}, w.undo, true)
 }

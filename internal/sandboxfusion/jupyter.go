@@ -2,6 +2,7 @@ package sandboxfusion
 
 import (
 	"context"
+	_ "embed"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -9,55 +10,21 @@ import (
 	"path"
 )
 
-// jupyterDriver runs the cells of a /run_jupyter call one after another
-// in one namespace, as a notebook's kernel does: a cell sees what the
-// cells before it defined, the value of a cell's last expression is its
-// display ({"text/plain": repr}), an exception is its error ({ename,
-// evalue, traceback}) and the next cell still runs. It writes the cells'
-// results as JSON to the file named by its second argument.
-const jupyterDriver = `import ast, contextlib, io, json, signal, sys, traceback
-cfg = json.load(open(sys.argv[1]))
-ns = {"__name__": "__main__", "__builtins__": __builtins__}
-class CellTimeout(Exception):
-    pass
-def alarm(signum, frame):
-    raise CellTimeout("the cell ran past cell_timeout")
-signal.signal(signal.SIGALRM, alarm)
-cells = []
-for i, src in enumerate(cfg["cells"]):
-    r = {"stdout": "", "stderr": "", "display": [], "error": []}
-    out, err = io.StringIO(), io.StringIO()
-    name = "<cell %d>" % (i + 1)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            if cfg["cell_timeout"] > 0:
-                signal.setitimer(signal.ITIMER_REAL, cfg["cell_timeout"])
-            try:
-                tree = ast.parse(src, name)
-                last = None
-                if tree.body and isinstance(tree.body[-1], ast.Expr):
-                    last = ast.Expression(tree.body.pop().value)
-                exec(compile(tree, name, "exec"), ns)
-                if last is not None:
-                    value = eval(compile(last, name, "eval"), ns)
-                    if value is not None:
-                        ns["_"] = value
-                        r["display"].append({"text/plain": repr(value)})
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except BaseException as e:
-        r["error"].append({"ename": type(e).__name__, "evalue": str(e),
-                           "traceback": traceback.format_exception(type(e), e, e.__traceback__)})
-    r["stdout"], r["stderr"] = out.getvalue(), err.getvalue()
-    cells.append(r)
-with open(sys.argv[2], "w") as f:
-    json.dump({"cells": cells}, f)
-`
+// jupyterDriver runs the cells of a /run_jupyter call in one Python
+// process (see the file); jupyterBackend is the matplotlib backend it sets,
+// which turns plt.show() into displays with PNGs.
+//
+//go:embed jupyter_driver.py
+var jupyterDriver []byte
+
+//go:embed sandboxfusion_inline.py
+var jupyterBackend []byte
 
 const (
-	jupyterDriverPath = "/tmp/.sandboxfusion-jupyter.py"
-	jupyterInputPath  = "/tmp/.sandboxfusion-cells.json"
-	jupyterOutputPath = "/tmp/.sandboxfusion-cells-out.json"
+	jupyterDriverPath  = "/tmp/.sandboxfusion/jupyter_driver.py"
+	jupyterBackendPath = "/tmp/.sandboxfusion/sandboxfusion_inline.py"
+	jupyterInputPath   = "/tmp/.sandboxfusion/cells.json"
+	jupyterOutputPath  = "/tmp/.sandboxfusion/cells-out.json"
 )
 
 // RunJupyter runs one /run_jupyter call in a sandbox of its own.
@@ -84,7 +51,7 @@ func (s *Service) RunJupyter(ctx context.Context, req RunJupyterRequest) RunJupy
 	if err != nil {
 		return fail(err)
 	}
-	files := map[string][]byte{jupyterDriverPath: []byte(jupyterDriver), jupyterInputPath: input, path.Join(codeDir, ".keep"): nil}
+	files := map[string][]byte{jupyterDriverPath: jupyterDriver, jupyterBackendPath: jupyterBackend, jupyterInputPath: input, path.Join(codeDir, ".keep"): nil}
 	for name, content := range req.Files {
 		b, err := base64.StdEncoding.DecodeString(content)
 		if err != nil {

@@ -75,9 +75,11 @@ type RunJupyterRequest struct {
 	FetchFiles    []string          `json:"fetch_files"`
 }
 
-// CellResult is one cell's output: Display holds the value of a cell's
-// last expression as {mime type: data}, Error the exception it raised
-// ({ename, evalue, traceback}).
+// CellResult is one cell's output: Display holds, as Jupyter's data
+// bundles ({mime type: data}, images in base64), each display() call, each
+// matplotlib figure shown (with its image/png) and the value of the cell's
+// last expression; Error the exception it raised ({ename, evalue,
+// traceback}).
 type CellResult struct {
 	Stdout  string           `json:"stdout"`
 	Stderr  string           `json:"stderr"`

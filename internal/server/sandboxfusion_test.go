@@ -349,4 +349,34 @@ print(found)`
 			t.Errorf("cell after the error: display %v, want 82 (state kept)", cells[5].Display)
 		}
 	})
+
+	// As SandboxFusion's Jupyter runner: each display is the object's data
+	// bundle, rich reprs adding their MIME types (binary ones in base64),
+	// display() one per object. (Figures as PNGs need matplotlib, which the
+	// default runner leaves out: internal/sandboxfusion's TestJupyterDriverDisplays.)
+	t.Run("jupyter displays", func(t *testing.T) {
+		var resp sandboxfusion.RunJupyterResponse
+		c.post(t, "/run_jupyter", map[string]any{
+			"cells": []string{
+				"class T:\n    def _repr_html_(self):\n        return '<table></table>'\n    def _repr_png_(self):\n        return b'\\x89PNG fake'\nT()",
+				"display('a', T())",
+				"x = 1\nx;"},
+		}, &resp)
+		if resp.Status != sandboxfusion.Success || len(resp.Cells) != 3 {
+			t.Fatalf("got %s, want Success with 3 cells", show(resp))
+		}
+		d := resp.Cells[0].Display
+		if len(d) != 1 || d[0]["text/html"] != "<table></table>" || d[0]["text/plain"] == nil {
+			t.Fatalf("an object with _repr_html_ and _repr_png_: displays %v (errors %v), want text/html and text/plain", d, resp.Cells[0].Error)
+		}
+		if png, _ := base64.StdEncoding.DecodeString(fmt.Sprint(d[0]["image/png"])); string(png) != "\x89PNG fake" {
+			t.Errorf("_repr_png_'s bytes: got image/png %v, want them in base64", d[0]["image/png"])
+		}
+		if d := resp.Cells[1].Display; len(d) != 2 || d[0]["text/plain"] != "'a'" || d[1]["text/html"] != "<table></table>" {
+			t.Errorf("display('a', T()): displays %v, want two bundles", d)
+		}
+		if d := resp.Cells[2].Display; len(d) != 0 {
+			t.Errorf("a cell ending in ';': displays %v, want none", d)
+		}
+	})
 }

@@ -64,6 +64,53 @@ describe('code interpreter', { concurrency: false }, () => {
     assert.equal(png.isMainResult, false)
   })
 
+  test('a line plot carries its chart: type, title, labels, each line', T, async () => {
+    const e = await sbx.runCode([
+      'import datetime',
+      'import matplotlib.pyplot as plt',
+      'days = [datetime.date(2024, 1, 1) + datetime.timedelta(days=i) for i in range(3)]',
+      'plt.figure()',
+      "plt.plot(days, [1, 4, 9], label='squares')",
+      "plt.plot(days, [1, 2, 3], label='linear')",
+      "plt.xlabel('Day')",
+      "plt.ylabel('Size (m)')",
+      "plt.title('Growth')",
+      'plt.show()',
+    ].join('\n'))
+    assert.equal(e.error, undefined, `${e.error?.name}: ${e.error?.value}`)
+    const chart = e.results[0].chart
+    assert.ok(chart, `no chart among formats ${e.results[0].formats()}`)
+    // The JS SDK's formats() does not list chart; the figure's PNG is there too.
+    assert.ok(e.results[0].png, `no PNG beside the chart: ${e.results[0].formats()}`)
+    assert.equal(chart.type, 'line')
+    assert.equal(chart.title, 'Growth')
+    assert.equal(chart.x_label, 'Day')
+    assert.equal(chart.y_unit, 'm')
+    assert.equal(chart.x_scale, 'datetime')
+    assert.ok(chart.y_ticks.length > 0 && chart.y_ticks.every((t) => typeof t === 'number'))
+    assert.deepEqual(chart.elements.map((l) => l.label), ['squares', 'linear'])
+    const pts = chart.elements[0].points
+    assert.deepEqual(pts.map((p) => p[1]), [1, 4, 9])
+    assert.equal(new Date(pts[0][0]).toISOString(), '2024-01-01T00:00:00.000Z')
+  })
+
+  test('a bar chart carries its bars', T, async () => {
+    const e = await sbx.runCode([
+      'import matplotlib.pyplot as plt',
+      'plt.figure()',
+      "plt.bar(['A', 'B', 'C'], [100, 200, 300], label='Sold')",
+      "plt.title('Sales')",
+      'plt.show()',
+    ].join('\n'))
+    const chart = e.results[0].chart
+    assert.ok(chart, `no chart among formats ${e.results[0].formats()}`)
+    assert.equal(chart.type, 'bar')
+    assert.equal(chart.title, 'Sales')
+    assert.equal(chart.x_unit, null)
+    assert.deepEqual(chart.elements.map((b) => [b.label, b.value, b.group]),
+      [['A', 100, 'Sold'], ['B', 200, 'Sold'], ['C', 300, 'Sold']])
+  })
+
   test("a DataFrame's HTML and data", T, async () => {
     const e = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": ["x", "y"]})')
     const r = e.results.find((x) => x.isMainResult)

@@ -3,6 +3,7 @@
 package fleettest
 
 import (
+	"net"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -46,6 +47,44 @@ func Etcd(tb testing.TB) *clientv3.Client {
 	}
 	tb.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// EtcdLoopback starts a single-member etcd on loopback TCP (plain HTTP,
+// which fleet.Dial accepts on loopback only) and returns its client URL,
+// for a fleet role started in-process; it stops in tb.Cleanup.
+func EtcdLoopback(tb testing.TB) string {
+	tb.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = filepath.Join(tb.TempDir(), "data")
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	// Port 0 is refused by etcd's URL checks; ask the kernel for two.
+	client := unixURL(tb, "http://"+freeAddr(tb))
+	peer := unixURL(tb, "http://"+freeAddr(tb))
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		tb.Fatalf("starting etcd: %v", err)
+	}
+	tb.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		tb.Fatalf("etcd failed while starting: %v", err)
+	case <-time.After(30 * time.Second):
+		tb.Fatal("etcd not ready after 30 s")
+	}
+	return client[0].String()
+}
+
+func freeAddr(tb testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 func unixURL(tb testing.TB, raw string) []url.URL {

@@ -105,7 +105,7 @@ func decode(code connect.Code, msg string, detail *ErrorDetail) error {
 		class = nil
 		for _, c := range codes {
 			if c.code == code && !c.shared {
-				class = &coded{msg: msg, class: c.class}
+				class = errdefs.Received(msg, c.class)
 				break
 			}
 		}
@@ -114,18 +114,10 @@ func decode(code connect.Code, msg string, detail *ErrorDetail) error {
 		class = errors.New(msg)
 	}
 	if detail.GetLost() {
-		class = &coded{msg: msg, class: errors.Join(sandbox.ErrLost, class)}
+		class = errdefs.Received(msg, errors.Join(sandbox.ErrLost, class))
 	}
 	return sandbox.WithEndCause(class, detail.GetEndCause())
 }
-
-type coded struct {
-	msg   string
-	class error
-}
-
-func (e *coded) Error() string { return e.msg }
-func (e *coded) Unwrap() error { return e.class }
 
 // ChildErr is a fork child's error as the answer carries it.
 func ChildErr(err error) *ChildError {

@@ -4,6 +4,7 @@ package gvisorgo
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -133,5 +134,27 @@ func TestNewInWorkerRefused(t *testing.T) {
 	t.Setenv(workerEnv, "1")
 	if _, err := New(Config{Runsc: "/bin/true", Root: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "WorkerMain") {
 		t.Errorf("New in a worker's environment: %v, want a refusal naming WorkerMain", err)
+	}
+}
+
+// A worker's error keeps its message and every errdefs class across the
+// socket, as the service's other transports do.
+func TestWorkerErrorKeepsClass(t *testing.T) {
+	for _, class := range []error{
+		errdefs.ErrNotFound, errdefs.ErrInvalid, errdefs.ErrConflict,
+		errdefs.ErrPermissionDenied, errdefs.ErrTooLarge, errdefs.ErrInsufficientStorage,
+		errdefs.ErrResourceExhausted, errdefs.ErrUnavailable,
+	} {
+		sent := fmt.Errorf("restore: %w", class)
+		got := errorResponse(sent).err()
+		if got == nil || got.Error() != sent.Error() || !errors.Is(got, class) {
+			t.Errorf("%v came back as %v (is %v: %v)", sent, got, class, errors.Is(got, class))
+		}
+	}
+	if got := errorResponse(errors.New("disk on fire")).err(); got == nil || errdefs.Classified(got) {
+		t.Errorf("an unclassified error came back as %v, classified %v", got, errdefs.Classified(got))
+	}
+	if (response{}).err() != nil {
+		t.Error("a response without an error has one")
 	}
 }

@@ -169,39 +169,20 @@ func closeFile(f *os.File) {
 	}
 }
 
-// classes are the errdefs classes that keep their identity across the
-// socket, by errdefs.HTTPStatus code.
-var classes = map[string]error{
-	"not_found":          errdefs.ErrNotFound,
-	"invalid_argument":   errdefs.ErrInvalid,
-	"conflict":           errdefs.ErrConflict,
-	"resource_exhausted": errdefs.ErrResourceExhausted,
-	"unavailable":        errdefs.ErrUnavailable,
-}
-
-// errorResponse turns err into a response.
+// errorResponse turns err into a response: its message and its errdefs
+// class's code, so that errors.Is works across the socket.
 func errorResponse(err error) response {
-	_, code := errdefs.HTTPStatus(err)
 	r := response{Err: err.Error()}
-	if _, ok := classes[code]; ok {
-		r.Class = code
+	if errdefs.Classified(err) {
+		_, r.Class = errdefs.HTTPStatus(err)
 	}
 	return r
 }
-
-// remoteError is an error a worker returned, with its class.
-type remoteError struct {
-	msg   string
-	class error
-}
-
-func (e *remoteError) Error() string { return e.msg }
-func (e *remoteError) Unwrap() error { return e.class }
 
 // err returns the response's error, or nil.
 func (r response) err() error {
 	if r.Err == "" {
 		return nil
 	}
-	return &remoteError{msg: r.Err, class: classes[r.Class]}
+	return errdefs.FromCode(r.Class, r.Err)
 }

@@ -13,7 +13,7 @@ Code written for ``e2b_code_interpreter`` changes one import::
 The names are E2B's: ``run_code``, ``create_code_context``,
 ``list_code_contexts``, ``remove_code_context``, ``restart_code_context``,
 ``Execution``, ``Result``, ``Logs``, ``ExecutionError``, ``Context``,
-``OutputMessage``. Standard library only.
+``OutputMessage``, ``Chart``. Standard library only.
 """
 
 import json
@@ -58,6 +58,53 @@ class ExecutionError:
         return json.dumps({"name": self.name, "value": self.value, "traceback": self.traceback})
 
 
+class ChartElement:
+    """One element of a chart (a line's label and points, a bar, a wedge,
+    a box): its fields as attributes (``label``, ``points``, ``value``,
+    ``angle``, ``median``...); ``points`` are ``(x, y)`` tuples."""
+
+    def __init__(self, **fields: Any):
+        self._raw = dict(fields)
+        for k, v in fields.items():
+            if k == "points" and isinstance(v, list):
+                v = [tuple(p) for p in v]
+            setattr(self, k, v)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return self._raw
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._raw.get('label')!r})"
+
+
+class Chart:
+    """What a matplotlib figure plots, as E2B's ``result.chart``: ``type``
+    (``line``, ``scatter``, ``bar``, ``pie``, ``box_and_whisker``,
+    ``superchart`` or ``unknown``), ``title``, ``elements`` and, for charts
+    with axes, ``x_label``, ``y_label``, ``x_unit``, ``y_unit`` and (line and
+    scatter) ``x_scale``, ``x_ticks``, ``x_tick_labels`` and their y twins.
+    A superchart's elements are Charts; ``to_dict()`` is the JSON."""
+
+    def __init__(self, **fields: Any):
+        self._raw = dict(fields)
+        self.type = fields.get("type") or "unknown"
+        self.title = fields.get("title")
+        for k, v in fields.items():
+            if k not in ("type", "title", "elements"):
+                setattr(self, k, v)
+        els = fields.get("elements") or []
+        if self.type == "superchart":
+            self.elements = [Chart(**e) for e in els]
+        else:
+            self.elements = [ChartElement(**e) for e in els]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return self._raw
+
+    def __repr__(self) -> str:
+        return f"Chart({self.type}, {self.title!r})"
+
+
 _FORMATS = ("text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "json", "javascript", "data", "chart")
 
 
@@ -71,6 +118,8 @@ class Result:
         self.is_main_result = bool(is_main_result)
         for f in _FORMATS:
             setattr(self, f, formats.pop(f, None))
+        if isinstance(self.chart, dict):
+            self.chart = Chart(**self.chart)
         self.extra = dict(extra or {})
         self.extra.update(formats)  # types this SDK does not name
 
@@ -85,7 +134,7 @@ class Result:
     json: Optional[Any]
     javascript: Optional[str]
     data: Optional[Dict[str, Any]]
-    chart: Optional[Dict[str, Any]]
+    chart: Optional["Chart"]
 
     def formats(self) -> Iterable[str]:
         """The representations present, as E2B lists them."""
@@ -283,5 +332,5 @@ def _lines(resp: Any, deadline: Optional[float]) -> Iterator[bytes]:
             raise exc.TimeoutException("deadline passed")
 
 
-__all__ = ["Context", "Execution", "ExecutionError", "Logs", "OutputMessage", "Result", "Sandbox",
+__all__ = ["Chart", "ChartElement", "Context", "Execution", "ExecutionError", "Logs", "OutputMessage", "Result", "Sandbox",
            "DEFAULT_TEMPLATE", "JUPYTER_PORT"]

@@ -8,7 +8,7 @@ import os
 import unittest
 
 from agentenv import exceptions as exc
-from agentenv.code_interpreter import Execution, ExecutionError, Logs, Result, Sandbox, parse_line
+from agentenv.code_interpreter import Chart, Execution, ExecutionError, Logs, Result, Sandbox, parse_line
 from agentenv.rl import RunCode, SandboxEnv
 
 from .support import need_server
@@ -31,6 +31,20 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(list(ex.results[0].formats()), ["html", "x/y"])
         self.assertEqual(ex.error, ExecutionError("E", "v", "tb"))
         self.assertIsInstance(ex.results[0], Result)
+
+    def test_chart_has_attributes(self):
+        ex = Execution()
+        parse_line(ex, b'{"type":"result","is_main_result":false,"png":"iVBO","chart":{"type":"superchart","title":"T",'
+                       b'"elements":[{"type":"line","title":"L","x_label":"x","elements":[{"label":"a","points":[[1,2]]}]},'
+                       b'{"type":"bar","title":null,"elements":[{"label":"A","value":3,"group":"g"}]}]}}')
+        chart = ex.results[0].chart
+        self.assertIsInstance(chart, Chart)
+        self.assertEqual((chart.type, chart.title, len(chart.elements)), ("superchart", "T", 2))
+        line, bar = chart.elements
+        self.assertEqual((line.type, line.x_label, line.elements[0].label, line.elements[0].points), ("line", "x", "a", [(1, 2)]))
+        self.assertEqual((bar.elements[0].label, bar.elements[0].value, bar.elements[0].group), ("A", 3, "g"))
+        self.assertEqual(chart.to_dict()["elements"][1]["type"], "bar")
+        self.assertEqual(list(ex.results[0].formats()), ["png", "chart"])
 
 
 @unittest.skipUnless(os.environ.get("AGENTENV_CODE_INTERPRETER") == "1",
@@ -55,6 +69,19 @@ class CodeInterpreterTest(unittest.TestCase):
         ex = self.sbx.run_code("raise KeyError('k')")
         self.assertEqual(ex.error.name, "KeyError")
         self.assertIn("raise KeyError", ex.error.traceback)
+
+    def test_charts(self):
+        ex = self.sbx.run_code("import matplotlib.pyplot as plt\nplt.figure()\nplt.plot([1, 2, 3], [1, 4, 9], label='squares')\n"
+                               "plt.title('Squares')\nplt.show()")
+        self.assertIsNone(ex.error)
+        chart = ex.results[0].chart
+        self.assertEqual((chart.type, chart.title), ("line", "Squares"))
+        self.assertEqual(chart.elements[0].label, "squares")
+        self.assertEqual(chart.elements[0].points, [(1, 1), (2, 4), (3, 9)])
+        ex = self.sbx.run_code("plt.figure()\nplt.bar(['a', 'b'], [2, 5])\nplt.show()")
+        chart = ex.results[0].chart
+        self.assertEqual(chart.type, "bar")
+        self.assertEqual([(b.label, b.value) for b in chart.elements], [("a", 2), ("b", 5)])
 
     def test_contexts(self):
         ctx = self.sbx.create_code_context(cwd="/tmp")

@@ -1,4 +1,4 @@
-package pool
+package spare
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 // Hot is the hot pool: the IDs of booted idle sandboxes, per template.
 // The sandboxes themselves are the manager's (in its registry).
 type Hot struct {
-	Spares[string]
+	Set[string]
 }
 
 // Pop takes the last pooled sandbox of the template, if any.

@@ -1,16 +1,18 @@
-// Package pool owns the pools of spares the sandbox manager makes ahead of
-// demand: per template, what waits to be taken, what is being made, the
-// refill loops, and (Warm) the demand for warm containers. A spare is an
-// opaque T: the package knows neither the boot pipeline, nor the registry,
-// nor what a spare holds; it reaches the manager only through Host's
-// functions.
+// Package spare owns the spares: the capacity the sandbox manager makes
+// ahead of demand, of two kinds kept in two pools (Hot: booted sandboxes;
+// Warm: containers prepared for a restore). Per template it holds what
+// waits to be taken, what is being made, the refill loops, and (Warm) the
+// demand for warm containers. A spare is an opaque T: the package knows
+// neither the boot pipeline, nor the registry, nor what a spare holds; it
+// reaches the manager only through Host's functions.
 //
-// Lock order: the manager's lock, then a pool's. A pool's lock is a leaf:
-// held only around its own maps, never while calling into Host, so the
-// manager may read or change a pool while holding its own lock (a pooled
-// sandbox leaves the hot pool as it leaves the registry; the manager
-// counts the spares and its teardowns at one instant).
-package pool
+// Lock order: the manager's lock, then a pool's, then the manager's
+// registry's. A pool's lock is held only around its own maps, never while
+// calling into Host, so the manager may read or change a pool while
+// holding its own lock (a pooled sandbox leaves the hot pool as it is
+// counted as dying; the manager counts the spares and its teardowns at one
+// instant).
+package spare
 
 import (
 	"context"
@@ -38,8 +40,8 @@ type Host[T any] struct {
 	Drop func(ctx context.Context, x T)
 }
 
-// Spares is one pool's spares per template, under its own lock.
-type Spares[T any] struct {
+// Set is one pool's spares per template, under its own lock.
+type Set[T any] struct {
 	mu sync.Mutex
 	// lists holds the spares ready to be taken, per template; making
 	// counts those being made (listed at the end of their making).
@@ -54,7 +56,7 @@ type Spares[T any] struct {
 }
 
 // Init readies the pool; call it once, before any other method.
-func (s *Spares[T]) Init(h Host[T]) {
+func (s *Set[T]) Init(h Host[T]) {
 	s.lists, s.making = map[string][]T{}, map[string]int{}
 	s.kick = make(chan struct{}, 1)
 	s.host = h
@@ -62,7 +64,7 @@ func (s *Spares[T]) Init(h Host[T]) {
 
 // Wake wakes the refill loop without blocking (one pending wake-up is
 // enough).
-func (s *Spares[T]) Wake() {
+func (s *Set[T]) Wake() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -70,14 +72,14 @@ func (s *Spares[T]) Wake() {
 }
 
 // Add lists a spare of the template.
-func (s *Spares[T]) Add(template string, x T) {
+func (s *Set[T]) Add(template string, x T) {
 	s.mu.Lock()
 	s.lists[template] = append(s.lists[template], x)
 	s.mu.Unlock()
 }
 
 // Listed is how many spares of the template wait to be taken.
-func (s *Spares[T]) Listed(template string) int {
+func (s *Set[T]) Listed(template string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.lists[template])
@@ -85,14 +87,14 @@ func (s *Spares[T]) Listed(template string) int {
 
 // Held is how many spares of the template there are, listed or being
 // made: each holds the template.
-func (s *Spares[T]) Held(template string) int {
+func (s *Set[T]) Held(template string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.lists[template]) + s.making[template]
 }
 
 // Counts is how many spares wait, per template.
-func (s *Spares[T]) Counts() map[string]int {
+func (s *Set[T]) Counts() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]int, len(s.lists))
@@ -103,7 +105,7 @@ func (s *Spares[T]) Counts() map[string]int {
 }
 
 // templates lists the templates that have spares.
-func (s *Spares[T]) templates() []string {
+func (s *Set[T]) templates() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.lists))
@@ -114,14 +116,14 @@ func (s *Spares[T]) templates() []string {
 }
 
 // Of returns a copy of the template's spares, leaving them listed.
-func (s *Spares[T]) Of(template string) []T {
+func (s *Set[T]) Of(template string) []T {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.lists[template])
 }
 
 // drain empties the pool and returns what it held.
-func (s *Spares[T]) drain() []T {
+func (s *Set[T]) drain() []T {
 	s.mu.Lock()
 	all := s.lists
 	s.lists = map[string][]T{}
@@ -136,7 +138,7 @@ func (s *Spares[T]) drain() []T {
 // MakeOne runs make, which makes one spare of template and lists it,
 // under the pool's build lock, unless the template is being built, made
 // ready or deleted (Host.Preparing); ran says whether make ran.
-func (s *Spares[T]) MakeOne(template string, make func() error) (ran bool, err error) {
+func (s *Set[T]) MakeOne(template string, make func() error) (ran bool, err error) {
 	s.build.Lock()
 	defer s.build.Unlock()
 	if s.host.Preparing(template) {
@@ -156,14 +158,14 @@ func (s *Spares[T]) MakeOne(template string, make func() error) (ran bool, err e
 }
 
 // Settle returns once the spare being made, if any, is listed.
-func (s *Spares[T]) Settle() {
+func (s *Set[T]) Settle() {
 	s.build.Lock()
 	s.build.Unlock()
 }
 
 // loop runs refill at once, on a Wake and every second until ctx ends,
 // then drops every spare left. A pool that is off only waits.
-func (s *Spares[T]) loop(ctx context.Context, refill func(context.Context)) {
+func (s *Set[T]) loop(ctx context.Context, refill func(context.Context)) {
 	defer s.dropAll()
 	if s.host.Off || s.host.Size <= 0 {
 		<-ctx.Done()
@@ -183,7 +185,7 @@ func (s *Spares[T]) loop(ctx context.Context, refill func(context.Context)) {
 }
 
 // dropAll empties the pool and drops what it held.
-func (s *Spares[T]) dropAll() {
+func (s *Set[T]) dropAll() {
 	for _, x := range s.drain() {
 		s.host.Drop(context.Background(), x)
 	}

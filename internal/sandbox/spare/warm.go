@@ -1,4 +1,4 @@
-package pool
+package spare
 
 import (
 	"context"
@@ -18,7 +18,7 @@ const (
 // Warm is the warm pool: containers prepared for restores, per template,
 // and the demand for them.
 type Warm[T any] struct {
-	Spares[T]
+	Set[T]
 	// demand holds, per template restored from lately, how many warm
 	// containers it wants and until when.
 	demand   map[string]demand
