@@ -57,6 +57,7 @@ func (bd *build) base(ctx context.Context) error {
 		return fmt.Errorf("image %s: %w", spec.FromImage, err)
 	}
 	what += " (" + digest.String() + ")"
+	bd.imageBase = bd.b.baseDir(hashKey(baseVersion, "image", digest.String()))
 	return bd.fillBase(ctx, what, baseSource{
 		key: hashKey(baseVersion, "image", digest.String()),
 		st:  state{Env: d.Env},

@@ -164,6 +164,9 @@ type build struct {
 	// releaseStack lets them go.
 	stack        []string
 	releaseStack func()
+	// imageBase is the cache entry of the pulled image the build runs
+	// on, if it did (made a layer when the template is thin).
+	imageBase string
 }
 
 func (bd *build) push(f func() error) { bd.undo = append(bd.undo, f) }
@@ -312,11 +315,15 @@ func checkSpec(spec Spec) error {
 // what its layers changed and the digests of the template's layers below
 // it (a thin template), when the layers can say it (template.ThinBlocker).
 func (bd *build) finishTree(ctx context.Context) (string, []string, error) {
+	below := len(bd.stack)
 	if bd.stack == nil {
-		tree, err := bd.finish(ctx)
-		return tree, nil, err
+		if bd.imageBase == "" || !bd.b.cfg.ThinLayers {
+			tree, err := bd.finish(ctx)
+			return tree, nil, err
+		}
+		below = 1 // the pulled image's tree, made a layer below
 	}
-	uppers := bd.lowers[:len(bd.lowers)-len(bd.stack)]
+	uppers := bd.lowers[:len(bd.lowers)-below]
 	why := ""
 	if !bd.b.cfg.ThinLayers {
 		why = "this server's runtime stacks no layers"
@@ -332,11 +339,21 @@ func (bd *build) finishTree(ctx context.Context) (string, []string, error) {
 		tree, err := bd.finish(ctx)
 		return tree, nil, err
 	}
+	if bd.stack == nil {
+		// The image's tree becomes a layer of the store, once per base:
+		// every template from the image stacks on it.
+		bd.logf("finalize", "info", "[finalize] the image as a shared layer")
+		d, release, err := bd.b.cfg.Templates.LayerFromTree(ctx, bd.lowers[len(bd.lowers)-1], filepath.Join(bd.imageBase, "layer.digest"))
+		if err != nil {
+			return "", nil, err
+		}
+		bd.stack, bd.releaseStack = []string{d}, release
+	}
 	tree, err := os.MkdirTemp(filepath.Join(bd.b.cfg.Dir, "trees"), "t-")
 	if err != nil {
 		return "", nil, err
 	}
-	bd.logf("finalize", "info", "[finalize] writing the changed files as a layer on %d template layer(s)", len(bd.stack))
+	bd.logf("finalize", "info", "[finalize] writing the changed files as a layer on %d shared layer(s)", len(bd.stack))
 	var size int64
 	for _, u := range uppers {
 		size += template.DiskUsage(u)

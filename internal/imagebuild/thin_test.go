@@ -258,3 +258,45 @@ func TestThinBlocker(t *testing.T) {
 func slicesEqual(a, b []string) bool {
 	return strings.Join(a, ",") == strings.Join(b, ",")
 }
+
+// Templates from one pulled image share it as one layer (made once, with
+// envd): each stores only its steps' files.
+func TestThinFromImage(t *testing.T) {
+	e := newEnv(t, true)
+	e.cfg.ThinLayers = true
+	b, err := imagebuild.New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b = b
+	var lowers []string
+	for i, name := range []string{"img-a", "img-b"} {
+		spec := copyOne(t, name, "", fmt.Sprintf("task %d\n", i))
+		spec.FromTemplate, spec.FromImage = "", e.ref
+		tpl, lines := e.build(spec)
+		if len(tpl.Lowers) != 1 {
+			t.Fatalf("%s: lowers %v, want the image's layer\n%s", name, tpl.Lowers, strings.Join(lines, "\n"))
+		}
+		if lowers != nil && tpl.Lowers[0] != lowers[0] {
+			t.Errorf("%s stacks on %s, the first template on %s: want one layer of the image", name, tpl.Lowers[0][:12], lowers[0][:12])
+		}
+		lowers = tpl.Lowers
+		if tpl.OwnBytes > thinFixedCost {
+			t.Errorf("%s takes %d bytes of its own (envd not in the image's layer?), want at most %d", name, tpl.OwnBytes, thinFixedCost)
+		}
+		st, release, err := e.store.AcquireStack(name, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnt := t.TempDir()
+		if err := template.MountImage(st.LowerPaths[0], mnt); err != nil {
+			t.Fatal(err)
+		}
+		_, envdErr := os.Stat(filepath.Join(mnt, strings.TrimPrefix(template.EnvdPath, "/")))
+		template.Unmount(mnt)
+		release()
+		if envdErr != nil {
+			t.Errorf("the image's layer has no envd: %v", envdErr)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package template
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -204,6 +206,78 @@ func (s *Store) linkLayer(file, digest string) error {
 		return err
 	}
 	return nil
+}
+
+// LayerFromTree makes the tree (a pulled image's root) a layer with
+// envd and the sandbox conventions installed (prepareRootfs, on an
+// overlay: the tree is not changed), held until release. So a thin
+// template on it stores no envd of its own. hint is a file beside the
+// tree naming the layer made from it before, with the envd it has: while
+// that layer is stored and the envd is current, it is used again (images
+// are not byte-reproducible, so the tree alone does not name it).
+func (s *Store) LayerFromTree(ctx context.Context, tree, hint string) (digest string, release func(), err error) {
+	if b, err := os.ReadFile(hint); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 && IsDigest(f[0]) && f[1] == s.envdHash && s.HasLayer(f[0]) {
+			drop := s.holdLayers([]string{f[0]})
+			if s.HasLayer(f[0]) { // not swept in between
+				return f[0], drop, nil
+			}
+			drop()
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, layersDir), 0o700); err != nil {
+		return "", nil, err
+	}
+	scratch, err := os.MkdirTemp(s.dir, ".build-layer-")
+	if err != nil {
+		return "", nil, err
+	}
+	defer os.RemoveAll(scratch)
+	upper, work, merged := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work"), filepath.Join(scratch, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return "", nil, err
+		}
+	}
+	if err := mountOverlay([]string{tree}, upper, work, merged); err != nil {
+		return "", nil, err
+	}
+	tmp := filepath.Join(s.dir, layersDir, ".in-"+filepath.Base(scratch))
+	defer os.Remove(tmp)
+	err = refusedPath(prepareRootfs(merged, s.envd))
+	if err == nil {
+		// As thin layers: no xattrs (gVisor opens no file that has one),
+		// no tail-packed data.
+		var out []byte
+		if out, err = exec.CommandContext(ctx, "mkfs.erofs", "-x", "-1", "-E", "noinline_data", tmp, merged).CombinedOutput(); err != nil {
+			err = fmt.Errorf("mkfs.erofs of the base image: %w: %s", err, lastLines(string(out)))
+		}
+	}
+	if uerr := Unmount(merged); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	d, err := fileDigest(tmp)
+	if err != nil {
+		return "", nil, err
+	}
+	drop := s.holdLayers([]string{d})
+	if !s.HasLayer(d) {
+		if err := atomicfile.Rename(tmp, s.LayerPath(d)); err != nil {
+			drop()
+			return "", nil, err
+		}
+	}
+	if err := atomicfile.WriteFile(hint, []byte(d+" "+s.envdHash+"\n"), 0o600); err != nil {
+		drop()
+		return "", nil, err
+	}
+	s.mu.Lock()
+	s.retired = s.extraBytesLocked()
+	s.mu.Unlock()
+	return d, drop, nil
 }
 
 // AdoptLayer stores a layer copied from elsewhere (a fleet peer): its
