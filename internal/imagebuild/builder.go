@@ -343,7 +343,7 @@ func (bd *build) finishTree(ctx context.Context) (string, []string, error) {
 		// The image's tree becomes a layer of the store, once per base:
 		// every template from the image stacks on it.
 		bd.logf("finalize", "info", "[finalize] the image as a shared layer")
-		d, release, err := bd.b.cfg.Templates.LayerFromTree(ctx, bd.lowers[len(bd.lowers)-1], filepath.Join(bd.imageBase, "layer.digest"))
+		d, release, err := bd.b.cfg.Templates.LayerFromTree(ctx, bd.lowers[len(bd.lowers)-1], filepath.Join(bd.imageBase, "layer.digest"), bd.meter.Charge)
 		if err != nil {
 			return "", nil, err
 		}

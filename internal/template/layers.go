@@ -214,8 +214,9 @@ func (s *Store) linkLayer(file, digest string) error {
 // template on it stores no envd of its own. hint is a file beside the
 // tree naming the layer made from it before, with the envd it has: while
 // that layer is stored and the envd is current, it is used again (images
-// are not byte-reproducible, so the tree alone does not name it).
-func (s *Store) LayerFromTree(ctx context.Context, tree, hint string) (digest string, release func(), err error) {
+// are not byte-reproducible, so the tree alone does not name it). A new
+// layer is charged (about the tree's size) before it is written.
+func (s *Store) LayerFromTree(ctx context.Context, tree, hint string, charge func(int64) error) (digest string, release func(), err error) {
 	if b, err := os.ReadFile(hint); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 && IsDigest(f[0]) && f[1] == s.envdHash && s.HasLayer(f[0]) {
 			drop := s.holdLayers([]string{f[0]})
@@ -224,6 +225,9 @@ func (s *Store) LayerFromTree(ctx context.Context, tree, hint string) (digest st
 			}
 			drop()
 		}
+	}
+	if err := charge(DiskUsage(tree)); err != nil {
+		return "", nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, layersDir), 0o700); err != nil {
 		return "", nil, err
