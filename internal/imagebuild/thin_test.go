@@ -225,6 +225,7 @@ func TestThinFallsBackToFlat(t *testing.T) {
 }
 
 func TestThinBlocker(t *testing.T) {
+	testenv.NeedRoot(t) // whiteouts and trusted.* xattrs
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "a/b"), 0o755)
 	os.WriteFile(filepath.Join(dir, "a/b/f"), []byte("x"), 0o644)
