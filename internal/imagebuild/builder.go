@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/refcount"
 	"github.com/agentenv/agentenv/internal/runtime/runscbin"
 	"github.com/agentenv/agentenv/internal/template"
 )
@@ -67,7 +68,7 @@ type Builder struct {
 	reach *reach
 
 	mu    sync.Mutex
-	inUse map[string]int // cache dirs held by running builds
+	inUse *refcount.Counts[string] // cache dirs held by running builds
 }
 
 // New returns a Builder over cfg.Dir, first removing what a crashed build
@@ -97,7 +98,8 @@ func New(cfg Config) (*Builder, error) {
 		return nil, err
 	}
 	cfg.Dir = dir
-	b := &Builder{cfg: cfg, log: cfg.Log, reach: newReach(cfg.Registries, cfg.Mirror), inUse: map[string]int{}}
+	b := &Builder{cfg: cfg, log: cfg.Log, reach: newReach(cfg.Registries, cfg.Mirror)}
+	b.inUse = refcount.New[string](&b.mu, nil)
 	if err := b.recover(); err != nil {
 		return nil, fmt.Errorf("build cache %s: %w", dir, err)
 	}

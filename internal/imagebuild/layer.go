@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,7 +115,7 @@ func (b *Builder) commit(tmp, final string, s state) (release func(), err error)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, err := os.Stat(final); err == nil {
-		if b.inUse[final] > 0 {
+		if b.inUse.N(final) > 0 {
 			trash = tmp
 			return b.holdLocked(final), nil
 		}
@@ -136,7 +135,7 @@ func (b *Builder) discard(dirs []string) {
 	var trash []string
 	b.mu.Lock()
 	for _, dir := range dirs {
-		if b.inUse[dir] > 0 {
+		if b.inUse.N(dir) > 0 {
 			continue
 		}
 		if t, err := b.trashLocked(dir); err == nil {
@@ -218,19 +217,7 @@ func (b *Builder) trashLocked(dir string) (string, error) {
 // holdLocked marks a cache entry as used by a build until the returned
 // release: trimming and forced reruns leave it in place. Callers hold
 // b.mu.
-func (b *Builder) holdLocked(dir string) (release func()) {
-	b.inUse[dir]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if b.inUse[dir]--; b.inUse[dir] <= 0 {
-				delete(b.inUse, dir)
-			}
-		})
-	}
-}
+func (b *Builder) holdLocked(dir string) (release func()) { return b.inUse.Hold(dir) }
 
 // trim removes the least recently used bases and layers no build holds
 // until the cache takes at most MaxCacheBytes.
@@ -265,7 +252,7 @@ func (b *Builder) trim() {
 		if total <= b.cfg.MaxCacheBytes {
 			break
 		}
-		if b.inUse[e.dir] > 0 {
+		if b.inUse.N(e.dir) > 0 {
 			continue
 		}
 		t, err := b.trashLocked(e.dir)

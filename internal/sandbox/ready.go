@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/refcount"
 	"github.com/agentenv/agentenv/internal/snapshot"
 )
 
@@ -157,33 +158,25 @@ func (m *Manager) Preparing(template string) (done func()) { return m.prep.mark(
 // end. Its lock is its own: taken under none of the manager's, and
 // nothing is called under it.
 type preparing struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu   sync.Mutex
+	once sync.Once
+	n    *refcount.Counts[string]
 }
+
+func (p *preparing) init() { p.once.Do(func() { p.n = refcount.New[string](&p.mu, nil) }) }
 
 // mark counts one preparation of template until done is called.
 func (p *preparing) mark(template string) (done func()) {
+	p.init()
 	p.mu.Lock()
-	if p.n == nil {
-		p.n = map[string]int{}
-	}
-	p.n[template]++
-	p.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			p.mu.Lock()
-			if p.n[template]--; p.n[template] <= 0 {
-				delete(p.n, template)
-			}
-			p.mu.Unlock()
-		})
-	}
+	defer p.mu.Unlock()
+	return p.n.Hold(template)
 }
 
 // has says whether template is being prepared.
 func (p *preparing) has(template string) bool {
+	p.init()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.n[template] > 0
+	return p.n.N(template) > 0
 }

@@ -68,23 +68,14 @@ func (s *Store) Acquire(id string) (dir string, done func(), release func(), err
 
 // holdLocked counts one more use of a snapshot and returns its release;
 // the last release drops the snapshot's assembled files.
-func (s *Store) holdLocked(id string) func() {
-	s.refs[id]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.refs[id]--
-			if s.refs[id] > 0 {
-				return
-			}
-			delete(s.refs, id)
-			if asm := s.asm[id]; asm != nil {
-				delete(s.asm, id)
-				asm.remove()
-			}
-		})
+func (s *Store) holdLocked(id string) func() { return s.refs.Hold(id) }
+
+// lastReleasedLocked drops a snapshot's assembled files once no sandbox
+// uses it.
+func (s *Store) lastReleasedLocked(id string) {
+	if asm := s.asm[id]; asm != nil {
+		delete(s.asm, id)
+		asm.remove()
 	}
 }
 

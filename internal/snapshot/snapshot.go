@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/refcount"
 )
 
 // Snapshot is one stored snapshot.
@@ -156,8 +157,8 @@ type Store struct {
 
 	mu    sync.Mutex
 	snaps map[string]*Snapshot
-	refs  map[string]int       // sandboxes using a snapshot
-	asm   map[string]*assembly // files put together for the sandboxes using a snapshot
+	refs  *refcount.Counts[string] // sandboxes using a snapshot
+	asm   map[string]*assembly     // files put together for the sandboxes using a snapshot
 	// chunkRefs counts the snapshots referencing a chunk; pins count the
 	// snapshots being added that will reference it. A chunk file goes
 	// when both are zero.
@@ -180,8 +181,9 @@ func Open(dir string) (*Store, error) {
 	}
 	os.RemoveAll(filepath.Join(dir, "tmp"))
 	os.MkdirAll(filepath.Join(dir, "tmp"), 0o700)
-	s := &Store{dir: dir, snaps: map[string]*Snapshot{}, refs: map[string]int{}, asm: map[string]*assembly{},
+	s := &Store{dir: dir, snaps: map[string]*Snapshot{}, asm: map[string]*assembly{},
 		chunkRefs: map[string]int{}, pins: map[string]int{}, chunkSize: map[string]int64{}}
+	s.refs = refcount.New(&s.mu, s.lastReleasedLocked)
 	entries, err := os.ReadDir(filepath.Join(dir, "meta"))
 	if err != nil {
 		return nil, err
@@ -325,7 +327,7 @@ func (s *Store) Get(id string) (Snapshot, error) {
 		return Snapshot{}, errdefs.NotFound("snapshot %q does not exist", id)
 	}
 	c := *sn
-	c.InUse = s.refs[id]
+	c.InUse = s.refs.N(id)
 	return c, nil
 }
 
@@ -348,7 +350,7 @@ func (s *Store) List(sandboxID string) []Snapshot {
 			continue
 		}
 		c := *sn
-		c.InUse = s.refs[sn.ID]
+		c.InUse = s.refs.N(sn.ID)
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
@@ -362,7 +364,7 @@ func (s *Store) ListAll() []Snapshot {
 	out := make([]Snapshot, 0, len(s.snaps))
 	for _, sn := range s.snaps {
 		c := *sn
-		c.InUse = s.refs[sn.ID]
+		c.InUse = s.refs.N(sn.ID)
 		out = append(out, c)
 	}
 	return out
@@ -376,7 +378,7 @@ func (s *Store) Delete(id string) error {
 	if _, ok := s.snaps[id]; !ok {
 		return errdefs.NotFound("snapshot %q does not exist", id)
 	}
-	if n := s.refs[id]; n > 0 {
+	if n := s.refs.N(id); n > 0 {
 		return errdefs.Conflict("snapshot %q is used by %d running sandbox(es): kill them first", id, n)
 	}
 	for _, other := range s.snaps {
@@ -488,7 +490,7 @@ func (s *Store) gcLocked(p Policy, extra int) []string {
 		sort.Slice(all, func(i, j int) bool { return all[i].CreatedAt.Before(all[j].CreatedAt) })
 		var victim *Snapshot
 		for _, sn := range all {
-			if sn.Kind == KindUser || s.refs[sn.ID] > 0 || s.hasChild(sn.ID) {
+			if sn.Kind == KindUser || s.refs.N(sn.ID) > 0 || s.hasChild(sn.ID) {
 				continue
 			}
 			tooOld := p.MaxAge > 0 && time.Since(sn.CreatedAt) > p.MaxAge

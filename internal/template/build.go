@@ -751,7 +751,7 @@ func (s *Store) CanBuild(name string) error {
 
 // inUse refuses to replace a template sandboxes run on. Callers hold s.mu.
 func (s *Store) inUse(name string) error {
-	if n := s.refs[name]; n > 0 {
+	if n := s.refs.N(name); n > 0 {
 		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them before rebuilding it", name, n)
 	}
 	return nil

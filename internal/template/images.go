@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -97,15 +96,7 @@ func (s *Store) AcquireImage(name, imageID string) (path, id string, release fun
 			}
 		}
 	}
-	s.refs[name]++
-	var once sync.Once
-	return path, id, func() {
-		once.Do(func() {
-			s.mu.Lock()
-			s.refs[name]--
-			s.mu.Unlock()
-		})
-	}, nil
+	return path, id, s.refs.Hold(name), nil
 }
 
 // SweepRetired removes the retired images no snapshot needs any more, and
@@ -131,7 +122,7 @@ func (s *Store) SweepRetired() int {
 		current := exists && t.ImageID == id
 		// A sandbox restored on an old image holds the template (refs):
 		// the image stays until it is gone, as a template's own does.
-		busy := exists && s.refs[name] > 0
+		busy := exists && s.refs.N(name) > 0
 		s.mu.Unlock()
 		if current || busy || (exists && retain != nil && retain(name, id)) {
 			continue

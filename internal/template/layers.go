@@ -122,22 +122,8 @@ func (s *Store) HoldLayers(digests []string) (release func()) { return s.holdLay
 
 func (s *Store) holdLayers(digests []string) func() {
 	s.mu.Lock()
-	for _, d := range digests {
-		s.layerRefs[d]++
-	}
-	s.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			for _, d := range digests {
-				if s.layerRefs[d]--; s.layerRefs[d] <= 0 {
-					delete(s.layerRefs, d)
-				}
-			}
-			s.mu.Unlock()
-		})
-	}
+	defer s.mu.Unlock()
+	return s.layerRefs.Hold(digests...)
 }
 
 // BuildStack is what a build on template name stacks on: the template's
@@ -338,9 +324,7 @@ func (s *Store) sweepLayers() {
 			used[d] = true
 		}
 	}
-	for d := range s.layerRefs {
-		used[d] = true
-	}
+	s.layerRefs.Each(func(d string, _ int) { used[d] = true })
 	s.mu.Unlock()
 	for _, e := range ents {
 		d, ok := strings.CutSuffix(strings.TrimPrefix(e.Name(), "sha256-"), ".erofs")

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/refcount"
 )
 
 // EnvdPath is where envd lives inside every template.
@@ -259,7 +260,7 @@ type Store struct {
 
 	mu        sync.Mutex
 	templates map[string]*Template
-	refs      map[string]int
+	refs      *refcount.Counts[string] // sandboxes on each template
 	building  map[string]bool
 	// bytes is the disk each stored template takes; pending what builds
 	// in progress have charged (see buildBytes).
@@ -271,7 +272,7 @@ type Store struct {
 	retired int64
 	// layerRefs counts the sandboxes and builds holding each layer;
 	// retainLayer says whether a snapshot needs one (layers.go).
-	layerRefs   map[string]int
+	layerRefs   *refcount.Counts[string]
 	retainLayer func(digest string) bool
 }
 
@@ -319,8 +320,9 @@ func OpenWithOptions(dir, envd string, opts Options, log *slog.Logger) (*Store, 
 		return nil, fmt.Errorf("envd binary %s: %w (run `make build`)", envd, err)
 	}
 	s := &Store{dir: dir, envd: envd, envdHash: hash, opts: opts, log: log,
-		templates: map[string]*Template{}, refs: map[string]int{}, building: map[string]bool{}, bytes: map[string]int64{},
-		layerRefs: map[string]int{}}
+		templates: map[string]*Template{}, building: map[string]bool{}, bytes: map[string]int64{}}
+	s.refs = refcount.New[string](&s.mu, nil)
+	s.layerRefs = refcount.New[string](&s.mu, nil)
 
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -419,7 +421,7 @@ func (s *Store) Get(name string) (Template, error) {
 func (s *Store) copyLocked(t *Template) Template {
 	c := *t
 	c.Lowers = slices.Clone(t.Lowers)
-	c.InUse = s.refs[t.Name]
+	c.InUse = s.refs.N(t.Name)
 	c.OwnBytes = s.bytes[t.Name]
 	c.SharedBytes = s.sharedLocked(t)
 	return c
@@ -433,15 +435,7 @@ func (s *Store) Acquire(name string) (string, func(), error) {
 	if _, ok := s.templates[name]; !ok {
 		return "", nil, errdefs.NotFound("template %q does not exist (list them with `agentenv template list`)", name)
 	}
-	s.refs[name]++
-	var once sync.Once
-	return s.ImagePath(name), func() {
-		once.Do(func() {
-			s.mu.Lock()
-			s.refs[name]--
-			s.mu.Unlock()
-		})
-	}, nil
+	return s.ImagePath(name), s.refs.Hold(name), nil
 }
 
 // Delete removes a template that no sandbox uses, and the layers only it
@@ -452,7 +446,7 @@ func (s *Store) Delete(name string) error {
 		s.mu.Unlock()
 		return errdefs.NotFound("template %q does not exist", name)
 	}
-	if n := s.refs[name]; n > 0 {
+	if n := s.refs.N(name); n > 0 {
 		s.mu.Unlock()
 		return errdefs.Conflict("template %q is used by %d sandbox(es): kill them first", name, n)
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/diskmeter"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/refcount"
 	"github.com/agentenv/agentenv/internal/template"
 )
 
@@ -77,7 +78,7 @@ type Store struct {
 	// held counts, per volume, the creates that resolved it and have not
 	// yet registered their sandbox (Hold): Delete refuses meanwhile, as
 	// InUse cannot see them yet.
-	held map[string]int
+	held *refcount.Counts[string]
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,63}$`)
@@ -94,7 +95,8 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, key: key, vols: map[string]Volume{}, roots: map[string]*os.Root{}, held: map[string]int{}}
+	s := &Store{cfg: cfg, key: key, vols: map[string]Volume{}, roots: map[string]*os.Root{}}
+	s.held = refcount.New[string](&s.mu, nil)
 	ents, err := os.ReadDir(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -150,7 +152,7 @@ func (s *Store) Close() {
 		delete(s.roots, id)
 	}
 	for id := range s.vols {
-		if s.held[id] > 0 || (s.cfg.InUse != nil && len(s.cfg.InUse(id)) > 0) {
+		if s.held.N(id) > 0 || (s.cfg.InUse != nil && len(s.cfg.InUse(id)) > 0) {
 			continue
 		}
 		unmountDisk(filepath.Join(s.cfg.Dir, id))
@@ -311,7 +313,7 @@ func (s *Store) Delete(owner, id string) error {
 	// its Hold cannot slip between the two checks: it is either held or
 	// registered (InUse). InUse must not call back into the store.
 	s.mu.Lock()
-	if s.held[id] > 0 {
+	if s.held.N(id) > 0 {
 		s.mu.Unlock()
 		return errdefs.Conflict("volume '%s' is being mounted by a sandbox that is starting: try again when it has started, after killing it", v.Name)
 	}
@@ -351,21 +353,7 @@ func (s *Store) Hold(ids ...string) (release func(), err error) {
 			return nil, errdefs.NotFound("volume %s not found (deleted meanwhile?)", id)
 		}
 	}
-	for _, id := range ids {
-		s.held[id]++
-	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			for _, id := range ids {
-				if s.held[id]--; s.held[id] <= 0 {
-					delete(s.held, id)
-				}
-			}
-		})
-	}, nil
+	return s.held.Hold(ids...), nil
 }
 
 // DataDir is the host directory holding volume id's contents: what a

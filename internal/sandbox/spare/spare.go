@@ -20,6 +20,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/refcount"
 )
 
 // Host is what a pool needs of the manager.
@@ -46,7 +48,7 @@ type Set[T any] struct {
 	// lists holds the spares ready to be taken, per template; making
 	// counts those being made (listed at the end of their making).
 	lists  map[string][]T
-	making map[string]int
+	making *refcount.Counts[string]
 	// build is held while a spare is made: one at a time per pool, and
 	// Settle waits for the one being made.
 	build sync.Mutex
@@ -57,7 +59,7 @@ type Set[T any] struct {
 
 // Init readies the pool; call it once, before any other method.
 func (s *Set[T]) Init(h Host[T]) {
-	s.lists, s.making = map[string][]T{}, map[string]int{}
+	s.lists, s.making = map[string][]T{}, refcount.New[string](&s.mu, nil)
 	s.kick = make(chan struct{}, 1)
 	s.host = h
 }
@@ -90,7 +92,7 @@ func (s *Set[T]) Listed(template string) int {
 func (s *Set[T]) Held(template string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.lists[template]) + s.making[template]
+	return len(s.lists[template]) + s.making.N(template)
 }
 
 // Counts is how many spares wait, per template.
@@ -145,15 +147,9 @@ func (s *Set[T]) MakeOne(template string, make func() error) (ran bool, err erro
 		return false, nil
 	}
 	s.mu.Lock()
-	s.making[template]++
+	done := s.making.Hold(template)
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		if s.making[template]--; s.making[template] <= 0 {
-			delete(s.making, template)
-		}
-		s.mu.Unlock()
-	}()
+	defer done()
 	return true, make()
 }
 
