@@ -105,10 +105,9 @@ func (s *Store) SweepRetired() int {
 	s.mu.Lock()
 	retain := s.retain
 	s.mu.Unlock()
-	ents, err := os.ReadDir(filepath.Join(s.dir, retiredDir))
-	if err != nil {
-		return 0
-	}
+	// No retired image yet is no reason to keep unused layers: the
+	// directory's absence only means there is nothing to remove from it.
+	ents, _ := os.ReadDir(filepath.Join(s.dir, retiredDir))
 	n := 0
 	for _, e := range ents {
 		base, ok := strings.CutSuffix(e.Name(), ".erofs")

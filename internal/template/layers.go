@@ -141,14 +141,22 @@ func (s *Store) BuildStack(name string) (digests, paths []string, release func()
 	}
 	s.mu.Lock()
 	digests = append([]string{d}, s.templates[name].Lowers...)
+	drop := s.layerRefs.Hold(digests...)
 	s.mu.Unlock()
+	// The sweep may have taken the own layer between its link and the
+	// hold (no template stacks on it yet): now held, link it again.
+	if err := s.linkLayer(s.ImagePath(name), d); err != nil {
+		drop()
+		rel()
+		return nil, nil, nil, err
+	}
 	for _, l := range digests[1:] {
 		if !s.HasLayer(l) {
+			drop()
 			rel()
 			return nil, nil, nil, fmt.Errorf("template %q: its layer sha256:%s is missing from %s", name, l, filepath.Join(s.dir, layersDir))
 		}
 	}
-	drop := s.holdLayers(digests)
 	var once sync.Once
 	return digests, s.LayerPaths(digests), func() { once.Do(func() { drop(); rel() }) }, nil
 }

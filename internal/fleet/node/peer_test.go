@@ -357,8 +357,16 @@ func TestCopyTemplateLayers(t *testing.T) {
 	ps.peer.layers = map[string][]byte{db: base, dm: mid}
 	ps.peer.mu.Unlock()
 	dir := filepath.Dir(filepath.Dir(ts.ImagePath("x")))
-	if err := ps.node.copyLayers(context.Background(), ps.rec, "template x", dir, []string{dm, db}); err != nil {
+	release, err := ps.node.copyLayers(context.Background(), ps.rec, "template x", dir, []string{dm, db})
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer release()
+	// Until the template stacks on them, the copy holds them: the store's
+	// sweep, which removes layers nothing uses, keeps both.
+	ts.SweepRetired()
+	if !ts.HasLayer(dm) || !ts.HasLayer(db) {
+		t.Fatalf("the sweep removed a layer the copy holds (middle %v, base %v)", ts.HasLayer(dm), ts.HasLayer(db))
 	}
 	if n := ps.peer.requests("layers/" + db); n != 0 {
 		t.Errorf("the layer the node had was asked for %d times", n)
@@ -384,11 +392,11 @@ func TestCopyTemplateLayers(t *testing.T) {
 	ps.peer.layers[lie] = []byte("something else")
 	ps.peer.mu.Unlock()
 	before := files(t, ps.root)
-	err := ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{lie})
+	_, err = ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{lie})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "node evil") {
 		t.Errorf("a layer of another hash: %v, want unavailable naming the peer", err)
 	}
-	if err := ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{"../../etc/passwd"}); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := ps.node.copyLayers(context.Background(), ps.rec, "template z", dir, []string{"../../etc/passwd"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("a path for a digest: %v, want unavailable", err)
 	}
 	if after := files(t, ps.root); !maps.Equal(after, before) {

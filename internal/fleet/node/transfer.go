@@ -200,10 +200,13 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 		return fromPeer(peer, what, fmt.Errorf("its image declares %d bytes, %d are free: %w", tc.Template.ImageSize, free, errdefs.ErrResourceExhausted))
 	}
 	// A layered template: the layers below its image this node lacks
-	// first, each checked against its digest.
-	if err := n.copyLayers(ctx, peer, what, dir, tc.Template.Lowers); err != nil {
+	// first, each checked against its digest, all held until the template
+	// stacks on them.
+	release, err := n.copyLayers(ctx, peer, what, dir, tc.Template.Lowers)
+	if err != nil {
 		return err
 	}
+	defer release()
 	resp, err := n.peerGet(ctx, peer, "templates/"+name+"/image", 0, false)
 	if err != nil {
 		return err
@@ -222,14 +225,28 @@ func (n *Node) copyTemplate(ctx context.Context, peer store.NodeRecord, name str
 }
 
 // copyLayers copies from peer the layers of digests this node lacks; a
-// layer it has is not asked for. Each must hash to its digest.
-func (n *Node) copyLayers(ctx context.Context, peer store.NodeRecord, what, dir string, digests []string) error {
+// layer it has is not asked for. Each must hash to its digest. Every layer
+// of digests is held from before it is looked for until release, so the
+// store's sweep cannot remove one between its copy (or the check that it
+// is here) and the template or snapshot that needs it; release is nil
+// when err is not.
+func (n *Node) copyLayers(ctx context.Context, peer store.NodeRecord, what, dir string, digests []string) (release func(), err error) {
 	ts := n.host.TemplateStore
 	for _, d := range digests {
 		if !template.IsDigest(d) {
-			return fromPeer(peer, what, errdefs.Invalid("the answer names layer %q, not a SHA-256 digest: refused", d))
+			return nil, fromPeer(peer, what, errdefs.Invalid("the answer names layer %q, not a SHA-256 digest: refused", d))
 		}
 	}
+	release = ts.HoldLayers(digests)
+	if err := n.fetchLayers(ctx, peer, what, dir, digests); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
+func (n *Node) fetchLayers(ctx context.Context, peer store.NodeRecord, what, dir string, digests []string) error {
+	ts := n.host.TemplateStore
 	for _, d := range digests {
 		if ts.HasLayer(d) {
 			continue
@@ -289,9 +306,11 @@ func (n *Node) copySnapshot(ctx context.Context, peer store.NodeRecord, id, owne
 		return err
 	}
 	// And the layers it was taken on, which its template may have left.
-	if err := n.copyLayers(ctx, peer, what, n.host.TemplateStore.Dir(), sn.Lowers); err != nil {
+	release, err := n.copyLayers(ctx, peer, what, n.host.TemplateStore.Dir(), sn.Lowers)
+	if err != nil {
 		return err
 	}
+	defer release()
 	_, err = n.host.SnapshotStore.Import(id, sn, func(chunk string, size int64, dst string) error {
 		return n.copyChunk(ctx, peer, id, chunk, size, dst)
 	})
