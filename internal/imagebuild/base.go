@@ -240,7 +240,7 @@ func (bd *build) stackBase(ctx context.Context, t template.Template, what string
 		if err := template.MountImage(p, d); err != nil {
 			return err
 		}
-		bd.push(func() error { return unmount(d) })
+		bd.push(func() error { return template.Unmount(d) })
 		mounts = append(mounts, d)
 	}
 	bd.lowers, bd.stack = mounts, digests

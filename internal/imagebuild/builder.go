@@ -129,7 +129,7 @@ func (b *Builder) recover() error {
 	}
 	var errs []error
 	for _, mp := range mountsUnder(b.cfg.Dir) {
-		if err := unmount(mp); err != nil {
+		if err := template.Unmount(mp); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -107,11 +107,11 @@ func (bd *build) onOverlay(ctx context.Context, n int, upper string, f func(merg
 		}
 	}
 	defer os.RemoveAll(work)
-	if err := mountOverlay(bd.lowers, upper, work, merged); err != nil {
+	if err := template.MountOverlay(bd.lowers, upper, work, merged); err != nil {
 		return state{}, err
 	}
 	ns, err := f(merged)
-	if uerr := unmount(merged); uerr != nil {
+	if uerr := template.Unmount(merged); uerr != nil {
 		return state{}, errors.Join(err, uerr)
 	}
 	os.Remove(merged)

@@ -237,7 +237,7 @@ func (s *Store) LayerFromTree(ctx context.Context, tree, hint string, charge fun
 			return "", nil, err
 		}
 	}
-	if err := mountOverlay([]string{tree}, upper, work, merged); err != nil {
+	if err := MountOverlay([]string{tree}, upper, work, merged); err != nil {
 		return "", nil, err
 	}
 	tmp := filepath.Join(s.dir, layersDir, ".in-"+filepath.Base(scratch))

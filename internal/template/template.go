@@ -5,8 +5,6 @@ package template
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -505,14 +503,9 @@ func (s *Store) RefreshEnvd(ctx context.Context) error {
 }
 
 func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
+	d, err := fileDigest(path)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
+	return d[:16], nil
 }

@@ -56,13 +56,14 @@ func Unmount(target string) error {
 	return nil
 }
 
-// mountOverlay mounts at target an overlay of lowers (top first) under
-// upper, adding lowers one by one (fsconfig), so a deep stack does not
-// pass mount(2)'s one-page option string.
-func mountOverlay(lowers []string, upper, work, target string) error {
+// MountOverlay mounts at target an overlay of lowers (first = top) with
+// upper and work (both empty: read-only). fsconfig takes the lower dirs
+// one by one, so deep stacks do not hit the one-page limit of mount(2)'s
+// option string.
+func MountOverlay(lowers []string, upper, work, target string) error {
 	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("overlayfs: %w", err)
+		return fmt.Errorf("overlayfs: %w (the host kernel needs overlayfs and the new mount API, Linux 6.8 or later)", err)
 	}
 	defer unix.Close(fd)
 	set := func(k, v string) error {
@@ -76,16 +77,22 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 			return err
 		}
 	}
-	if err := set("upperdir", upper); err != nil {
-		return err
-	}
-	if err := set("workdir", work); err != nil {
-		return err
+	if upper != "" {
+		if err := set("upperdir", upper); err != nil {
+			return err
+		}
+		if err := set("workdir", work); err != nil {
+			return err
+		}
 	}
 	if err := unix.FsconfigCreate(fd); err != nil {
 		return fmt.Errorf("overlayfs: create: %w", err)
 	}
-	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, 0)
+	var attrs int
+	if upper == "" {
+		attrs = unix.MOUNT_ATTR_RDONLY
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, attrs)
 	if err != nil {
 		return fmt.Errorf("overlayfs: mount: %w", err)
 	}
@@ -190,7 +197,7 @@ func (s *Store) prepareThin(dir string, t *Template) error {
 			return err
 		}
 	}
-	if err := mountOverlay(lowers, rootfs, work, merged); err != nil {
+	if err := MountOverlay(lowers, rootfs, work, merged); err != nil {
 		return err
 	}
 	err = s.prepare(merged, t)

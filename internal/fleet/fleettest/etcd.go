@@ -19,28 +19,9 @@ import (
 func Etcd(tb testing.TB) *clientv3.Client {
 	tb.Helper()
 	dir := tb.TempDir()
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	client := unixURL(tb, "unix://"+filepath.Join(dir, "client.sock"))
-	peer := unixURL(tb, "unix://"+filepath.Join(dir, "peer.sock"))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		tb.Fatalf("starting etcd: %v", err)
-	}
-	tb.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		tb.Fatalf("etcd failed while starting: %v", err)
-	case <-time.After(30 * time.Second):
-		tb.Fatal("etcd not ready after 30 s")
-	}
+	url := startEtcd(tb, dir, "unix://"+filepath.Join(dir, "client.sock"), "unix://"+filepath.Join(dir, "peer.sock"))
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{client[0].String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 	})
 	if err != nil {
 		tb.Fatalf("etcd client: %v", err)
@@ -54,12 +35,19 @@ func Etcd(tb testing.TB) *clientv3.Client {
 // for a fleet role started in-process; it stops in tb.Cleanup.
 func EtcdLoopback(tb testing.TB) string {
 	tb.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(tb.TempDir(), "data")
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	// Port 0 is refused by etcd's URL checks; ask the kernel for two.
-	client := unixURL(tb, "http://"+freeAddr(tb))
-	peer := unixURL(tb, "http://"+freeAddr(tb))
+	return startEtcd(tb, tb.TempDir(), "http://"+freeAddr(tb), "http://"+freeAddr(tb))
+}
+
+// startEtcd starts a single-member etcd with its data under dir, serving
+// clients at clientURL and its peer at peerURL, and returns clientURL once
+// it is ready; it stops in tb.Cleanup.
+func startEtcd(tb testing.TB, dir, clientURL, peerURL string) string {
+	tb.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = filepath.Join(dir, "data")
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	client, peer := unixURL(tb, clientURL), unixURL(tb, peerURL)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
