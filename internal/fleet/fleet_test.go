@@ -342,6 +342,12 @@ func TestFleet(t *testing.T) {
 	})
 
 	t.Run("snapshot restored on another node keeps memory", func(t *testing.T) {
+		// A failure must not leave nodes cordoned for the subtests after.
+		t.Cleanup(func() {
+			for _, n := range []string{"n1", "n2", "n3"} {
+				f.op().NodeAction(ctx, n, "uncordon")
+			}
+		})
 		for _, n := range []string{"n2", "n3"} {
 			f.op().NodeAction(ctx, n, "cordon")
 		}
@@ -379,6 +385,12 @@ func TestFleet(t *testing.T) {
 	})
 
 	t.Run("fork spills over a cordoned parent node", func(t *testing.T) {
+		// A failure must not leave nodes cordoned for the subtests after.
+		t.Cleanup(func() {
+			for _, n := range []string{"n1", "n2", "n3"} {
+				f.op().NodeAction(ctx, n, "uncordon")
+			}
+		})
 		f.op().NodeAction(ctx, "n2", "cordon")
 		f.op().NodeAction(ctx, "n3", "cordon")
 		f.op().NodeAction(ctx, "n1", "uncordon")
@@ -405,11 +417,15 @@ func TestFleet(t *testing.T) {
 			t.Errorf("fork of a sandbox on cordoned n1: children not on n2/n3 (before %d/%d/%d, after %d/%d/%d)",
 				before["n1"].Sandboxes, before["n2"].Sandboxes, before["n3"].Sandboxes, after["n1"].Sandboxes, after["n2"].Sandboxes, after["n3"].Sandboxes)
 		}
+		t.Cleanup(func() {
+			for _, kid := range kids {
+				c.KillSandbox(ctx, kid.SandboxID)
+			}
+			c.KillSandbox(ctx, parent.SandboxID)
+		})
 		for _, kid := range kids {
 			checkMemory(t, c, kid, want)
-			c.KillSandbox(ctx, kid.SandboxID)
 		}
-		c.KillSandbox(ctx, parent.SandboxID)
 		f.op().NodeAction(ctx, "n1", "uncordon")
 	})
 

@@ -421,7 +421,7 @@ func writeTLS(t *testing.T, dir string) (plain, withCert *http.Client, etcd *tls
 func holdInMemory(t *testing.T, c *client.Client, sb client.Sandbox) string {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := execOut(ctx, c, sb, `v=$(cat /proc/sys/kernel/random/uuid); echo $v > /tmp/v; (while :; do echo $v > /tmp/w; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3`); err != nil {
+	if _, err := execOut(ctx, c, sb, `v=$(cat /proc/sys/kernel/random/uuid); echo $v > /tmp/v; (while :; do echo $v > /tmp/w.new && mv /tmp/w.new /tmp/w; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3`); err != nil {
 		t.Fatal(err)
 	}
 	want, err := execOut(ctx, c, sb, "cat /tmp/v; rm /tmp/v")
@@ -431,10 +431,13 @@ func holdInMemory(t *testing.T, c *client.Client, sb client.Sandbox) string {
 	return want
 }
 
-// checkMemory checks that sb's process still holds want in memory.
+// checkMemory checks that sb's process still holds want in memory: it
+// writes /tmp/w again after the file is removed. The process writes by
+// rename, so a read never sees a half-written file, and it gets up to 10 s
+// to write (a restored child on a busy host can be slow to run again).
 func checkMemory(t *testing.T, c *client.Client, sb client.Sandbox, want string) {
 	t.Helper()
-	got, err := execOut(context.Background(), c, sb, "rm -f /tmp/w; sleep 0.5; cat /tmp/w; test ! -e /tmp/v && echo no-v")
+	got, err := execOut(context.Background(), c, sb, "rm -f /tmp/w; i=0; while [ ! -e /tmp/w ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; cat /tmp/w; test ! -e /tmp/v && echo no-v")
 	if err != nil {
 		t.Fatal(err)
 	}
